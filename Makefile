@@ -1,0 +1,53 @@
+# One entry point for readers, students, instructors and CI.
+#   make book     build the HTML book into _build/html (warnings are errors)
+#   make test     unit tests + coverage, nbval over every notebook, browser test of the built book
+#   make outputs  re-execute notebooks in place (NB="book/01_soft_lookup.ipynb" for one)
+#   make bench    run the benchmarks and regenerate benchmarks/README.md
+# Each target creates .venv and installs requirements.txt first, once: re-running installs nothing new.
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NOTEBOOK_DIRS := book exercises solutions
+NB ?= $(wildcard $(addsuffix /*.ipynb,$(NOTEBOOK_DIRS)))
+
+# Kernels started by nbval, the book build and `make outputs` inherit these: no TensorFlow C++ log lines
+# in stderr, and no oneDNN reordering of float sums (which changes results in the last digits).
+export TF_CPP_MIN_LOG_LEVEL := 3
+export TF_ENABLE_ONEDNN_OPTS := 0
+export PYTHONHASHSEED := 0
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: book test unit nbval browser outputs exercises bench clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "Book built: open file://$(CURDIR)/_build/html/index.html"
+
+browser: $(STAMP)
+	@bash tools/install_browser.sh
+
+test: book browser
+	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 \
+	  --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95 \
+	  --nbval --nbval-sanitize-with tools/nbval_sanitize.cfg \
+	  tests $(NOTEBOOK_DIRS)
+
+outputs: $(STAMP)
+	$(BIN)/python tools/execute_notebooks.py $(NB)
+
+exercises: $(STAMP)
+	$(BIN)/python -m attention_course.exercises
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf _build

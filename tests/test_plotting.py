@@ -1,0 +1,85 @@
+"""The heatmap helpers draw what they are given: values, labels, mask overlay, one panel per head."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from attention_course.numpy_ref import causal_mask, softmax  # noqa: E402
+from attention_course.plotting import plot_attention, plot_heads  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def random_weights(*shape, seed=0):
+    return softmax(np.random.default_rng(seed).normal(size=shape))
+
+
+def test_plot_attention_draws_weights_labels_and_colorbar():
+    w = random_weights(3, 4)
+    ax = plot_attention(w, ["a", "b", "c"], ["w", "x", "y", "z"], title="t")
+    np.testing.assert_array_equal(ax.images[0].get_array(), w)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["w", "x", "y", "z"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
+    assert ax.get_title() == "t"
+    assert len(ax.figure.axes) == 2  # heatmap + colorbar
+    assert len(ax.texts) == 12  # every cell annotated for a small matrix
+
+
+def test_plot_attention_accepts_torch_tensors_with_grad():
+    w = torch.softmax(torch.randn(2, 2, requires_grad=True), dim=-1)
+    ax = plot_attention(w, colorbar=False)
+    np.testing.assert_allclose(ax.images[0].get_array(), w.detach().numpy())
+
+
+def test_mask_overlay_greys_exactly_the_masked_cells_and_skips_their_labels():
+    mask = causal_mask(4)
+    ax = plot_attention(random_weights(4, 4), mask=mask)
+    overlay = ax.images[1].get_array()
+    np.testing.assert_array_equal(overlay[..., 3] > 0, ~mask)
+    assert len(ax.texts) == mask.sum()
+
+
+def test_large_matrix_is_not_annotated_by_default():
+    ax = plot_attention(random_weights(12, 12))
+    assert len(ax.texts) == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"weights": np.ones((2, 2, 2))}, r"weights must be 2-D \(Tq, Tk\), got shape \(2, 2, 2\)"),
+        ({"weights": np.ones((2, 3)), "query_labels": ["a"]}, r"1 query labels for Tq=2 rows"),
+        ({"weights": np.ones((2, 3)), "key_labels": ["a"]}, r"1 key labels for Tk=3 columns"),
+        ({"weights": np.ones((2, 3)), "mask": np.ones((3, 3), bool)}, r"mask shape \(3, 3\) != weights shape \(2, 3\)"),
+    ],
+)
+def test_plot_attention_rejects_bad_input_clearly(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        plot_attention(**kwargs)
+
+
+def test_plot_heads_one_panel_per_head_on_a_shared_scale():
+    w = random_weights(6, 3, 3)
+    fig = plot_heads(w, list("abc"), list("xyz"), mask=causal_mask(3), ncols=4, title="heads")
+    heatmaps = [ax for ax in fig.axes if ax.images and ax.get_title().startswith("head")]
+    assert [ax.get_title() for ax in heatmaps] == [f"head {h}" for h in range(6)]
+    for h, ax in enumerate(heatmaps):
+        np.testing.assert_array_equal(ax.images[0].get_array(), w[h])
+        assert ax.images[0].get_clim() == (0.0, w.max())
+    hidden = [ax for ax in fig.axes if not ax.axison]
+    assert len(hidden) == 2  # 2 x 4 grid, 6 heads
+    assert fig._suptitle.get_text() == "heads"
+
+
+def test_plot_heads_rejects_a_single_matrix():
+    with pytest.raises(ValueError, match=r"weights must be 3-D \(H, Tq, Tk\)"):
+        plot_heads(np.ones((3, 3)))
