@@ -1,0 +1,28 @@
+"""Splitting the model width D into H heads of Dh = D // H features, and merging them back."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .validation import check_heads, check_rank
+
+
+def split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """(B, T, D) -> (B, H, T, Dh): head h gets features h*Dh .. (h+1)*Dh - 1 of every position.
+
+    The reshape cuts D into (H, Dh); the transpose then moves the head axis in front of T, so that each
+    (batch, head) pair holds a (T, Dh) matrix to attend over. Reshaping straight to (B, H, T, Dh) instead
+    would scramble positions and features.
+    """
+    check_rank(x, "x", 3, "(B, T, D)")
+    b, t, d = x.shape
+    check_heads(d, num_heads)
+    return x.reshape(b, t, num_heads, d // num_heads).transpose(1, 2)  # (B, T, H, Dh) -> (B, H, T, Dh)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, Dh) -> (B, T, D): the inverse of :func:`split_heads`, heads side by side in D = H * Dh."""
+    check_rank(x, "x", 4, "(B, H, T, Dh)")
+    b, h, t, dh = x.shape
+    # After the transpose the memory is no longer in (B, T, H, Dh) order, so reshape (not view) must copy.
+    return x.transpose(1, 2).reshape(b, t, h * dh)  # (B, T, H, Dh) -> (B, T, D)

@@ -1,0 +1,166 @@
+"""Multi-head attention as a PyTorch module, weight-compatible with ``torch.nn.MultiheadAttention``.
+
+Always batch-first: query (B, Tq, D), key (B, Tk, kdim), value (B, Tk, vdim) -> (B, Tq, D).
+Masks are boolean, broadcastable to (B, H, Tq, Tk), True = may attend (nn.MultiheadAttention: True = NOT allowed).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .functional import scaled_dot_product_attention, sdpa_fast
+from .heads import merge_heads, split_heads
+from .masks import causal_mask, combine_masks
+from .validation import check_dropout, check_heads, check_mha_params, check_module_inputs, check_plain_torch_mha
+
+
+class MultiHeadAttention(nn.Module):
+    """H heads attend in parallel, each over its own Dh = D // H features; an output projection mixes them.
+
+    Args:
+        d_model: D, the width of queries and of the output.
+        num_heads: H; must divide d_model.
+        dropout: probability of dropping attention weights, in ``.train()`` mode only.
+        bias: whether the four projections have biases.
+        kdim, vdim: feature sizes of key and value inputs (default d_model), e.g. for cross-attention.
+        use_sdpa: route through PyTorch's fused kernel (:func:`sdpa_fast`) unless weights are requested.
+
+    Layers: ``w_q`` (D -> D), ``w_k`` (kdim -> D), ``w_v`` (vdim -> D), ``w_o`` (D -> D).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        use_sdpa: bool = False,
+    ):
+        super().__init__()
+        check_heads(d_model, num_heads)
+        check_dropout(dropout)
+        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
+        self.kdim = d_model if kdim is None else kdim
+        self.vdim = d_model if vdim is None else vdim
+        self.dropout = dropout
+        self.use_sdpa = use_sdpa
+        self.w_q = nn.Linear(d_model, d_model, bias=bias)
+        self.w_k = nn.Linear(self.kdim, d_model, bias=bias)
+        self.w_v = nn.Linear(self.vdim, d_model, bias=bias)
+        self.w_o = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        return_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """query (B, Tq, D), key (B, Tk, kdim), value (B, Tk, vdim) -> out (B, Tq, D) [, weights (B, H, Tq, Tk)].
+
+        key defaults to query (self-attention) and value to key. ``mask`` broadcasts to (B, H, Tq, Tk), True =
+        may attend; ``is_causal=True`` also hides future keys (bottom-right aligned when Tq != Tk).
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim))
+        q = split_heads(self.w_q(query), self.num_heads)  # (B, H, Tq, Dh)
+        k = split_heads(self.w_k(key), self.num_heads)  # (B, H, Tk, Dh)
+        v = split_heads(self.w_v(value), self.num_heads)  # (B, H, Tk, Dh)
+        heads, weights = self.attend(q, k, v, mask, is_causal, return_weights)  # (B, H, Tq, Dh), (B, H, Tq, Tk)
+        out = self.w_o(merge_heads(heads))  # (B, Tq, D)
+        return (out, weights) if return_weights else out
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, return_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """All heads at once: (B, H, Tq, Dh) queries -> (B, H, Tq, Dh) outputs and (B, H, Tq, Tk) weights.
+
+        The weights are None on the fused path, which never forms them.
+        """
+        dropout_p = self.dropout if self.training else 0.0  # dropout regularises training only
+        if self.use_sdpa and not return_weights:
+            return sdpa_fast(q, k, v, mask, dropout_p, is_causal), None
+        if is_causal:
+            mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p)
+
+    def projections(self) -> dict[str, nn.Linear]:
+        """The four projections by name: q, k, v and o (output)."""
+        return {"q": self.w_q, "k": self.w_k, "v": self.w_v, "o": self.w_o}
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A MultiHeadAttention with the weights (copied), sizes and dropout of an ``nn.MultiheadAttention``.
+
+        Works for both of its weight layouts (one packed ``in_proj_weight``, or separate q/k/v weights when
+        kdim or vdim differ from embed_dim), with or without biases. Our module is batch-first whatever
+        ``m.batch_first`` is; with sequence-first inputs, transpose them to (B, T, D).
+        """
+        check_plain_torch_mha(m)
+        has_bias = m.in_proj_bias is not None
+        ours = cls(m.embed_dim, m.num_heads, dropout=m.dropout, bias=has_bias, kdim=m.kdim, vdim=m.vdim)
+        ours = ours.to(m.out_proj.weight)  # same dtype and device
+        with torch.no_grad():
+            for linear, (weight, bias) in zip(ours.projections().values(), torch_mha_projections(m)):
+                linear.weight.copy_(weight)
+                if bias is not None:
+                    linear.bias.copy_(bias)
+        return ours
+
+    def to_torch(self, batch_first: bool = True) -> nn.MultiheadAttention:
+        """An ``nn.MultiheadAttention`` computing the same function, with copies of these weights.
+
+        Remember its masks use the opposite convention: pass ``attn_mask=~mask`` (True = NOT allowed).
+        """
+        m = nn.MultiheadAttention(
+            self.d_model,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=self.w_q.bias is not None,
+            kdim=self.kdim,
+            vdim=self.vdim,
+            batch_first=batch_first,
+        ).to(self.w_q.weight)
+        with torch.no_grad():
+            for linear, (weight, bias) in zip(self.projections().values(), torch_mha_projections(m)):
+                weight.copy_(linear.weight)  # weight is a view of m's parameter: this writes into m
+                if bias is not None:
+                    bias.copy_(linear.bias)
+        return m
+
+    def load_numpy_params(self, params: dict) -> None:
+        """Load a ``y = x @ W + b`` dict (see numpy_ref.init_mha_params): W (d_in, d_out) is Linear's weight.T."""
+        check_mha_params(params, self.d_model, self.kdim, self.vdim, bias=self.w_q.bias is not None)
+        with torch.no_grad():
+            for name, linear in self.projections().items():
+                linear.weight.copy_(torch.as_tensor(params[f"w_{name}"]).T)  # (d_in, d_out) -> (d_out, d_in)
+                if linear.bias is not None:
+                    linear.bias.copy_(torch.as_tensor(params[f"b_{name}"]))
+
+    def numpy_params(self) -> dict:
+        """The weights as a float64 ``y = x @ W + b`` dict, W (d_in, d_out); zero biases if bias=False."""
+        params = {}
+        for name, linear in self.projections().items():
+            params[f"w_{name}"] = linear.weight.detach().T.double().cpu().numpy()
+            bias = torch.zeros(self.d_model) if linear.bias is None else linear.bias.detach()
+            params[f"b_{name}"] = bias.double().cpu().numpy()
+        return params
+
+
+def torch_mha_projections(m: nn.MultiheadAttention) -> list[tuple[Tensor, Tensor | None]]:
+    """(weight (d_out, d_in), bias) of the q, k, v and output projections of an ``nn.MultiheadAttention``.
+
+    The tensors are views of m's parameters: reading them reads m, copying into them writes into m.
+    """
+    if m.in_proj_weight is not None:  # kdim == vdim == embed_dim: q, k, v stacked in one (3D, D) matrix
+        in_weights = m.in_proj_weight.chunk(3)
+    else:
+        in_weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
+    in_biases = (None, None, None) if m.in_proj_bias is None else m.in_proj_bias.chunk(3)
+    return [*zip(in_weights, in_biases), (m.out_proj.weight, m.out_proj.bias)]

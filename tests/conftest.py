@@ -1,0 +1,46 @@
+"""Shared fixtures. `assert_matches_reference` is THE parity check of the suite (also used by test_bug_classes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attention_course import numpy_ref
+
+
+def _assert_matches_reference(
+    module, params, num_heads, query, key=None, value=None, mask=None, is_causal=False, atol=1e-10
+):
+    """Load `params` into `module` and compare its float64 eval-mode output and weights with numpy_ref.
+
+    query/key/value are float64 arrays (B, T, features); mask a boolean array broadcastable to
+    (B, H, Tq, Tk), True = may attend. `module` needs load_numpy_params and our forward signature.
+    """
+    key = query if key is None else key
+    value = key if value is None else value
+    module = module.double().eval()
+    module.load_numpy_params(params)
+    torch_mask = None if mask is None else torch.from_numpy(np.asarray(mask))
+    inputs = (torch.from_numpy(np.asarray(x, dtype=np.float64)) for x in (query, key, value))
+    with torch.no_grad():
+        out, weights = module(*inputs, mask=torch_mask, is_causal=is_causal, return_weights=True)
+    ref_mask = mask
+    if is_causal:
+        causal = numpy_ref.causal_mask(np.shape(query)[1], np.shape(key)[1])
+        ref_mask = causal if mask is None else np.logical_and(mask, causal)
+    ref_out, ref_weights = numpy_ref.multi_head_attention(query, key, value, params, num_heads, ref_mask)
+    np.testing.assert_allclose(out.numpy(), ref_out, rtol=0, atol=atol, err_msg="output differs from numpy_ref")
+    np.testing.assert_allclose(weights.numpy(), ref_weights, rtol=0, atol=atol, err_msg="weights differ from numpy_ref")
+
+
+@pytest.fixture(scope="session")
+def assert_matches_reference():
+    """The suite's parity check against the float64 NumPy reference, as a function."""
+    return _assert_matches_reference
+
+
+@pytest.fixture
+def rng():
+    """A seeded NumPy generator."""
+    return np.random.default_rng(0)
