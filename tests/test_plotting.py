@@ -48,6 +48,13 @@ def test_mask_overlay_greys_exactly_the_masked_cells_and_skips_their_labels():
     assert len(ax.texts) == mask.sum()
 
 
+def test_nan_weights_keep_a_sensible_colour_scale_and_are_not_annotated():
+    w = np.array([[0.25, 0.75], [np.nan, np.nan]])
+    ax = plot_attention(w)
+    assert ax.images[0].get_clim() == (0.0, 0.75)
+    assert [t.get_text() for t in ax.texts] == ["0.25", "0.75"]
+
+
 def test_large_matrix_is_not_annotated_by_default():
     ax = plot_attention(random_weights(12, 12))
     assert len(ax.texts) == 0

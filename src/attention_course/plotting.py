@@ -43,7 +43,8 @@ def plot_attention(weights, query_labels=None, key_labels=None, mask=None, ax=No
     t_q, t_k = weights.shape
     if ax is None:
         _, ax = plt.subplots(figsize=(0.55 * t_k + 2.2, 0.5 * t_q + 1.4))
-    image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=vmax or max(weights.max(), 1e-12))
+    top = np.nanmax(weights) if np.isfinite(weights).any() else 1.0  # NaN weights (a bug being shown) stay blank
+    image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=vmax or max(top, 1e-12))
     if mask is not None:
         blocked = ~np.asarray(_as_numpy(mask), dtype=bool)
         if blocked.shape != weights.shape:
@@ -56,7 +57,7 @@ def plot_attention(weights, query_labels=None, key_labels=None, mask=None, ax=No
     if annotate:
         for i in range(t_q):
             for j in range(t_k):
-                if mask is None or not blocked[i, j]:
+                if np.isfinite(weights[i, j]) and (mask is None or not blocked[i, j]):
                     colour = "black" if weights[i, j] > 0.6 * image.get_clim()[1] else "white"
                     ax.text(j, i, f"{weights[i, j]:.2f}", ha="center", va="center", fontsize=8, color=colour)
     ax.set_xticks(range(t_k), key_labels if key_labels is not None else range(t_k), rotation=45, ha="right")

@@ -1,0 +1,327 @@
+"""A field guide to attention bugs: small, deliberately WRONG implementations, one per kind of mistake.
+
+Each function or class here differs from a correct implementation in one place, marked ``# BUG:``; its
+docstring starts with the diagnosis code that :mod:`attention_course.checks` reports for it. Do not use any
+of them for real work. :data:`ZOO` lists every bug with the check that diagnoses it, e.g.::
+
+    from attention_course import bug_zoo, checks
+    for bug in bug_zoo.ZOO:
+        try:
+            getattr(checks, bug.check)(bug.impl)
+        except AssertionError as err:
+            print(bug.impl.__name__, "->", str(err).splitlines()[0])
+
+:data:`BUGS` maps each diagnosis code to one implementation that triggers it.
+Shapes: q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); masks are boolean, True = may attend.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .functional import masked_softmax
+
+# --- scaled dot-product attention: (q, k, v, mask=None) -> (out, weights) ----------------------------------
+
+
+def sdpa_missing_scale(q, k, v, mask=None):
+    """[missing-scale] The scores are not divided by sqrt(d_k), so the softmax saturates as d_k grows."""
+    scores = q @ k.transpose(-2, -1)  # BUG: should be divided by math.sqrt(q.size(-1))
+    weights = masked_softmax(scores, mask)
+    return weights @ v, weights
+
+
+def sdpa_scale_by_dk(q, k, v, mask=None):
+    """[wrong-scale] The scores are divided by d_k instead of sqrt(d_k)."""
+    scores = q @ k.transpose(-2, -1) / q.size(-1)  # BUG: should be math.sqrt(q.size(-1))
+    weights = masked_softmax(scores, mask)
+    return weights @ v, weights
+
+
+def sdpa_scale_by_seq_len(q, k, v, mask=None):
+    """[wrong-scale] The scores are divided by sqrt(Tk), the number of keys, instead of sqrt(d_k)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(k.size(-2))  # BUG: size(-2) is Tk; d_k is q.size(-1)
+    weights = masked_softmax(scores, mask)
+    return weights @ v, weights
+
+
+def sdpa_softmax_wrong_axis(q, k, v, mask=None):
+    """[softmax-wrong-axis] The softmax normalises over the queries (dim=-2) instead of over the keys."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-2)  # BUG: each query's weights over the keys must sum to 1: dim=-1
+    return weights @ v, weights
+
+
+def sdpa_transposed_scores(q, k, v, mask=None):
+    """[transposed-scores] The scores are k @ q^T (keys x queries); it only runs at all when Tq == Tk."""
+    scores = k @ q.transpose(-2, -1) / math.sqrt(q.size(-1))  # BUG: should be q @ k.transpose(-2, -1)
+    weights = masked_softmax(scores, mask)
+    return weights @ v, weights
+
+
+def sdpa_values_from_keys(q, k, v, mask=None):
+    """[values-from-keys] The weights average the keys instead of the values."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    weights = masked_softmax(scores, mask)
+    return weights @ k, weights  # BUG: should be weights @ v
+
+
+def sdpa_mask_ignored(q, k, v, mask=None):
+    """[mask-ignored] masked_fill returns a new tensor; its result is thrown away, so the mask does nothing."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores.masked_fill(~mask, float("-inf"))  # BUG: should be scores = scores.masked_fill(...)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def sdpa_mask_inverted(q, k, v, mask=None):
+    """[mask-inverted] Blocks the keys where the mask is True (nn.MultiheadAttention's convention, not ours)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))  # BUG: True = may attend, so fill where ~mask
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return weights @ v, weights
+
+
+def sdpa_mask_plus_1e10(q, k, v, mask=None):
+    """[mask-wrong-sign] Adds +1e10 to the blocked scores, so the blocked keys take all the weight."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores + (~mask) * 1e10  # BUG: the blocked scores must go DOWN: -inf (or - 1e10)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def sdpa_mask_zero_before_softmax(q, k, v, mask=None):
+    """[mask-zero-before-softmax] Sets blocked scores to 0, but exp(0) = 1, so blocked keys keep some weight."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores * mask  # BUG: should be scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def sdpa_mask_zero_after_softmax(q, k, v, mask=None):
+    """[weights-not-normalized] Masks the weights after the softmax: the remaining weights no longer sum to 1."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights * mask  # BUG: mask the scores BEFORE the softmax so that it renormalises
+    return weights @ v, weights
+
+
+def sdpa_nan_on_masked_row(q, k, v, mask=None):
+    """[nan-on-masked-row] A query that may attend no key gets softmax(all -inf) = 0/0 = NaN."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # BUG: rows with no allowed key must be set to zero
+    return weights @ v, weights
+
+
+def sdpa_mask_minus_1e9(q, k, v, mask=None):
+    """[masked-row-not-zero] Fills with -1e9: a fully masked row then spreads its weight evenly over all keys."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)  # BUG: fine for other rows; an all -1e9 row gives 1/Tk each
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+# --- masks ---------------------------------------------------------------------------------------------------
+
+
+def causal_mask_triu(t_q, t_k=None):
+    """[mask-inverted] True marks the FUTURE keys (nn.MultiheadAttention's convention): the opposite of ours."""
+    t_k = t_q if t_k is None else t_k
+    return torch.ones(t_q, t_k, dtype=torch.bool).triu(diagonal=t_k - t_q + 1)  # BUG: should be tril(t_k - t_q)
+
+
+def causal_mask_top_left(t_q, t_k=None):
+    """[causal-top-left-aligned] Right for Tq == Tk; with Tq < Tk the last query cannot see the last keys."""
+    t_k = t_q if t_k is None else t_k
+    return torch.ones(t_q, t_k, dtype=torch.bool).tril()  # BUG: should be tril(diagonal=t_k - t_q)
+
+
+def causal_mask_strict(t_q, t_k=None):
+    """[causal-excludes-diagonal] Each position is hidden from itself, too."""
+    t_k = t_q if t_k is None else t_k
+    return torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q - 1)  # BUG: the -1 hides the diagonal
+
+
+def padding_mask_2d(lengths, t):
+    """[wrong-shape] Returns (B, T): broadcast against (B, H, Tq, Tk) scores it would line B up with Tq."""
+    return torch.arange(t) < lengths[:, None]  # BUG: needs [:, None, None, :] -> (B, 1, 1, T)
+
+
+def padding_mask_off_by_one(lengths, t):
+    """[off-by-one] Lets each sequence attend one padding position too."""
+    return (torch.arange(t) <= lengths[:, None])[:, None, None, :]  # BUG: should be <
+
+
+# --- heads -------------------------------------------------------------------------------------------------------
+
+
+def split_heads_view(x, num_heads):
+    """[heads-split-without-transpose] Reshapes (B, T, D) straight to (B, H, T, Dh), scrambling positions."""
+    b, t, d = x.shape
+    return x.view(b, num_heads, t, d // num_heads)  # BUG: view(b, t, H, Dh) then .transpose(1, 2)
+
+
+def merge_heads_view(x):
+    """[merge-heads-wrong-order] Reshapes (B, H, T, Dh) straight to (B, T, D), mixing heads and positions."""
+    b, h, t, dh = x.shape
+    return x.reshape(b, t, h * dh)  # BUG: x.transpose(1, 2) first, then reshape
+
+
+# --- NumPy softmax (chapter 1) -------------------------------------------------------------------------------
+
+
+def softmax_no_max(x):
+    """[softmax-overflow] exp(1000) is inf in float64, and inf / inf is NaN."""
+    e = np.exp(x)  # BUG: subtract x.max(axis=-1, keepdims=True) first
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_in_place(x):
+    """[mutates-input] Right result, but it changes the caller's array."""
+    x -= x.max(axis=-1, keepdims=True)  # BUG: x = x - ... would leave the caller's array alone
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+# --- multi-head attention -------------------------------------------------------------------------------------
+
+
+class ZooMultiHeadAttention(nn.Module):
+    """A CORRECT compact multi-head attention; each class below changes one of its methods."""
+
+    def __init__(self, d_model, num_heads, dropout=0.0):
+        super().__init__()
+        self.num_heads, self.p = num_heads, dropout
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def split(self, x):  # (B, T, D) -> (B, H, T, Dh)
+        b, t, d = x.shape
+        return x.reshape(b, t, self.num_heads, d // self.num_heads).transpose(1, 2)
+
+    def merge(self, x):  # (B, H, T, Dh) -> (B, T, D)
+        b, h, t, dh = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * dh)
+
+    def attend(self, q, k, v, mask):  # -> (B, H, Tq, Dh)
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), mask)
+        return F.dropout(weights, self.p, training=self.training) @ v
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.split(self.w_q(query)), self.split(self.w_k(key)), self.split(self.w_v(value))
+        return self.w_o(self.merge(self.attend(q, k, v, mask)))
+
+
+class MHAValuesFromKeys(ZooMultiHeadAttention):
+    """[values-from-keys] The values are projected from the key input (invisible in self-attention)."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k = self.split(self.w_q(query)), self.split(self.w_k(key))
+        v = self.split(self.w_v(key))  # BUG: should be self.w_v(value)
+        return self.w_o(self.merge(self.attend(q, k, v, mask)))
+
+
+class MHASplitWithoutTranspose(ZooMultiHeadAttention):
+    """[heads-split-without-transpose] Splits heads with a view only; merge undoes it, attention does not."""
+
+    def split(self, x):
+        b, t, d = x.shape
+        return x.view(b, self.num_heads, t, d // self.num_heads)  # BUG: view (b, t, H, Dh), then transpose(1, 2)
+
+
+class MHAMergeWrongOrder(ZooMultiHeadAttention):
+    """[merge-heads-wrong-order] Merges (B, H, T, Dh) with a reshape only, mixing heads and positions."""
+
+    def merge(self, x):
+        b, h, t, dh = x.shape
+        return x.reshape(b, t, h * dh)  # BUG: x.transpose(1, 2) first
+
+
+class MHAMissingOutputProjection(ZooMultiHeadAttention):
+    """[missing-output-projection] Returns the merged heads without mixing them through w_o."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.split(self.w_q(query)), self.split(self.w_k(key)), self.split(self.w_v(value))
+        return self.merge(self.attend(q, k, v, mask))  # BUG: should be self.w_o(self.merge(...))
+
+
+class MHADropoutInEval(ZooMultiHeadAttention):
+    """[dropout-in-eval] F.dropout(..., training=True) keeps dropping weights after .eval()."""
+
+    def attend(self, q, k, v, mask):
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), mask)
+        return F.dropout(weights, self.p, training=True) @ v  # BUG: should be training=self.training
+
+
+class MHAScaleByDModel(ZooMultiHeadAttention):
+    """[wrong-scale] Divides every head's scores by sqrt(d_model) instead of sqrt(Dh) = sqrt(d_model / H)."""
+
+    def attend(self, q, k, v, mask):
+        d_model = q.size(-1) * self.num_heads
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(d_model), mask)  # BUG: q.size(-1) is Dh
+        return F.dropout(weights, self.p, training=self.training) @ v
+
+
+# --- the catalogue ----------------------------------------------------------------------------------------------
+
+
+class Bug(NamedTuple):
+    """One entry of the zoo: the diagnosis ``code``, the buggy ``impl`` and the name of the ``check`` in
+    :mod:`attention_course.checks` that diagnoses it."""
+
+    code: str
+    impl: object
+    check: str
+
+
+ZOO = (
+    Bug("missing-scale", sdpa_missing_scale, "check_scaled_dot_product_attention"),
+    Bug("wrong-scale", sdpa_scale_by_dk, "check_scaled_dot_product_attention"),
+    Bug("wrong-scale", sdpa_scale_by_seq_len, "check_scaled_dot_product_attention"),
+    Bug("softmax-wrong-axis", sdpa_softmax_wrong_axis, "check_scaled_dot_product_attention"),
+    Bug("transposed-scores", sdpa_transposed_scores, "check_scaled_dot_product_attention"),
+    Bug("values-from-keys", sdpa_values_from_keys, "check_scaled_dot_product_attention"),
+    Bug("mask-ignored", sdpa_mask_ignored, "check_scaled_dot_product_attention"),
+    Bug("mask-inverted", sdpa_mask_inverted, "check_scaled_dot_product_attention"),
+    Bug("mask-wrong-sign", sdpa_mask_plus_1e10, "check_scaled_dot_product_attention"),
+    Bug("mask-zero-before-softmax", sdpa_mask_zero_before_softmax, "check_scaled_dot_product_attention"),
+    Bug("weights-not-normalized", sdpa_mask_zero_after_softmax, "check_scaled_dot_product_attention"),
+    Bug("nan-on-masked-row", sdpa_nan_on_masked_row, "check_scaled_dot_product_attention"),
+    Bug("masked-row-not-zero", sdpa_mask_minus_1e9, "check_scaled_dot_product_attention"),
+    Bug("mask-inverted", causal_mask_triu, "check_causal_mask"),
+    Bug("causal-top-left-aligned", causal_mask_top_left, "check_causal_mask"),
+    Bug("causal-excludes-diagonal", causal_mask_strict, "check_causal_mask"),
+    Bug("wrong-shape", padding_mask_2d, "check_padding_mask"),
+    Bug("off-by-one", padding_mask_off_by_one, "check_padding_mask"),
+    Bug("heads-split-without-transpose", split_heads_view, "check_split_heads"),
+    Bug("merge-heads-wrong-order", merge_heads_view, "check_merge_heads"),
+    Bug("softmax-overflow", softmax_no_max, "check_softmax"),
+    Bug("mutates-input", softmax_in_place, "check_softmax"),
+    Bug("values-from-keys", MHAValuesFromKeys, "check_multi_head_attention"),
+    Bug("heads-split-without-transpose", MHASplitWithoutTranspose, "check_multi_head_attention"),
+    Bug("merge-heads-wrong-order", MHAMergeWrongOrder, "check_multi_head_attention"),
+    Bug("missing-output-projection", MHAMissingOutputProjection, "check_multi_head_attention"),
+    Bug("dropout-in-eval", MHADropoutInEval, "check_multi_head_attention"),
+    Bug("wrong-scale", MHAScaleByDModel, "check_multi_head_attention"),
+)
+
+#: diagnosis code -> the first implementation in :data:`ZOO` that triggers it.
+BUGS = {}
+for _bug in ZOO:
+    BUGS.setdefault(_bug.code, _bug.impl)
+del _bug

@@ -1,0 +1,192 @@
+"""Grade submitted exercise notebooks: run each one, report which exercises pass and why the others fail.
+
+Usage::
+
+    python -m attention_course.grade NOTEBOOK... [--json | --csv] [--timeout SECONDS]
+
+Each notebook runs top to bottom in its own fresh kernel (nbclient, in the notebook's folder), with errors
+allowed so that a broken exercise does not stop the later ones, and a time limit per cell (``--timeout``,
+default 60 s; a cell that runs longer is interrupted). An exercise is found by its check cell (tags ``check`` and
+``exercise-N``; see EXERCISES_HOWTO.md): it passes when that cell runs without an error. A failing check's
+diagnosis code (``[missing-scale]``, ...) is read from the start of its error message; other errors are reported
+by exception name (e.g. ``NameError``), a cell stopped by the time limit as ``timeout``, and a check cell that never
+ran (the kernel died) as ``not-run``.
+
+Output: a table per notebook with a total such as ``3/5``; ``--json`` or ``--csv`` for machine-readable results.
+A notebook that cannot be read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still
+graded. Exit status: 0 whenever grading ran (results, including unreadable notebooks, are in the output); 2 for
+a command-line usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .exercises import CHECK_TAG, KERNEL_ENV, exercise_number, parse_heading
+
+DEFAULT_TIMEOUT_S = 60
+CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")
+
+
+@dataclass
+class ExerciseResult:
+    exercise: int
+    title: str
+    level: str
+    passed: bool
+    code: str | None = None
+    message: str | None = None
+
+
+@dataclass
+class NotebookResult:
+    notebook: str
+    exercises: list[ExerciseResult] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def passed(self) -> int:
+        return sum(e.passed for e in self.exercises)
+
+    @property
+    def total(self) -> int:
+        return len(self.exercises)
+
+    def as_dict(self) -> dict:
+        return {"notebook": self.notebook, "passed": self.passed, "total": self.total, "error": self.error,
+                "exercises": [asdict(e) for e in self.exercises]}
+
+
+def _check_cells(nb) -> list[tuple[int, int, str, str]]:
+    """(cell index, exercise number, title, level) of each check cell, in order."""
+    found, heading, count = [], None, 0
+    for i, cell in enumerate(nb.cells):
+        h = parse_heading(cell)
+        if h is not None:
+            heading = h
+            continue
+        if cell.cell_type == "code" and CHECK_TAG in cell.get("metadata", {}).get("tags", []):
+            count += 1
+            number = exercise_number(cell) or (heading.number if heading else count)
+            title = heading.title if heading and heading.number == number else ""
+            level = heading.level if heading and heading.number == number else ""
+            found.append((i, number, title, level))
+    return found
+
+
+def _outcome(cell) -> tuple[bool, str | None, str | None]:
+    if cell.get("execution_count") is None:
+        return False, "not-run", "the cell did not run (the kernel stopped before it)"
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            ename, evalue = out.get("ename", "Error"), str(out.get("evalue", ""))
+            if ename == "KeyboardInterrupt":
+                return False, "timeout", "the cell was interrupted: it ran longer than the time limit"
+            m = CODE.match(evalue)
+            return False, (m.group(1) if m else ename), (evalue.splitlines()[0] if evalue else ename)
+    return True, None, None
+
+
+def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S) -> NotebookResult:
+    """Run one notebook in a fresh kernel and grade its check cells."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
+
+    result = NotebookResult(str(path))
+    path = Path(path)
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except FileNotFoundError:
+        result.error = "no such file"
+        return result
+    except (OSError, UnicodeDecodeError) as err:
+        result.error = f"cannot read the file ({type(err).__name__})"
+        return result
+    except Exception as err:  # noqa: BLE001 - nbformat raises several kinds of errors for non-notebooks
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        result.error = f"not a valid notebook ({type(err).__name__}: {first[:120]})"
+        return result
+    checks = _check_cells(nb)
+    if not checks:
+        result.error = "no check cells (cells tagged 'check') found"
+        return result
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    for key, value in KERNEL_ENV.items():
+        os.environ.setdefault(key, value)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
+                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    try:
+        client.execute()
+    except DeadKernelError:
+        pass  # the check cells that did not run are graded 'not-run'
+    for index, number, title, level in checks:
+        passed, code, message = _outcome(nb.cells[index])
+        result.exercises.append(ExerciseResult(number, title, level, passed, code, message))
+    return result
+
+
+def grade(paths, timeout: int = DEFAULT_TIMEOUT_S) -> list[NotebookResult]:
+    return [grade_notebook(p, timeout) for p in paths]
+
+
+def format_table(results: list[NotebookResult]) -> str:
+    lines = []
+    for r in results:
+        if r.error:
+            lines.append(f"ERROR {r.notebook}: {r.error}")
+            continue
+        lines.append(f"{r.notebook}: {r.passed}/{r.total}")
+        width = max((len(e.title) for e in r.exercises), default=0)
+        for e in r.exercises:
+            status = "pass" if e.passed else "FAIL"
+            code = f"  [{e.code}]" if e.code else ""
+            lines.append(f"  Exercise {e.exercise:<3} {e.title:<{width}}  {status}{code}".rstrip())
+    return "\n".join(lines)
+
+
+def format_json(results: list[NotebookResult]) -> str:
+    return json.dumps({"notebooks": [r.as_dict() for r in results]}, indent=2, ensure_ascii=False)
+
+
+def format_csv(results: list[NotebookResult]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["notebook", "exercise", "title", "level", "passed", "code", "message"])
+    for r in results:
+        if r.error:
+            writer.writerow([r.notebook, "", "", "", "", "error", r.error])
+        for e in r.exercises:
+            writer.writerow([r.notebook, e.exercise, e.title, e.level, int(e.passed), e.code or "", e.message or ""])
+    return buf.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attention_course.grade",
+                                     description="Run exercise notebooks and report which exercises pass.")
+    parser.add_argument("notebooks", nargs="+", help="submitted .ipynb files")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument("--csv", action="store_true", help="print CSV (one row per exercise)")
+    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
+    args = parser.parse_args(argv)
+    results = grade(args.notebooks, args.timeout)
+    print(format_json(results) if args.json else format_csv(results).rstrip("\n") if args.csv else
+          format_table(results))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - tested through main()
+    sys.exit(main())

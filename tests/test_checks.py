@@ -1,0 +1,603 @@
+"""The exercise checker: correct code passes with one line, every mistake gets exactly its diagnosis code,
+and any student code (raising, looping, returning junk, mutating inputs) gets a clear message."""
+
+import math
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import attention_course as ac
+from attention_course import bug_zoo, checks, numpy_ref
+
+# ---------------------------------------------------------------------------------------------------------------
+# Correct implementations, written here from scratch
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def sdpa_scratch(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return weights @ v, weights
+
+
+def sdpa_torch_builtin(q, k, v, mask=None):
+    """PyTorch's fused SDPA wrapped to the contract: output only, fully masked rows -> 0."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if mask is None:
+        return out
+    return torch.where(mask.any(-1, keepdim=True), out, 0.0)
+
+
+def attention_numpy(q, k, v, mask=None):
+    return numpy_ref.scaled_dot_product_attention(q, k, v, mask)
+
+
+def attention_numpy_output_only(q, k, v, mask=None):
+    return numpy_ref.scaled_dot_product_attention(q, k, v, mask)[0]
+
+
+def softmax_np(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attend_loop(query, keys, values):
+    scores = np.array([query @ key / math.sqrt(len(query)) for key in keys])
+    weights = softmax_np(scores)
+    return sum(w * v for w, v in zip(weights, values)), weights
+
+
+def causal_numpy(t_q, t_k=None):
+    t_k = t_q if t_k is None else t_k
+    return np.arange(t_k)[None, :] <= np.arange(t_q)[:, None] + (t_k - t_q)
+
+
+def padding_numpy(lengths, t):
+    return numpy_ref.padding_mask(lengths, t)
+
+
+def sdpa_without_signature(q, k, v, mask=None):
+    return sdpa_scratch(q, k, v, mask)
+
+
+sdpa_without_signature.__signature__ = "not a signature"  # inspect.signature() fails: treated as (q, k, v, mask)
+
+
+def parameter_count(d_model, num_heads, bias=True):
+    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+
+
+class ScratchMHA(nn.Module):
+    def __init__(self, d_model, num_heads, dropout=0.0):
+        super().__init__()
+        self.h = num_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (ac.split_heads(w(x), self.h) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+        out, weights = sdpa_scratch(q, k, v, mask)
+        return self.w_o(ac.merge_heads(out)), weights
+
+
+@pytest.mark.parametrize(
+    "check, impl",
+    [
+        (checks.check_scaled_dot_product_attention, sdpa_scratch),
+        (checks.check_scaled_dot_product_attention, ac.scaled_dot_product_attention),
+        (checks.check_scaled_dot_product_attention, sdpa_torch_builtin),
+        (checks.check_scaled_dot_product_attention, ac.sdpa_fast),
+        (checks.check_numpy_attention, attention_numpy),
+        (checks.check_numpy_attention, attention_numpy_output_only),
+        (checks.check_attention_one_query, attend_loop),
+        (checks.check_softmax, softmax_np),
+        (checks.check_softmax, numpy_ref.softmax),
+        (checks.check_causal_mask, causal_numpy),
+        (checks.check_causal_mask, ac.causal_mask),
+        (checks.check_padding_mask, ac.padding_mask),
+        (checks.check_split_heads, ac.split_heads),
+        (checks.check_merge_heads, ac.merge_heads),
+        (checks.check_multi_head_attention, ac.MultiHeadAttention),
+        (checks.check_multi_head_attention, ScratchMHA),
+        (checks.check_einsum_attention, ac.EinsumMultiHeadAttention),
+        (checks.check_einsum_attention, ac.multi_head_attention_loop),
+        (checks.check_einsum_attention, sdpa_scratch),
+        (checks.check_einsum_attention, sdpa_without_signature),
+        (checks.check_parameter_count, parameter_count),
+    ],
+    ids=lambda x: getattr(x, "__name__", str(x)),
+)
+def test_correct_implementations_pass_with_one_line(check, impl, capsys):
+    check(impl)
+    out = capsys.readouterr().out
+    assert out.startswith("✓ ") and out.count("\n") == 1, out
+
+
+def test_dropout_test_can_be_skipped(capsys):
+    checks.check_multi_head_attention(MHANoDropoutArgument, test_dropout=False)
+    assert capsys.readouterr().out.endswith("match the reference\n")
+
+
+def test_candidates_that_do_not_apply_are_skipped():
+    def not_applicable():
+        raise ValueError("shapes do not fit")
+
+    out = np.zeros(3)
+    with pytest.raises(checks.CheckFailed, match=r"^\[missing-scale\]"):
+        checks._diagnose(out, None, [("wrong-scale", "", not_applicable), ("missing-scale", "", lambda: (out, None))],
+                         "case", np.ones(3), None)
+
+
+def test_numpy_variants_of_the_checks(capsys):
+    checks.check_numpy_attention(attention_numpy, fully_masked_rows=True)
+    checks.check_padding_mask(padding_numpy, framework="numpy")
+    checks.check_scaled_dot_product_attention(sdpa_scratch, fully_masked_rows=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert "fully masked rows" in lines[0] and "fully masked rows" not in lines[2]
+
+
+def test_success_line_says_what_was_verified(capsys):
+    checks.check_scaled_dot_product_attention(ac.scaled_dot_product_attention)
+    assert capsys.readouterr().out == (
+        "✓ scaled_dot_product_attention: 24 random cases (Tq != Tk, masks, batch dims, fully masked rows) "
+        "match the reference\n"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Mistakes beyond the zoo (test_bug_zoo.py runs the zoo), and robustness
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def sdpa_not_implemented(q, k, v, mask=None):
+    raise NotImplementedError("Exercise 3: scaled dot-product attention")
+
+
+def sdpa_raises(q, k, v, mask=None):
+    return q @ k  # (.., Tq, Dk) @ (.., Tk, Dk): shapes do not match
+
+
+def sdpa_requires_mask(q, k, v, mask=None):
+    scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+def sdpa_returns_none(q, k, v, mask=None):
+    sdpa_scratch(q, k, v, mask)
+
+
+def sdpa_returns_string(q, k, v, mask=None):
+    return "attention"
+
+
+def sdpa_returns_triple(q, k, v, mask=None):
+    return (*sdpa_scratch(q, k, v, mask), None)
+
+
+def sdpa_returns_nan(q, k, v, mask=None):
+    out, _ = sdpa_scratch(q, k, v, mask)
+    return out * float("nan")
+
+
+def sdpa_mutates_q(q, k, v, mask=None):
+    q /= math.sqrt(q.shape[-1])  # in place!
+    scores = q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return weights @ v, weights
+
+
+def sdpa_returns_scores_shape(q, k, v, mask=None):
+    return q @ k.transpose(-2, -1)
+
+
+def sdpa_off_a_bit(q, k, v, mask=None):
+    out, weights = sdpa_scratch(q, k, v, mask)
+    return out + 0.01, weights
+
+
+def sdpa_wrong_weights(q, k, v, mask=None):
+    out, weights = sdpa_scratch(q, k, v, mask)
+    return out, weights * 2
+
+
+def sdpa_weights_unmasked(q, k, v, mask=None):
+    out, _ = sdpa_scratch(q, k, v, mask)
+    return out, sdpa_scratch(q, k, v, None)[1]  # output right, but returns the weights before masking
+
+
+def sdpa_weights_wrong_shape(q, k, v, mask=None):
+    out, weights = sdpa_scratch(q, k, v, mask)
+    return out, weights[..., 0]
+
+
+def sdpa_forever(q, k, v, mask=None):
+    while True:
+        pass
+
+
+def sdpa_sleeps_forever(q, k, v, mask=None):
+    while True:  # sleeps, so an abandoned thread running it costs no CPU
+        time.sleep(0.01)
+
+
+def softmax_axis0(x):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+
+
+def softmax_exp_only(x):
+    return np.exp(x - x.max(axis=-1, keepdims=True))
+
+
+def softmax_returns_list(x):
+    return [float(v) for v in softmax_np(np.atleast_1d(x)).ravel()]
+
+
+def causal_float(t_q, t_k=None):
+    return torch.ones(t_q, t_q if t_k is None else t_k).tril(diagonal=(t_k or t_q) - t_q)
+
+
+def causal_square_only(t_q, t_k=None):
+    return np.tril(np.ones((t_q, t_q), dtype=bool))
+
+
+def split_forgot_reshape(x, num_heads):
+    return x
+
+
+def mha_scale_by_d_model(d_model, num_heads, dropout=0.0):
+    return bug_zoo.MHAScaleByDModel(d_model, num_heads, dropout)
+
+
+class MHANoLinears(nn.Module):
+    def __init__(self, d_model, num_heads, dropout=0.0):
+        super().__init__()
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+
+    def forward(self, query, key, value, mask=None):
+        return query
+
+
+class MHAWrongLinearShape(bug_zoo.ZooMultiHeadAttention):
+    def __init__(self, d_model, num_heads, dropout=0.0):
+        super().__init__(d_model, num_heads, dropout)
+        self.w_q = nn.Linear(d_model, d_model // num_heads)
+
+
+class MHANoDropoutArgument(bug_zoo.ZooMultiHeadAttention):
+    def __init__(self, d_model, num_heads):
+        super().__init__(d_model, num_heads)
+
+
+class MHANoWo(bug_zoo.MHAMissingOutputProjection):
+    def __init__(self, d_model, num_heads, dropout=0.0):
+        super().__init__(d_model, num_heads, dropout)
+        del self.w_o
+
+
+class MHANoWoLoadable(MHANoLinears):
+    loaded = None
+
+    def load_numpy_params(self, params):
+        self.loaded = params
+
+
+class NotAModule:
+    def __init__(self, d_model, num_heads, dropout=0.0):
+        pass
+
+
+class MHADropoutWrongWhenOff(bug_zoo.ZooMultiHeadAttention):
+    """Deterministic in eval mode, but scales by 1 / (1 - p) as if dropout were on."""
+
+    def attend(self, q, k, v, mask):
+        return super().attend(q, k, v, mask) / (1 - self.p)
+
+
+def mha_loop_missing_out_proj(query, key, value, params, num_heads, mask=None):
+    out = ac.multi_head_attention_loop(query, key, value, params, num_heads, mask)
+    out = out[0] if isinstance(out, tuple) else out
+    return (out - params["b_o"]) @ torch.linalg.pinv(params["w_o"])
+
+
+def count_without_w_o(d_model, num_heads, bias=True):
+    return 3 * d_model * d_model + (3 * d_model if bias else 0)
+
+
+def count_ignores_bias_flag(d_model, num_heads, bias=True):
+    return 4 * d_model * d_model + 4 * d_model
+
+
+def count_per_head(d_model, num_heads, bias=True):
+    return num_heads * 4 * d_model * d_model + (4 * d_model if bias else 0)
+
+
+def count_wrong(d_model, num_heads, bias=True):
+    return 7
+
+
+CASES = [
+    # (check, implementation, expected code)
+    (checks.check_scaled_dot_product_attention, sdpa_not_implemented, "not-implemented"),
+    (checks.check_scaled_dot_product_attention, sdpa_raises, "raised-exception"),
+    (checks.check_scaled_dot_product_attention, sdpa_requires_mask, "raised-exception"),
+    (checks.check_scaled_dot_product_attention, sdpa_returns_none, "returned-none"),
+    (checks.check_scaled_dot_product_attention, sdpa_returns_string, "wrong-type"),
+    (checks.check_scaled_dot_product_attention, sdpa_returns_triple, "wrong-type"),
+    (checks.check_scaled_dot_product_attention, sdpa_returns_nan, "nan-output"),
+    (checks.check_scaled_dot_product_attention, sdpa_mutates_q, "mutates-input"),
+    (checks.check_scaled_dot_product_attention, lambda q, k, v, mask=None: sdpa_scratch(q.unsqueeze_(0), k, v, mask),
+     "mutates-input"),  # in-place change of shape
+    (checks.check_scaled_dot_product_attention, sdpa_returns_scores_shape, "wrong-shape"),
+    (checks.check_scaled_dot_product_attention, sdpa_weights_wrong_shape, "wrong-shape"),
+    (checks.check_scaled_dot_product_attention, sdpa_off_a_bit, "wrong-output"),
+    (checks.check_scaled_dot_product_attention, sdpa_wrong_weights, "wrong-output"),
+    (checks.check_scaled_dot_product_attention, sdpa_weights_unmasked, "mask-ignored"),
+    (checks.check_numpy_attention, bug_zoo.sdpa_missing_scale, "raised-exception"),  # torch code, NumPy inputs
+    (checks.check_softmax, softmax_axis0, "softmax-wrong-axis"),
+    (checks.check_softmax, softmax_exp_only, "weights-not-normalized"),
+    (checks.check_softmax, lambda x: softmax_np(x) + 0.5, "wrong-output"),
+    (checks.check_softmax, lambda x: "softmax", "wrong-type"),
+    (checks.check_softmax, softmax_returns_list, "wrong-shape"),  # a list is fine, but not a flattened one
+    (checks.check_attention_one_query, lambda q, k, v: attend_loop(q, k, k), "values-from-keys"),
+    (checks.check_causal_mask, causal_float, "wrong-type"),
+    (checks.check_causal_mask, causal_square_only, "wrong-shape"),
+    (checks.check_causal_mask, lambda t_q, t_k=None: ac.causal_mask(t_q, t_k)[None], "wrong-shape"),
+    (checks.check_padding_mask, lambda lengths, t: ~ac.padding_mask(lengths, t), "mask-inverted"),
+    (checks.check_padding_mask, lambda lengths, t: ac.padding_mask(lengths, t).float(), "wrong-type"),
+    (checks.check_padding_mask, lambda lengths, t: torch.ones(2, 7, dtype=torch.bool), "wrong-shape"),
+    (checks.check_split_heads, split_forgot_reshape, "wrong-shape"),
+    (checks.check_merge_heads, lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1),
+     "merge-heads-wrong-order"),
+    (checks.check_multi_head_attention, mha_scale_by_d_model, "wrong-scale"),
+    (checks.check_multi_head_attention, MHANoLinears, "missing-attribute"),
+    (checks.check_multi_head_attention, MHAWrongLinearShape, "wrong-shape"),
+    (checks.check_multi_head_attention, MHANoDropoutArgument, "raised-exception"),
+    (checks.check_multi_head_attention, MHANoWo, "missing-output-projection"),
+    (checks.check_multi_head_attention, MHANoWoLoadable, "wrong-output"),
+    (checks.check_multi_head_attention, NotAModule, "wrong-type"),
+    (checks.check_multi_head_attention, MHADropoutWrongWhenOff, "dropout-in-eval"),
+    (checks.check_einsum_attention, bug_zoo.MHASplitWithoutTranspose, "heads-split-without-transpose"),
+    (checks.check_einsum_attention, mha_loop_missing_out_proj, "missing-output-projection"),
+    (checks.check_einsum_attention, bug_zoo.sdpa_mask_inverted, "mask-inverted"),
+    (checks.check_parameter_count, count_without_w_o, "missing-output-projection"),
+    (checks.check_parameter_count, count_ignores_bias_flag, "wrong-value"),
+    (checks.check_parameter_count, count_per_head, "wrong-value"),
+    (checks.check_parameter_count, count_wrong, "wrong-value"),
+    (checks.check_parameter_count, lambda d_model, num_heads, bias=True: None, "returned-none"),
+    (checks.check_parameter_count, lambda d_model, num_heads, bias=True: "many", "wrong-type"),
+]
+
+
+@pytest.mark.parametrize("check, impl, code", CASES, ids=[f"{c[2]}-{i}" for i, c in enumerate(CASES)])
+def test_mistakes_get_their_code(check, impl, code, capsys):
+    with pytest.raises(AssertionError) as info:
+        check(impl)
+    message = str(info.value)
+    assert message.startswith(f"[{code}] "), message
+    assert capsys.readouterr().out == ""  # no success line
+
+
+def test_every_code_is_produced_somewhere():
+    codes = {c[2] for c in CASES} | {b.code for b in bug_zoo.ZOO} | {"timeout", "wrong-value"}
+    assert codes == set(checks.CODES)
+
+
+def test_messages_explain_the_failing_case():
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_scaled_dot_product_attention(bug_zoo.sdpa_missing_scale)
+    assert str(info.value) == (
+        "[missing-scale] Your scores are not divided by sqrt(d_k): your output matches softmax(q @ k^T) @ v "
+        "without the 1/sqrt(d_k) factor. Multiply the scores by 1 / sqrt(d_k), with d_k = q.shape[-1], before "
+        "the softmax.\n  Failing case: case 1 of 24: q (4, 8), k (4, 8), v (4, 8), no mask"
+    )
+    assert info.value.code == "missing-scale"
+
+
+def test_exception_message_names_the_exception_and_the_call():
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_scaled_dot_product_attention(sdpa_requires_mask)
+    msg = str(info.value)
+    assert msg.startswith("[raised-exception] Your code raised TypeError: ")
+    assert "scaled_dot_product_attention(q of shape (4, 8), k of shape (4, 8), v of shape (4, 8), mask=None)" in msg
+
+
+def test_not_implemented_quotes_the_exercise():
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_scaled_dot_product_attention(sdpa_not_implemented)
+    assert str(info.value).startswith("[not-implemented] Exercise 3: scaled dot-product attention: replace the")
+
+
+def test_long_and_empty_exception_messages():
+    def raises_long(q, k, v, mask=None):
+        raise ValueError("x" * 500)
+
+    def raises_empty(q, k, v, mask=None):
+        raise RuntimeError
+
+    with pytest.raises(checks.CheckFailed, match=r"ValueError: x{297}\.\.\.\n"):
+        checks.check_scaled_dot_product_attention(raises_long)
+    with pytest.raises(checks.CheckFailed, match=r"^\[raised-exception\] Your code raised RuntimeError\n"):
+        checks.check_scaled_dot_product_attention(raises_empty)
+    with pytest.raises(checks.CheckFailed, match=r"^\[not-implemented\] scaled_dot_product_attention is not"):
+        checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: (_ for _ in ()).throw(
+            NotImplementedError()))
+
+
+def test_student_sys_exit_is_caught():
+    def exits(x):
+        raise SystemExit(3)
+
+    with pytest.raises(checks.CheckFailed, match=r"^\[raised-exception\] Your code raised SystemExit: 3"):
+        checks.check_softmax(exits)
+
+
+def test_failure_hides_the_checker_internals():
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_softmax(softmax_axis0)
+    err = info.value
+    assert err.__cause__ is None and err.__suppress_context__
+    frames = []
+    tb = err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert frames[1:] == ["check_softmax", "_run_check"]  # the test, then two short checker frames
+    rendered = err._render_traceback_()
+    assert rendered == [f"\x1b[0;31mCheckFailed\x1b[0m: {err}"]
+    assert not re.search(r"/work/|/tmp/|site-packages|\.py\b|File ", rendered[0])
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
+def test_time_limit_with_an_alarm_on_the_main_thread():
+    handler, (remaining, _) = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
+    start = time.monotonic()
+    with pytest.raises(checks.CheckFailed, match=r"^\[timeout\] Your code did not finish within 0.3 s"):
+        checks.check_scaled_dot_product_attention(sdpa_forever, timeout=0.3)
+    assert time.monotonic() - start < 5
+    assert signal.getsignal(signal.SIGALRM) is handler  # restored (pytest-timeout may have one)
+    assert (signal.getitimer(signal.ITIMER_REAL)[0] > 0) == (remaining > 0)
+
+
+class OuterAlarm(BaseException):
+    pass
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
+def test_an_outer_alarm_is_kept_and_restored():
+    def outer(signum, frame):
+        raise OuterAlarm
+
+    previous = signal.signal(signal.SIGALRM, outer)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30)
+        with pytest.raises(checks.CheckFailed, match=r"^\[timeout\]"):
+            checks.check_softmax(lambda x: sdpa_forever(x, x, x), timeout=0.2)
+        assert signal.getsignal(signal.SIGALRM) is outer
+        assert 25 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30
+        # an outer alarm due before the check's own limit fires as usual
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(OuterAlarm):
+            checks.check_softmax(lambda x: sdpa_forever(x, x, x), timeout=10)
+        # and one due right after a fast check is re-armed
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        checks.check_softmax(softmax_np, timeout=10)
+        with pytest.raises(OuterAlarm):
+            time.sleep(2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_time_limit_in_a_thread():
+    """Off the main thread no alarm is possible: the check runs in a daemon thread and is abandoned."""
+    result = {}
+
+    def run():
+        try:
+            checks.check_scaled_dot_product_attention(sdpa_sleeps_forever, timeout=0.3)
+        except checks.CheckFailed as err:
+            result["error"] = str(err)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(10)
+    assert result["error"].startswith("[timeout] Your code did not finish within 0.3 s")
+
+
+def test_checks_in_a_thread_still_pass_and_fail(capsys):
+    result = {}
+
+    def run():
+        checks.check_softmax(softmax_np, timeout=30)
+        try:
+            checks.check_softmax(softmax_axis0, timeout=30)
+        except checks.CheckFailed as err:
+            result["error"] = err.code
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(60)
+    assert result["error"] == "softmax-wrong-axis"
+    assert capsys.readouterr().out.startswith("✓ softmax")
+
+
+def test_no_time_limit(capsys):
+    checks.check_softmax(softmax_np, timeout=None)
+    checks.check_softmax(softmax_np, timeout=0)
+    assert capsys.readouterr().out.count("✓") == 2
+
+
+def test_lists_tensors_and_tf_like_objects_convert():
+    class FakeTF:
+        def __init__(self, a):
+            self.a = a
+
+        def numpy(self):
+            return self.a
+
+    case = "c"
+    assert checks._as_array([1, 2], "result", case).dtype == np.float64
+    assert checks._as_array(torch.tensor([1, 2]), "result", case).tolist() == [1.0, 2.0]
+    assert checks._as_array(FakeTF(np.ones(2)), "result", case).tolist() == [1.0, 1.0]
+    assert checks._as_array(3.5, "result", case).shape == ()
+    for bad in (["a"], {"x": 1}, torch.tensor([1j])):
+        with pytest.raises(checks.CheckFailed, match=r"^\[wrong-type\]"):
+            checks._as_array(bad, "result", case)
+    with pytest.raises(checks.CheckFailed, match=r"^\[returned-none\] Your function returned None as its weights"):
+        checks._as_array(None, "weights", case)
+
+
+def test_check_value(capsys):
+    checks.check_value("number of parameters", 4 * 512 * 512, 1048576)
+    checks.check_value("row sums", torch.ones(3), np.ones(3))
+    assert capsys.readouterr().out == "✓ number of parameters: correct\n✓ row sums: correct\n"
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_value("number of parameters", 12, 1048576, hint="Count w_o too.")
+    assert str(info.value) == "[wrong-value] number of parameters = 12 is not the expected value. Count w_o too."
+    assert "1048576" not in str(info.value)
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-value\] x = \[1\. 2\.\] is not"):
+        checks.check_value("x", np.array([1.0, 2.0]), [1.0, 3.0])
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-value\] x = 0.5 is not"):
+        checks.check_value("x", 0.5, 0.25)
+    with pytest.raises(checks.CheckFailed, match=r"^\[returned-none\] x is None"):
+        checks.check_value("x", None, 1)
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-type\] x is a str"):
+        checks.check_value("x", "seven", 7)
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-type\] x is a object"):
+        checks.check_value("x", object(), 7)
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-type\] x is a list"):
+        checks.check_value("x", [[1, 2], [3]], 7)
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-shape\] x has shape \(2,\); expected \(\)"):
+        checks.check_value("x", [1, 2], 7)
+
+
+def test_keras_checks():
+    pytest.importorskip("tensorflow")
+    from attention_course.keras_attention import KerasMultiHeadAttention
+
+    checks.check_keras_attention(KerasMultiHeadAttention)
+
+    class KerasNoLoader(KerasMultiHeadAttention):
+        load_numpy_params = None
+
+    with pytest.raises(checks.CheckFailed, match=r"^\[missing-attribute\] Your layer has no load_numpy_params"):
+        checks.check_keras_attention(KerasNoLoader, test_dropout=False)
+
+    class KerasDropoutAlwaysOn(KerasMultiHeadAttention):
+        def call(self, query, key=None, value=None, mask=None, training=None, return_weights=False):
+            return super().call(query, key, value, mask=mask, training=True)
+
+    with pytest.raises(checks.CheckFailed, match=r"^\[dropout-in-eval\]"):
+        checks.check_keras_attention(KerasDropoutAlwaysOn)
