@@ -1,6 +1,7 @@
 """The exercise checker: correct code passes with one line, every mistake gets exactly its diagnosis code,
 and any student code (raising, looping, returning junk, mutating inputs) gets a clear message."""
 
+import functools
 import math
 import re
 import signal
@@ -76,6 +77,45 @@ def parameter_count(d_model, num_heads, bias=True):
     return 4 * d_model * d_model + (4 * d_model if bias else 0)
 
 
+def single_head_parameter_count(d_in, d_out, bias=False):
+    return 3 * d_in * d_out + (3 * d_out if bias else 0)
+
+
+class ScratchSingleHead(nn.Module):
+    """Biases on by default, output and weights returned, key/value defaults: still the contract."""
+
+    def __init__(self, d_in, d_out, bias=True, dropout=0.0):
+        super().__init__()
+        self.w_q, self.w_k, self.w_v = (nn.Linear(d_in, d_out, bias=bias) for _ in range(3))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        out, weights = sdpa_scratch(self.w_q(query), self.w_k(key), self.w_v(value), mask)
+        return out, self.drop(weights)
+
+
+class LoadableSingleHead(nn.Module):
+    """Projections as plain x @ W + b parameters, loaded through load_numpy_params."""
+
+    def __init__(self, d_in, d_out, dropout=0.0):
+        super().__init__()
+        self.p = nn.ParameterDict({f"{w}_{n}": nn.Parameter(torch.zeros((d_in, d_out) if w == "w" else (d_out,)))
+                                   for n in "qkv" for w in "wb"})
+
+    def load_numpy_params(self, params):
+        with torch.no_grad():
+            for name, tensor in self.p.items():
+                tensor.copy_(torch.as_tensor(params[name]))
+
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        q, k, v = (x @ self.p[f"w_{n}"] + self.p[f"b_{n}"] for x, n in ((query, "q"), (key, "k"), (value, "v")))
+        return ac.scaled_dot_product_attention(q, k, v, mask)[0]
+
+
 class ScratchMHA(nn.Module):
     def __init__(self, d_model, num_heads, dropout=0.0):
         super().__init__()
@@ -113,6 +153,11 @@ class ScratchMHA(nn.Module):
         (checks.check_einsum_attention, sdpa_scratch),
         (checks.check_einsum_attention, sdpa_without_signature),
         (checks.check_parameter_count, parameter_count),
+        (checks.check_single_head_attention, ac.SingleHeadAttention),
+        (checks.check_single_head_attention, bug_zoo.ZooSingleHeadAttention),
+        (checks.check_single_head_attention, ScratchSingleHead),
+        (checks.check_single_head_attention, LoadableSingleHead),
+        (checks.check_single_head_parameter_count, single_head_parameter_count),
     ],
     ids=lambda x: getattr(x, "__name__", str(x)),
 )
@@ -150,6 +195,36 @@ def test_success_line_says_what_was_verified(capsys):
     assert capsys.readouterr().out == (
         "✓ scaled_dot_product_attention: 24 random cases (Tq != Tk, masks, batch dims, fully masked rows) "
         "match the reference\n"
+    )
+
+
+def test_success_line_names_the_students_function(capsys):
+    """The student's function or class by its name; lambdas and partials by the name the contract gives it."""
+    checks.check_scaled_dot_product_attention(sdpa_scratch)
+    checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: sdpa_scratch(q, k, v, mask))
+    checks.check_numpy_attention(attention_numpy_output_only)
+    checks.check_numpy_attention(functools.partial(attention_numpy))
+    checks.check_attention_one_query(attend_loop)
+    checks.check_softmax(softmax_np)
+    checks.check_causal_mask(causal_numpy)
+    checks.check_padding_mask(lambda lengths, t: ac.padding_mask(lengths, t))
+    checks.check_split_heads(ac.split_heads)
+    checks.check_merge_heads(lambda x: ac.merge_heads(x))
+    checks.check_parameter_count(parameter_count)
+    checks.check_single_head_parameter_count(lambda d_in, d_out, bias=False: 3 * d_in * d_out + 3 * d_out * bias)
+    checks.check_single_head_attention(ScratchSingleHead, test_dropout=False)
+    names = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == ["✓ sdpa_scratch", "✓ scaled_dot_product_attention", "✓ attention_numpy_output_only",
+                     "✓ attention (NumPy)", "✓ attend_loop", "✓ softmax_np", "✓ causal_numpy", "✓ padding_mask",
+                     "✓ split_heads", "✓ merge_heads", "✓ parameter_count", "✓ single-head parameter count",
+                     "✓ ScratchSingleHead"]
+
+
+def test_single_head_success_line(capsys):
+    checks.check_single_head_attention(ac.SingleHeadAttention)
+    assert capsys.readouterr().out == (
+        "✓ SingleHeadAttention: 18 cases (3 sizes, d_in != d_out too; self- and cross-attention, Tq != Tk, masks) "
+        "match the reference; dropout is off in eval mode\n"
     )
 
 
@@ -327,6 +402,43 @@ def count_wrong(d_model, num_heads, bias=True):
     return 7
 
 
+class SHAScaleBySeqLen(bug_zoo.ZooSingleHeadAttention):
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1) / k.size(-2)
+
+
+class SHANoDefaults(bug_zoo.ZooSingleHeadAttention):
+    def forward(self, query, key, value, mask=None):  # key and value required: self-attention module(x) fails
+        return super().forward(query, key, value, mask)
+
+
+class SHAAlwaysSelf(bug_zoo.ZooSingleHeadAttention):
+    def forward(self, query, key=None, value=None, mask=None):
+        return super().forward(query, query, query, mask)
+
+
+class SHANoWv(bug_zoo.ZooSingleHeadAttention):
+    def __init__(self, d_in, d_out, bias=False, dropout=0.0):
+        super().__init__(d_in, d_out, bias, dropout)
+        self.w_v = None
+
+
+class SHAWrongLinearShape(bug_zoo.ZooSingleHeadAttention):
+    def __init__(self, d_in, d_out, bias=False, dropout=0.0):
+        super().__init__(d_in, d_out, bias, dropout)
+        self.w_k = nn.Linear(d_out, d_in, bias=bias)
+
+
+class SHANaNOnMaskedRow(bug_zoo.ZooSingleHeadAttention):
+    def attend(self, scores, v, mask):
+        weights = torch.softmax(scores if mask is None else scores.masked_fill(~mask, float("-inf")), dim=-1)
+        return weights @ v, weights
+
+
+def count_square(d_in, d_out, bias=False):
+    return 3 * d_in * d_in + (3 * d_in if bias else 0)
+
+
 CASES = [
     # (check, implementation, expected code)
     (checks.check_scaled_dot_product_attention, sdpa_not_implemented, "not-implemented"),
@@ -377,6 +489,16 @@ CASES = [
     (checks.check_parameter_count, count_wrong, "wrong-value"),
     (checks.check_parameter_count, lambda d_model, num_heads, bias=True: None, "returned-none"),
     (checks.check_parameter_count, lambda d_model, num_heads, bias=True: "many", "wrong-type"),
+    (checks.check_single_head_attention, SHAScaleBySeqLen, "wrong-scale"),
+    (checks.check_single_head_attention, SHANoDefaults, "raised-exception"),
+    (checks.check_single_head_attention, SHAAlwaysSelf, "wrong-shape"),
+    (checks.check_single_head_attention, SHANoWv, "missing-attribute"),
+    (checks.check_single_head_attention, SHAWrongLinearShape, "wrong-shape"),
+    (checks.check_single_head_attention, SHANaNOnMaskedRow, "nan-on-masked-row"),
+    (checks.check_single_head_attention, NotAModule, "wrong-type"),
+    (checks.check_single_head_parameter_count, count_square, "wrong-value"),
+    (checks.check_single_head_parameter_count, lambda d_in, d_out, bias=False: 4 * d_in * d_out, "wrong-value"),
+    (checks.check_single_head_parameter_count, lambda d_in, d_out, bias=False: None, "returned-none"),
 ]
 
 
@@ -390,7 +512,8 @@ def test_mistakes_get_their_code(check, impl, code, capsys):
 
 
 def test_every_code_is_produced_somewhere():
-    codes = {c[2] for c in CASES} | {b.code for b in bug_zoo.ZOO} | {"timeout", "wrong-value"}
+    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO
+    codes = {c[2] for c in CASES} | {b.code for b in zoo} | {"timeout", "wrong-value"}
     assert codes == set(checks.CODES)
 
 
@@ -601,3 +724,21 @@ def test_keras_checks():
 
     with pytest.raises(checks.CheckFailed, match=r"^\[dropout-in-eval\]"):
         checks.check_keras_attention(KerasDropoutAlwaysOn)
+
+
+def test_single_head_messages():
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-value\] A single head has no output projection"):
+        checks.check_single_head_parameter_count(lambda d_in, d_out, bias=False: 4 * d_in * d_out + 4 * d_out * bias)
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-value\] Each bias has d_out numbers.*\n.*case 2 of 5: "
+                       r"d_in=3, d_out=4, bias=True"):
+        checks.check_single_head_parameter_count(lambda d_in, d_out, bias=False: 3 * d_in * d_out + 3 * d_in * bias)
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-value\] Biases: with bias=True each of the three"):
+        checks.check_single_head_parameter_count(lambda d_in, d_out, bias=False: 3 * d_in * d_out + 3 * d_out)
+    with pytest.raises(checks.CheckFailed, match=r"w_v \(and no load_numpy_params method\).*nn\.Linear\(d_in, d_out\)"):
+        checks.check_single_head_attention(SHANoWv)
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-shape\] SHAWrongLinearShape\.w_k\.weight has shape "
+                       r"\(6, 4\); expected \(4, 6\) \(nn\.Linear\(6, 4\)\)"):
+        checks.check_single_head_attention(SHAWrongLinearShape)
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_single_head_attention(SHANoDefaults)
+    assert "when called as SHANoDefaults(...)(query of shape (2, 5, 8))" in str(info.value)

@@ -1,5 +1,6 @@
 """The grader: full marks for the solutions, zero for the untouched exercises, the right code for a planted bug,
-and clear errors for files that are not notebooks. Kernel starts are slow, so one module-level run grades them all."""
+canonical check cells (a deleted or edited check cell gains nothing), and clear errors for files that are not
+notebooks. Kernel starts are slow, so one module-level run grades them all (four kernels)."""
 
 import csv
 import io
@@ -39,31 +40,41 @@ def _misbehaving_notebook():
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("grade")
-    shutil.copy(ROOT / "solutions" / NAME, tmp / "solution.ipynb")
-    shutil.copy(ROOT / "exercises" / NAME, tmp / "exercise.ipynb")
+def _tampered():
+    """The planted bug (no scaling in exercise 3), its check cell edited to `pass`, exercise 5's check deleted."""
     nb = nbformat.read(ROOT / "solutions" / NAME, as_version=4)
     cell = next(c for c in nb.cells if c.source.startswith("def attention("))
     assert "/ np.sqrt(d_k)" in cell.source
     cell.source = cell.source.replace(" / np.sqrt(d_k)", "")  # the planted bug: no scaling
-    nbformat.write(nb, tmp / "planted.ipynb")
+    check_3 = next(c for c in nb.cells if "exercise-3" in c.metadata.get("tags", []))
+    check_3.source = "pass"
+    nb.cells = [c for c in nb.cells if "exercise-5" not in c.metadata.get("tags", [])]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grade")
+    # graded against solutions/ (the default reference), matched by name after a prefix
+    shutil.copy(ROOT / "solutions" / NAME, tmp / f"solution_{NAME}")
+    shutil.copy(ROOT / "exercises" / NAME, tmp / f"exercise_{NAME}")
+    nbformat.write(_tampered(), tmp / f"planted_{NAME}")
+    results = grade.grade([tmp / f"{n}_{NAME}" for n in ("solution", "exercise", "planted")], timeout=120)
+    # graded with their own check cells
     (tmp / "corrupt.ipynb").write_text("{ this is not JSON", encoding="utf-8")
     (tmp / "not_a_notebook.ipynb").write_text('{"cells": 3}', encoding="utf-8")
     nbformat.write(new_notebook(cells=[new_code_cell("x = 1")]), tmp / "no_checks.ipynb")
     (tmp / "binary.ipynb").write_bytes(b"\xff\xfe\x00garbage")
-    paths = [tmp / n for n in ("solution.ipynb", "exercise.ipynb", "planted.ipynb", "corrupt.ipynb", "missing.ipynb",
-                               "not_a_notebook.ipynb", "no_checks.ipynb", "binary.ipynb")]
-    results = grade.grade(paths, timeout=120)
     nbformat.write(_misbehaving_notebook(), tmp / "misbehaving.ipynb")
-    results += grade.grade([tmp / "misbehaving.ipynb"], timeout=3)
-    return {Path(r.notebook).stem: r for r in results}
+    paths = [tmp / f"{n}.ipynb" for n in ("corrupt", "missing", "not_a_notebook", "no_checks", "binary")]
+    results += grade.grade(paths, reference=None)
+    results += grade.grade([tmp / "misbehaving.ipynb"], timeout=3, reference=None)
+    return {Path(r.notebook).stem.replace(f"_{Path(NAME).stem}", ""): r for r in results}
 
 
 def test_solution_gets_full_marks(graded):
     r = graded["solution"]
-    assert (r.passed, r.total, r.error) == (5, 5, None)
+    assert (r.passed, r.total, r.error, r.reference) == (5, 5, None, str(ROOT / "solutions" / NAME))
     assert [e.exercise for e in r.exercises] == [1, 2, 3, 4, 5]
     assert r.exercises[0].title == "A softmax that does not overflow" and r.exercises[0].level == "warm-up"
 
@@ -75,11 +86,15 @@ def test_untouched_exercises_get_zero(graded):
     assert r.exercises[2].message.startswith("[not-implemented] Exercise 3: Scaled dot-product attention")
 
 
-def test_planted_bug_is_diagnosed(graded):
+def test_planted_bug_is_diagnosed_through_an_edited_and_a_deleted_check_cell(graded):
+    """Its own check cells would give 4/4 (exercise 3's edited to `pass`, exercise 5's gone): the canonical ones
+    find the bug, and the deleted check counts as a failure, not as one exercise fewer."""
     r = graded["planted"]
-    assert (r.passed, r.total) == (4, 5)
+    assert (r.passed, r.total) == (3, 5)
     failed = [e for e in r.exercises if not e.passed]
-    assert [(e.exercise, e.code) for e in failed] == [(3, "missing-scale")]
+    assert [(e.exercise, e.code) for e in failed] == [(3, "missing-scale"), (5, "check-missing")]
+    assert failed[1].title == "A query with nothing to attend to" and failed[1].message.startswith(
+        "the check cell of exercise 5 (tags 'check' and 'exercise-5') is missing")
 
 
 def test_unreadable_files_are_reported(graded):
@@ -106,12 +121,14 @@ def test_timeout_interrupt_is_reported():
 
 
 def test_table(graded):
-    text = grade.format_table([graded[n] for n in ("solution", "planted", "corrupt")])
+    text = grade.format_table([graded[n] for n in ("solution", "planted", "misbehaving", "corrupt")])
     lines = text.splitlines()
-    assert lines[0].endswith("solution.ipynb: 5/5")
+    assert lines[0].endswith(f"solution_{NAME}: 5/5")
     assert lines[1] == "  Exercise 1   A softmax that does not overflow            pass"
-    assert "planted.ipynb: 4/5" in text
+    assert f"planted_{NAME}: 3/5\n" in text
     assert "  Exercise 3   Scaled dot-product attention, vectorised    FAIL  [missing-scale]" in lines
+    assert "  Exercise 5   A query with nothing to attend to           FAIL  [check-missing]" in lines
+    assert "misbehaving.ipynb: 1/4  (its own check cells: no reference notebook)" in text
     assert lines[-1].startswith("ERROR ") and lines[-1].endswith("corrupt.ipynb: not a valid notebook (NotJSONError: "
                                                                  "Notebook does not appear to be JSON: '{ this is not "
                                                                  "JSON')")
@@ -120,12 +137,15 @@ def test_table(graded):
 def test_json_and_csv_parse(graded):
     results = [graded[n] for n in ("solution", "planted", "missing")]
     data = json.loads(grade.format_json(results))
-    assert [(n["passed"], n["total"], n["error"]) for n in data["notebooks"]] == [(5, 5, None), (4, 5, None),
+    assert [(n["passed"], n["total"], n["error"]) for n in data["notebooks"]] == [(5, 5, None), (3, 5, None),
                                                                                   (0, 0, "no such file")]
+    assert data["notebooks"][1]["reference"] == str(ROOT / "solutions" / NAME)
+    assert data["notebooks"][2]["reference"] is None
     assert data["notebooks"][1]["exercises"][2]["code"] == "missing-scale"
     rows = list(csv.DictReader(io.StringIO(grade.format_csv(results))))
     assert len(rows) == 11
     assert rows[7]["exercise"] == "3" and rows[7]["passed"] == "0" and rows[7]["code"] == "missing-scale"
+    assert rows[9]["exercise"] == "5" and rows[9]["code"] == "check-missing"
     assert rows[-1]["code"] == "error" and rows[-1]["message"] == "no such file"
 
 
@@ -139,6 +159,59 @@ def test_command_line(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[0] == "notebook,exercise,title,level,passed,code,message"
     assert grade.main([str(tmp_path / "gone.ipynb")]) == 0
     assert capsys.readouterr().out == f"ERROR {tmp_path / 'gone.ipynb'}: no such file\n"
-    with pytest.raises(SystemExit) as info:
-        grade.main(["--json", "--csv", str(bad)])
-    assert info.value.code == 2
+    for usage_error in (["--json", "--csv", str(bad)], ["--reference", str(tmp_path / "nowhere"), str(bad)],
+                        ["--reference", str(tmp_path), "--no-reference", str(bad)]):
+        with pytest.raises(SystemExit) as info:
+            grade.main(usage_error)
+        assert info.value.code == 2
+    assert grade.main([str(bad), "--no-reference", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notebooks"][0]["reference"] is None
+
+
+def _submission(*cells):
+    return new_notebook(cells=[new_markdown_cell("# Exercises: Tiny"), *cells],
+                        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+
+
+def test_reference_notebooks_are_found_by_name(tmp_path):
+    refs = tmp_path / "solutions"
+    refs.mkdir()
+    for name in ("04_masking_exercises.ipynb", "masking_exercises.ipynb", "other.ipynb"):
+        (refs / name).write_text("{}", encoding="utf-8")
+    find = grade.find_reference
+    assert find("sub/04_masking_exercises.ipynb", refs) == refs / "04_masking_exercises.ipynb"
+    assert find("ada_lovelace_04_masking_exercises.ipynb", refs) == refs / "04_masking_exercises.ipynb"  # longest
+    assert find("ada-masking_exercises.ipynb", refs) == refs / "masking_exercises.ipynb"
+    assert find("ada04_masking_exercises.ipynb", refs) == refs / "masking_exercises.ipynb"  # "_" before "masking"
+    assert find("adamasking_exercises.ipynb", refs) is None  # no separator
+    assert find("anything.ipynb", refs / "other.ipynb") == refs / "other.ipynb"  # one file: every submission
+    assert find(f"x_{NAME}", None) is None
+    assert find(f"x_{NAME}") == ROOT / "solutions" / NAME  # AUTO: the repository's solutions/
+    assert grade.default_reference() == ROOT / "solutions"
+
+
+def test_canonical_check_sources_replace_the_submissions(tmp_path):
+    ref = _submission(new_markdown_cell("## Exercise 1 (warm-up): One"), _tag(new_code_cell("check(1)"), "check",
+                                                                                         "exercise-1"),
+                      new_markdown_cell("## Exercise 2 (core): Two"), _tag(new_code_cell("check(2)"), "check",
+                                                                                "exercise-2"))
+    sub = _submission(new_markdown_cell("## Exercise 1 (warm-up): Renamed"), _tag(new_code_cell("pass"), "check"),
+                      new_code_cell("x = 1"), _tag(new_code_cell("pass"), "check", "exercise-1"),
+                      _tag(new_code_cell("print('mine')"), "check", "exercise-9"))
+    plan = grade._plan(sub, ref)
+    assert plan == [(1, "One", "warm-up", [2, 4]), (2, "Two", "core", [])]
+    assert [c.source for c in sub.cells[2:6]] == ["check(1)", "x = 1", "check(1)", "print('mine')"]
+    # a reference that cannot be used stops grading that notebook with an ERROR
+    nbformat.write(sub, tmp_path / "sub.ipynb")
+    nbformat.write(_submission(), tmp_path / "empty_ref.ipynb")
+    r = grade.grade_notebook(tmp_path / "sub.ipynb", reference=tmp_path / "empty_ref.ipynb")
+    assert r.error == f"reference notebook {tmp_path / 'empty_ref.ipynb'}: no check cells"
+    (tmp_path / "bad_ref.ipynb").write_text("nope", encoding="utf-8")
+    assert grade.grade_notebook(tmp_path / "sub.ipynb", reference=tmp_path / "bad_ref.ipynb").error.startswith(
+        f"reference notebook {tmp_path / 'bad_ref.ipynb'}: not a valid notebook")
+    # every check cell deleted: no kernel is started, every exercise fails with check-missing
+    nbformat.write(_submission(new_code_cell("x = 1")), tmp_path / "none_left.ipynb")
+    nbformat.write(ref, tmp_path / "ref.ipynb")
+    r = grade.grade_notebook(tmp_path / "none_left.ipynb", reference=tmp_path / "ref.ipynb")
+    assert [(e.exercise, e.title, e.passed, e.code) for e in r.exercises] == [(1, "One", False, "check-missing"),
+                                                                              (2, "Two", False, "check-missing")]

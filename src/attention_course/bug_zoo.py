@@ -11,7 +11,8 @@ of them for real work. :data:`ZOO` lists every bug with the check that diagnoses
         except AssertionError as err:
             print(bug.impl.__name__, "->", str(err).splitlines()[0])
 
-:data:`BUGS` maps each diagnosis code to one implementation that triggers it.
+:data:`BUGS` maps each diagnosis code to one implementation that triggers it. :data:`SINGLE_HEAD_ZOO` lists the
+single-head module's bugs (chapter 2) the same way.
 Shapes: q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); masks are boolean, True = may attend.
 """
 
@@ -199,6 +200,94 @@ def softmax_in_place(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+# --- single-head attention (chapter 2): module(query, key=None, value=None, mask=None) -> (out, weights) -----------
+
+
+class ZooSingleHeadAttention(nn.Module):
+    """A CORRECT compact single-head attention; each class below changes one of its methods."""
+
+    def __init__(self, d_in, d_out, bias=False, dropout=0.0):
+        super().__init__()
+        self.p = dropout
+        self.w_q, self.w_k, self.w_v = (nn.Linear(d_in, d_out, bias=bias) for _ in range(3))
+
+    def project(self, query, key, value):  # (B, T, d_in) -> (B, T, d_out)
+        return self.w_q(query), self.w_k(key), self.w_v(value)
+
+    def scores(self, q, k):  # -> (B, Tq, Tk)
+        return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+
+    def attend(self, scores, v, mask):  # -> (B, Tq, d_out), (B, Tq, Tk)
+        weights = masked_softmax(scores, mask)
+        return F.dropout(weights, self.p, training=self.training) @ v, weights
+
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        q, k, v = self.project(query, key, value)
+        return self.attend(self.scores(q, k), v, mask)
+
+
+class SHAWeightNotTransposed(ZooSingleHeadAttention):
+    """[weight-not-transposed] Projects with x @ linear.weight; runs only when d_in == d_out, and is wrong then."""
+
+    def project(self, query, key, value):
+        # BUG: nn.Linear stores weight as (d_out, d_in): x @ w.weight.T, or simply self.w_q(query)
+        return query @ self.w_q.weight, key @ self.w_k.weight, value @ self.w_v.weight
+
+
+class SHAValuesFromKeys(ZooSingleHeadAttention):
+    """[values-from-keys] The values are projected from the key input (invisible in self-attention)."""
+
+    def project(self, query, key, value):
+        return self.w_q(query), self.w_k(key), self.w_v(key)  # BUG: should be self.w_v(value)
+
+
+class SHAMissingScale(ZooSingleHeadAttention):
+    """[missing-scale] The scores are not divided by sqrt(d_k)."""
+
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1)  # BUG: should be divided by math.sqrt(q.size(-1))
+
+
+class SHAScaleByDIn(ZooSingleHeadAttention):
+    """[wrong-scale] Divides by sqrt(d_in), the input size, instead of sqrt(d_out), the size of q and k."""
+
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1) / math.sqrt(self.w_q.in_features)  # BUG: d_k = q.size(-1) = d_out
+
+
+class SHASoftmaxWrongAxis(ZooSingleHeadAttention):
+    """[softmax-wrong-axis] Normalises over the queries (dim=-2) instead of over the keys."""
+
+    def attend(self, scores, v, mask):
+        scores = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-2)  # BUG: each query's weights over the keys must sum to 1: dim=-1
+        return weights @ v, weights
+
+
+class SHAMaskIgnored(ZooSingleHeadAttention):
+    """[mask-ignored] The mask is accepted but never used."""
+
+    def attend(self, scores, v, mask):
+        return super().attend(scores, v, None)  # BUG: should pass mask
+
+
+class SHAMaskInverted(ZooSingleHeadAttention):
+    """[mask-inverted] Treats True as 'blocked' (nn.MultiheadAttention's convention, not ours)."""
+
+    def attend(self, scores, v, mask):
+        return super().attend(scores, v, None if mask is None else ~mask)  # BUG: True = may attend: pass mask
+
+
+class SHADropoutInEval(ZooSingleHeadAttention):
+    """[dropout-in-eval] F.dropout(..., training=True) keeps dropping weights after .eval()."""
+
+    def attend(self, scores, v, mask):
+        weights = masked_softmax(scores, mask)
+        return F.dropout(weights, self.p, training=True) @ v, weights  # BUG: should be training=self.training
+
+
 # --- multi-head attention -------------------------------------------------------------------------------------
 
 
@@ -318,6 +407,19 @@ ZOO = (
     Bug("missing-output-projection", MHAMissingOutputProjection, "check_multi_head_attention"),
     Bug("dropout-in-eval", MHADropoutInEval, "check_multi_head_attention"),
     Bug("wrong-scale", MHAScaleByDModel, "check_multi_head_attention"),
+)
+
+#: The single-head bugs (chapter 2's module; ``check_single_head_attention``). Kept out of :data:`ZOO` and
+#: :data:`BUGS`, whose entries chapter 7 lists one by one.
+SINGLE_HEAD_ZOO = (
+    Bug("weight-not-transposed", SHAWeightNotTransposed, "check_single_head_attention"),
+    Bug("values-from-keys", SHAValuesFromKeys, "check_single_head_attention"),
+    Bug("missing-scale", SHAMissingScale, "check_single_head_attention"),
+    Bug("wrong-scale", SHAScaleByDIn, "check_single_head_attention"),
+    Bug("softmax-wrong-axis", SHASoftmaxWrongAxis, "check_single_head_attention"),
+    Bug("mask-ignored", SHAMaskIgnored, "check_single_head_attention"),
+    Bug("mask-inverted", SHAMaskInverted, "check_single_head_attention"),
+    Bug("dropout-in-eval", SHADropoutInEval, "check_single_head_attention"),
 )
 
 #: diagnosis code -> the first implementation in :data:`ZOO` that triggers it.

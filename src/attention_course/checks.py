@@ -4,8 +4,9 @@ Every ``check_*`` function runs the student's function (or module class) on many
 seeds (several shapes, Tq != Tk, with and without masks), compares the results with the float64 reference
 in :mod:`attention_course.numpy_ref`, and then either
 
-* prints ONE line saying what was verified, e.g.
-  ``✓ scaled_dot_product_attention: 24 random cases (...) match the reference``, or
+* prints ONE line saying what was verified, named after the student's function or class (its ``__name__``;
+  the contract's name for a lambda or a partial), e.g. ``✓ attention: 24 random cases (...) match the
+  reference``, or
 * raises :class:`CheckFailed` (a subclass of ``AssertionError``) whose message starts with a stable
   diagnosis code in brackets, then a plain-language hint, e.g.
   ``[missing-scale] Your scores are not divided by sqrt(d_k): ...``. :data:`CODES` lists every code.
@@ -77,6 +78,7 @@ CODES = {
     "heads-split-without-transpose": "heads split with a reshape only, without the transpose",
     "merge-heads-wrong-order": "heads merged without transposing back first",
     "missing-output-projection": "the output projection w_o is not applied",
+    "weight-not-transposed": "an nn.Linear weight used as x @ linear.weight (it is stored (d_out, d_in): x @ weight.T)",
     "dropout-in-eval": "dropout still active after .eval() / with training=False",
     "wrong-value": "a numeric answer differs from the expected value",
     "wrong-output": "the result differs from the reference and matches no known mistake",
@@ -122,6 +124,9 @@ _HINTS = {
     "merge-heads-wrong-order": "Your heads are merged in the wrong order: going from (B, H, T, Dh) back to (B, T, D) "
     "needs a transpose to (B, T, H, Dh) BEFORE the reshape.",
     "missing-output-projection": "Your output skips the output projection: after merging the heads, apply w_o.",
+    "weight-not-transposed": "Your projections compute x @ linear.weight, but nn.Linear stores its weight as (d_out, "
+    "d_in) and computes x @ weight.T + bias: call the layer (self.w_q(x)) or transpose the weight. With d_in == d_out "
+    "the shapes fit and the result is silently wrong; with d_in != d_out it fails with a shape error.",
     "dropout-in-eval": "Your module is not deterministic in evaluation mode: built with dropout=0.5, {detail}. "
     "Dropout must only act in training mode (nn.Dropout does this; or use dropout_p=p if self.training else 0.0).",
     "mutates-input": "Your function changed its input `{detail}` in place (e.g. with `x -= ...` or `x /= ...`). "
@@ -149,6 +154,12 @@ class CheckFailed(AssertionError):
 
 class _Timeout(BaseException):
     """Raised by the alarm handler; BaseException so that a student's ``except Exception`` does not swallow it."""
+
+
+def _name(obj, default: str) -> str:
+    """The name of the student's function or class for the success line (``default`` for lambdas and partials)."""
+    name = getattr(obj, "__name__", None)
+    return name if isinstance(name, str) and name.isidentifier() else default
 
 
 def _fail(code: str, message: str | None = None, detail: str = "", case: str = "") -> CheckFailed:
@@ -601,7 +612,8 @@ def _to_framework(x, framework: str):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _check_sdpa_body(fn, framework, fully_masked_rows, label, atol, rtol):
+def _check_sdpa_body(fn, framework, fully_masked_rows, label, atol, rtol, name=None):
+    """``label`` names the function in failure messages (the contract's name); ``name`` in the success line."""
     cases = list(_sdpa_cases(fully_masked_rows))
     for i, (q, k, v, mask, desc) in enumerate(cases, 1):
         case = f"case {i} of {len(cases)}: {desc}"
@@ -620,7 +632,7 @@ def _check_sdpa_body(fn, framework, fully_masked_rows, label, atol, rtol):
         candidates = [(c, d, lambda kw=kw: _sdpa_variant(q, k, v, mask, **kw)) for c, d, kw in variants]
         _diagnose(out_s, w_s, candidates, case, ref_out, ref_w, atol=atol, rtol=rtol)
     extras = "Tq != Tk, masks, batch dims" + (", fully masked rows" if fully_masked_rows else "")
-    return f"✓ {label}: {len(cases)} random cases ({extras}) match the reference"
+    return f"✓ {name or label}: {len(cases)} random cases ({extras}) match the reference"
 
 
 def check_scaled_dot_product_attention(fn, *, fully_masked_rows: bool = True, timeout: float = DEFAULT_TIMEOUT):
@@ -631,14 +643,15 @@ def check_scaled_dot_product_attention(fn, *, fully_masked_rows: bool = True, ti
     With ``fully_masked_rows`` (default) some query rows may attend no key: they must give zero weights and a
     zero output.
     """
-    _run_check(lambda: _check_sdpa_body(fn, "torch", fully_masked_rows, "scaled_dot_product_attention", 2e-5, 1e-4),
-               timeout)
+    label = "scaled_dot_product_attention"
+    _run_check(lambda: _check_sdpa_body(fn, "torch", fully_masked_rows, label, 2e-5, 1e-4, _name(fn, label)), timeout)
 
 
 def check_numpy_attention(fn, *, fully_masked_rows: bool = False, timeout: float = DEFAULT_TIMEOUT):
     """Chapter 1: check ``fn(q, k, v, mask=None)`` on NumPy float64 arrays (same contract as
     :func:`check_scaled_dot_product_attention`). Fully masked rows are only tested if ``fully_masked_rows``."""
-    _run_check(lambda: _check_sdpa_body(fn, "numpy", fully_masked_rows, "attention (NumPy)", 1e-8, 1e-6), timeout)
+    label = "attention (NumPy)"
+    _run_check(lambda: _check_sdpa_body(fn, "numpy", fully_masked_rows, label, 1e-8, 1e-6, _name(fn, label)), timeout)
 
 
 def check_attention_one_query(fn, *, timeout: float = DEFAULT_TIMEOUT):
@@ -664,7 +677,8 @@ def check_attention_one_query(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 for c, d, kw in variants
             ]
             _diagnose(out_s, w_s, candidates, case, ref_out, ref_w, atol=1e-8, rtol=1e-6)
-        return f"✓ attention for one query: {len(shapes)} random cases (several Tk, d_k != d_v) match the reference"
+        return (f"✓ {_name(fn, 'attention for one query')}: {len(shapes)} random cases (one query; several Tk, "
+                "d_k != d_v) match the reference")
 
     _run_check(body, timeout)
 
@@ -710,8 +724,8 @@ def check_softmax(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 candidates.append(("softmax-wrong-axis", f"you normalised along axis {axis} (no max subtraction)",
                                    lambda x=x, axis=axis: (numpy_ref.softmax_unstable(x, axis=axis), None)))
             _diagnose(out_s, None, candidates, case, ref, None, what="result", atol=1e-8, rtol=1e-6)
-        return (f"✓ softmax: {len(xs)} random cases (1-D to 3-D, large values, -inf entries) match the reference; "
-                "the input is left unchanged")
+        return (f"✓ {_name(fn, 'softmax')}: {len(xs)} random cases (1-D to 3-D, large values, -inf entries) match "
+                "the reference; the input is left unchanged")
 
     _run_check(body, timeout)
 
@@ -753,7 +767,8 @@ def check_causal_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
             ]
             _diagnose(mask.astype(float), None, [(c, d, lambda f=f: (f()[0].astype(float), None)) for c, d, f in
                                                  candidates], case, ref.astype(float), None, what="mask")
-        return f"✓ causal_mask: {len(calls)} sizes (Tq == Tk and Tq < Tk, bottom-right aligned) match the reference"
+        return (f"✓ {_name(fn, 'causal_mask')}: {len(calls)} sizes (Tq == Tk and Tq < Tk, bottom-right aligned) "
+                "match the reference")
 
     _run_check(body, timeout)
 
@@ -792,8 +807,8 @@ def check_padding_mask(fn, *, framework: str = "torch", timeout: float = DEFAULT
                 ("off-by-one", "", lambda: ((pos < n - 1).astype(float), None)),
             ]
             _diagnose(full, None, candidates, case, ref.astype(float), None, what="mask")
-        return (f"✓ padding_mask: {len(batches)} batches of lengths match the reference (shape (B, 1, 1, T), "
-                "True = may attend)")
+        return (f"✓ {_name(fn, 'padding_mask')}: {len(batches)} batches of lengths match the reference (shape "
+                "(B, 1, 1, T), True = may attend)")
 
     _run_check(body, timeout)
 
@@ -823,7 +838,8 @@ def check_split_heads(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 ("heads-split-without-transpose", "", lambda x=x, h=h: (x.reshape(b, t, h, d // h), None)),
             ]
             _diagnose(out, None, candidates, case, ref, None, what="result", atol=1e-6, rtol=1e-6)
-        return f"✓ split_heads: {len(_HEAD_SHAPES)} random cases ((B, T, D) -> (B, H, T, Dh)) match the reference"
+        return (f"✓ {_name(fn, 'split_heads')}: {len(_HEAD_SHAPES)} random cases ((B, T, D) -> (B, H, T, Dh)) match "
+                "the reference")
 
     _run_check(body, timeout)
 
@@ -845,7 +861,8 @@ def check_merge_heads(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 ("merge-heads-wrong-order", "", lambda x=x: (x.transpose(0, 2, 3, 1).reshape(b, t, d), None)),
             ]
             _diagnose(out, None, candidates, case, ref, None, what="result", atol=1e-6, rtol=1e-6)
-        return f"✓ merge_heads: {len(_HEAD_SHAPES)} random cases ((B, H, T, Dh) -> (B, T, D)) match the reference"
+        return (f"✓ {_name(fn, 'merge_heads')}: {len(_HEAD_SHAPES)} random cases ((B, H, T, Dh) -> (B, T, D)) match "
+                "the reference")
 
     _run_check(body, timeout)
 
@@ -949,11 +966,17 @@ def _to_tf(a):
     return tf.constant(a if a.dtype == np.bool_ else a.astype(np.float32))
 
 
-def _load_torch_mha(module, params, label):
-    """Copy ``params`` (x @ W + b convention) into the module; returns the params actually in effect."""
+_MHA_MISSING = ("Name the projections self.w_q, self.w_k, self.w_v and self.w_o, each an nn.Linear(d_model, "
+                "d_model).")
+
+
+def _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v", "w_o"), advice=_MHA_MISSING):
+    """Copy ``params`` (x @ W + b convention) into the module's nn.Linear layers ``names`` (w_o may be missing:
+    diagnosed from the output), or through its ``load_numpy_params``; returns the params actually in effect
+    (zero biases for layers built without one)."""
     from torch import nn
 
-    linears = {name: getattr(module, name, None) for name in ("w_q", "w_k", "w_v", "w_o")}
+    linears = {name: getattr(module, name, None) for name in names}
     effective = dict(params)
     if all(isinstance(linears[name], nn.Linear) for name in ("w_q", "w_k", "w_v")):
         for name, lin in linears.items():
@@ -975,14 +998,27 @@ def _load_torch_mha(module, params, label):
         return effective
     missing = [name for name, lin in linears.items() if not isinstance(lin, nn.Linear)]
     raise _fail("missing-attribute", f"Your module has no nn.Linear attribute(s) {', '.join(missing)} (and no "
-                "load_numpy_params method), so the checker cannot load known weights. Name the projections "
-                "self.w_q, self.w_k, self.w_v and self.w_o, each an nn.Linear(d_model, d_model).")
+                f"load_numpy_params method), so the checker cannot load known weights. {advice}")
 
 
 def _construct(cls, label, d_model, num_heads, **kwargs):
-    args = {"d_model": d_model, "num_heads": num_heads, **kwargs}
-    text = f"{label}({d_model}, {num_heads}{''.join(f', {k}={v!r}' for k, v in kwargs.items())})"
-    return _call(cls, args, label, positional=2, call_text=text)
+    return _construct_with(cls, label, {"d_model": d_model, "num_heads": num_heads}, **kwargs)
+
+
+def _construct_with(cls, label, sizes: dict, **kwargs):
+    """``cls(*sizes.values(), **kwargs)``; failures become CheckFailed naming the call."""
+    args = {**sizes, **kwargs}
+    text = f"{label}({', '.join(map(str, sizes.values()))}{''.join(f', {k}={v!r}' for k, v in kwargs.items())})"
+    return _call(cls, args, label, positional=len(sizes), call_text=text)
+
+
+def _torch_module(cls, label, sizes, dropout):
+    """Build the student's torch module (with ``dropout=`` unless None) in eval mode."""
+    kwargs = {} if dropout is None else {"dropout": dropout}
+    module = _construct_with(cls, label, sizes, **kwargs)
+    if not isinstance(module, torch.nn.Module):
+        raise _fail("wrong-type", f"{label}(...) built a {type(module).__name__}; expected a torch.nn.Module.")
+    return module.eval()
 
 
 _MHA_CONFIGS = [(12, 3), (8, 2)]
@@ -1038,14 +1074,10 @@ def check_multi_head_attention(cls, *, test_dropout: bool = True, timeout: float
     (out, weights (B, H, Tq, Tk)); compared with :func:`numpy_ref.multi_head_attention`. With dropout=0.5 and
     ``.eval()`` the module must be deterministic and match the reference.
     """
-    label = getattr(cls, "__name__", "MultiHeadAttention")
+    label = _name(cls, "MultiHeadAttention")
 
     def make(d_model, num_heads, dropout):
-        kwargs = {} if dropout is None else {"dropout": dropout}
-        module = _construct(cls, label, d_model, num_heads, **kwargs)
-        if not isinstance(module, torch.nn.Module):
-            raise _fail("wrong-type", f"{label}(...) built a {type(module).__name__}; expected a torch.nn.Module.")
-        return module.eval()
+        return _torch_module(cls, label, {"d_model": d_model, "num_heads": num_heads}, dropout)
 
     def run(module, query, key, value, mask, training=None):
         return _call_mha(module, query, key, value, mask, "torch", label)
@@ -1095,7 +1127,7 @@ def check_einsum_attention(fn_or_cls, *, timeout: float = DEFAULT_TIMEOUT):
         params = inspect.signature(fn_or_cls).parameters
     except (TypeError, ValueError):
         params = {}
-    label = getattr(fn_or_cls, "__name__", "einsum attention")
+    label = _name(fn_or_cls, "einsum attention")
     if "params" in params:
         _run_check(lambda: _check_mha_function_body(fn_or_cls, label), timeout)
     else:
@@ -1110,7 +1142,7 @@ def check_keras_attention(cls, *, test_dropout: bool = True, timeout: float = 60
     uses our argument order and mask convention (True = may attend) and returns out (B, Tq, D) or
     (out, weights). The default time limit is longer because the first TensorFlow call is slow.
     """
-    label = getattr(cls, "__name__", "KerasMultiHeadAttention")
+    label = _name(cls, "KerasMultiHeadAttention")
 
     def make(d_model, num_heads, dropout):
         import keras  # noqa: F401 - imported lazily: TensorFlow is slow to import
@@ -1132,6 +1164,156 @@ def check_keras_attention(cls, *, test_dropout: bool = True, timeout: float = 60
         return _call_mha(layer, query, key, value, mask, "tf", label, training=False)
 
     _run_check(lambda: _check_mha_body(make, load, run, label, test_dropout, atol=5e-5, rtol=1e-4), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Single-head attention module (chapter 2)
+# ----------------------------------------------------------------------------------------------------------
+
+# (d_in, d_out): square first, so that x @ linear.weight still runs and is diagnosed; then d_in != d_out, which
+# tells sqrt(d_in) from sqrt(d_out) and catches code that only works for square projections.
+_SINGLE_HEAD_CONFIGS = [(8, 8), (6, 4), (5, 8)]
+_SINGLE_HEAD_MISSING = "Name the projections self.w_q, self.w_k and self.w_v, each an nn.Linear(d_in, d_out)."
+
+
+def _single_head_params(d_in, d_out, seed):
+    """w_q, w_k, w_v (d_in, d_out) and biases b_* (d_out,) in the x @ W + b convention, float64."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name in "qkv":
+        params[f"w_{name}"] = rng.normal(0.0, d_in**-0.5, size=(d_in, d_out))
+        params[f"b_{name}"] = rng.normal(0.0, 0.1, size=(d_out,))
+    return params
+
+
+def _single_head_cases(d_in, seed=7):
+    """(query, key, value, mask, description) with B = 2; key and value are None for self-attention (the module
+    is then called as module(x) or module(x, mask=mask)); masks broadcast to (B, Tq, Tk)."""
+    rng = np.random.default_rng(seed)
+
+    def x(t):
+        return rng.standard_normal((2, t, d_in))
+
+    lengths = [6, 3]
+    mask = _mixed_mask(rng, (4, 4))
+    mask[2] = False
+    return [
+        (x(5), None, None, None, "self-attention module(x), x (2, 5, d_in), no mask"),
+        (x(4), x(6), x(6), None, "cross-attention, query (2, 4, d_in), key and value (2, 6, d_in), no mask"),
+        (x(6), None, None, numpy_ref.causal_mask(6), "self-attention module(x, mask=mask), x (2, 6, d_in), causal mask "
+         "(6, 6)"),
+        (x(3), x(6), x(6), numpy_ref.padding_mask(lengths, 6)[:, 0], "cross-attention, query (2, 3, d_in), key and "
+         f"value (2, 6, d_in), padding mask (2, 1, 6) for lengths {lengths}"),
+        (x(5), x(4), x(4), _mixed_mask(rng, (2, 5, 4)), "cross-attention, query (2, 5, d_in), key and value "
+         "(2, 4, d_in), random mask (2, 5, 4)"),
+        (x(4), None, None, mask, "self-attention module(x, mask=mask), x (2, 4, d_in), mask (4, 4) whose row 2 is "
+         "fully masked"),
+    ]
+
+
+def _single_head_reference(query, key, value, p, mask):
+    """numpy_ref.scaled_dot_product_attention of the projections -> (out (B, Tq, d_out), weights (B, Tq, Tk))."""
+    q, k, v = (x @ p[f"w_{n}"] + p[f"b_{n}"] for x, n in ((query, "q"), (key, "k"), (value, "v")))
+    return numpy_ref.scaled_dot_product_attention(q, k, v, mask)
+
+
+def _single_head_variant(query, key, value, p, mask, *, value_src="value", w_v="w_v", transposed=False, core=None):
+    """Single-head attention with one deliberate deviation; returns (out, weights), float64."""
+
+    def project(x, name):
+        w = p[name].T if transposed else p[name]  # x @ linear.weight: only runs when d_in == d_out
+        return x @ w + p["b" + name[1:]]
+
+    q, k = project(query, "w_q"), project(key, "w_k")
+    v = project(key if value_src == "key" else value, w_v)
+    return _sdpa_variant(q, k, v, mask, **(core or {}))
+
+
+def _single_head_candidates(query, key, value, p, mask):
+    d_in, d_out = p["w_q"].shape
+    structural = [
+        ("weight-not-transposed", "", {"transposed": True}),
+        ("values-from-keys", " (the values are projected from the key input)", {"value_src": "key"}),
+        ("values-from-keys", " (the values go through w_k instead of w_v)", {"w_v": "w_k"}),
+    ]
+    extra = [(1.0 / math.sqrt(d_in), "they are divided by sqrt(d_in), the input size, instead of sqrt(d_k) = "
+              "sqrt(d_out)"),
+             (1.0 / d_in, "they are divided by d_in, the input size, instead of sqrt(d_k) = sqrt(d_out)")]
+    core = _core_variants(d_out, d_out, query.shape[1], key.shape[1], 3, mask is not None, True, extra_scales=extra)
+    out = [(c, det, lambda kw=kw: _single_head_variant(query, key, value, p, mask, **kw)) for c, det, kw in structural]
+    out += [(c, det, lambda kw=kw: _single_head_variant(query, key, value, p, mask, core=kw)) for c, det, kw in core]
+    return out
+
+
+def _call_single_head(module, query, key, value, mask, label):
+    """module(query[, key, value][, mask=mask]) under no_grad; key and value are left out for self-attention."""
+    args = {"query": _to_framework(query, "torch")}
+    if key is not None:
+        args.update(key=_to_framework(key, "torch"), value=_to_framework(value, "torch"))
+    if mask is not None:
+        args["mask"] = _to_framework(mask, "torch")
+    with torch.no_grad():
+        return _call(module, args, f"{label}(...)", positional=1 if key is None else 3)
+
+
+def _check_single_head_body(cls, label, test_dropout, atol=2e-5, rtol=1e-4):
+    n = 0
+
+    def load(module, params):
+        return _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v"), advice=_SINGLE_HEAD_MISSING)
+
+    for d_in, d_out in _SINGLE_HEAD_CONFIGS:
+        module = _torch_module(cls, label, {"d_in": d_in, "d_out": d_out}, None)
+        effective = load(module, _single_head_params(d_in, d_out, seed=d_in + d_out))
+        cases = _single_head_cases(d_in)
+        for i, (query, key, value, mask, desc) in enumerate(cases, 1):
+            n += 1
+            case = f"d_in={d_in}, d_out={d_out}, case {i} of {len(cases)}: {desc}"
+            out_s, w_s = _split_result(_call_single_head(module, query, key, value, mask, label), case)
+            out_s = _as_array(out_s, "output" if w_s is not None else "result", case)
+            w_s = None if w_s is None else _as_array(w_s, "weights", case)
+            key, value = (query, query) if key is None else (key, value)
+            ref_out, ref_w = _single_head_reference(query, key, value, effective, mask)
+            if _close(out_s, ref_out, atol, rtol) and (w_s is None or _close(w_s, ref_w, atol, rtol)):
+                continue
+            _diagnose(out_s, w_s, _single_head_candidates(query, key, value, effective, mask), case, ref_out, ref_w,
+                      atol=atol, rtol=rtol)
+    text = (f"✓ {label}: {n} cases ({len(_SINGLE_HEAD_CONFIGS)} sizes, d_in != d_out too; self- and cross-attention, "
+            "Tq != Tk, masks) match the reference")
+    if not test_dropout:
+        return text
+    d_in, d_out = _SINGLE_HEAD_CONFIGS[1]
+    module = _torch_module(cls, label, {"d_in": d_in, "d_out": d_out}, 0.5)
+    effective = load(module, _single_head_params(d_in, d_out, seed=d_in + d_out))
+    query, key, value, mask, desc = _single_head_cases(d_in)[1]
+    ref_out, _ = _single_head_reference(query, key, value, effective, mask)
+    outs = []
+    for _ in range(2):
+        out_s, _w = _split_result(_call_single_head(module, query, key, value, mask, label), desc)
+        outs.append(_as_array(out_s, "result", desc))
+    if not (_close(outs[0], ref_out, atol, rtol) and _close(outs[1], ref_out, atol, rtol)):
+        detail = ("two calls on the same input gave different outputs" if not _close(outs[0], outs[1], atol, rtol)
+                  else "its output in evaluation mode differs from the same weights' output without dropout")
+        raise _fail("dropout-in-eval", detail=detail, case=f"d_in={d_in}, d_out={d_out}: {desc}")
+    return text + "; dropout is off in eval mode"
+
+
+def check_single_head_attention(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
+    """Check a PyTorch single-head attention class (chapter 2's ``SingleHeadAttention``).
+
+    ``cls(d_in, d_out)`` (and ``cls(d_in, d_out, dropout=0.5)`` if ``test_dropout``) must build an ``nn.Module``
+    with ``nn.Linear`` attributes ``w_q``, ``w_k``, ``w_v`` (d_in -> d_out, with or without bias) or a
+    ``load_numpy_params(params)`` method (keys w_q, b_q, w_k, b_k, w_v, b_v; ``x @ W + b`` convention, W of shape
+    (d_in, d_out)); known weights are loaded into them. Sizes with d_in == d_out and d_in != d_out are tried.
+    ``module(x)`` / ``module(x, mask=mask)`` is self-attention (key and value left out);
+    ``module(query, key, value, mask=mask)`` with query (B, Tq, d_in), key/value (B, Tk, d_in) is
+    cross-attention; the boolean mask broadcasts to (B, Tq, Tk), True = may attend, and a fully masked query row
+    must give a zero output. The module returns out (B, Tq, d_out) or (out, weights (B, Tq, Tk)); compared with
+    :func:`numpy_ref.scaled_dot_product_attention` of the projections. With dropout=0.5 and ``.eval()`` it must
+    be deterministic and match the reference.
+    """
+    label = _name(cls, "SingleHeadAttention")
+    _run_check(lambda: _check_single_head_body(cls, label, test_dropout), timeout)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1172,38 +1354,68 @@ def _fmt(a: np.ndarray) -> str:
     return np.array2string(a, precision=6)
 
 
+def _check_count_body(fn, label, names, configs, expected, known):
+    """Shared body of the parameter-count checks: ``fn(a, b, bias=...)`` for each ``(a, b, bias)`` of ``configs``
+    (``names`` are the two size arguments); ``known(a, b, bias)`` maps wrong answers to (code, message)."""
+    for i, (a, b, bias) in enumerate(configs, 1):
+        text = f"{label}({a}, {b}, bias={bias})"
+        case = f"case {i} of {len(configs)}: {names[0]}={a}, {names[1]}={b}, bias={bias}"
+        got = _call(fn, {names[0]: a, names[1]: b, "bias": bias}, label, positional=2, call_text=text)
+        if got is None:
+            raise _fail("returned-none", case=case)
+        if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)):
+            raise _fail("wrong-type", f"Your function returned a {type(got).__name__}; expected a number.", case=case)
+        if got == expected(a, b, bias):
+            continue
+        code, message = known(a, b, bias).get(got, ("wrong-value", f"{got} is not the number of parameters."))
+        raise _fail(code, message, case=case)
+    return f"✓ {_name(fn, label)}: {len(configs)} configurations (with and without bias) are right"
+
+
 def check_parameter_count(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(d_model, num_heads, bias=True)`` -> the number of trainable parameters of multi-head attention
     (four d_model x d_model projections, plus four bias vectors of d_model if ``bias``)."""
 
-    def body():
-        configs = [(512, 8, True), (64, 4, False), (768, 12, True), (10, 5, False), (96, 3, True)]
-        for i, (d, h, bias) in enumerate(configs, 1):
-            text = f"parameter count({d}, {h}, bias={bias})"
-            case = f"case {i} of {len(configs)}: d_model={d}, num_heads={h}, bias={bias}"
-            got = _call(fn, {"d_model": d, "num_heads": h, "bias": bias}, "parameter_count", positional=2,
-                        call_text=text)
-            if got is None:
-                raise _fail("returned-none", case=case)
-            if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)):
-                raise _fail("wrong-type", f"Your function returned a {type(got).__name__}; expected a number.",
-                            case=case)
-            expected = 4 * d * d + (4 * d if bias else 0)
-            if got == expected:
-                continue
-            known = {
-                3 * d * d + (3 * d if bias else 0): ("missing-output-projection",
-                                                     "You counted only w_q, w_k and w_v: the output projection w_o "
-                                                     "(d_model x d_model, plus its bias) has parameters too."),
-                4 * d * d + (0 if bias else 4 * d): ("wrong-value", "Biases: with bias=True each of the four "
-                                                     "projections has a bias vector of d_model numbers; with "
-                                                     "bias=False there are none."),
-                h * 4 * d * d + (4 * d if bias else 0): ("wrong-value", "The heads do not each get their own "
-                                                         "d_model x d_model matrices: the H heads share one "
-                                                         "d_model x d_model projection, split into H slices."),
-            }
-            code, message = known.get(got, ("wrong-value", f"{got} is not the number of parameters."))
-            raise _fail(code, message, case=case)
-        return f"✓ parameter count: {len(configs)} configurations (with and without bias) are right"
+    def known(d, h, bias):
+        return {
+            3 * d * d + (3 * d if bias else 0): ("missing-output-projection",
+                                                 "You counted only w_q, w_k and w_v: the output projection w_o "
+                                                 "(d_model x d_model, plus its bias) has parameters too."),
+            4 * d * d + (0 if bias else 4 * d): ("wrong-value", "Biases: with bias=True each of the four "
+                                                 "projections has a bias vector of d_model numbers; with "
+                                                 "bias=False there are none."),
+            h * 4 * d * d + (4 * d if bias else 0): ("wrong-value", "The heads do not each get their own "
+                                                     "d_model x d_model matrices: the H heads share one "
+                                                     "d_model x d_model projection, split into H slices."),
+        }
 
-    _run_check(body, timeout)
+    configs = [(512, 8, True), (64, 4, False), (768, 12, True), (10, 5, False), (96, 3, True)]
+    _run_check(lambda: _check_count_body(fn, "parameter count", ("d_model", "num_heads"), configs,
+                                         lambda d, h, bias: 4 * d * d + (4 * d if bias else 0), known), timeout)
+
+
+def check_single_head_parameter_count(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(d_in, d_out, bias=False)`` -> the number of trainable parameters of a single attention head
+    (chapter 2's ``SingleHeadAttention``): three d_in -> d_out projections w_q, w_k, w_v (d_in x d_out weights),
+    plus three bias vectors of d_out if ``bias``; no output projection."""
+
+    def known(d_in, d_out, bias):
+        b = 3 * d_out if bias else 0
+        return {
+            4 * d_in * d_out + (4 * d_out if bias else 0): ("wrong-value", "A single head has no output projection: "
+                                                            "count only w_q, w_k and w_v."),
+            3 * d_in * d_in + (3 * d_in if bias else 0): ("wrong-value", "Each projection maps d_in features to d_out "
+                                                          "features: its weight has d_in x d_out entries."),
+            3 * d_out * d_out + b: ("wrong-value", "Each projection maps d_in features to d_out features: its weight "
+                                    "has d_in x d_out entries."),
+            3 * d_in * d_out + (0 if bias else 3 * d_out): ("wrong-value", "Biases: with bias=True each of the three "
+                                                            "projections has a bias vector of d_out numbers; with "
+                                                            "bias=False there are none."),
+            3 * d_in * d_out + (3 * d_in if bias else 0): ("wrong-value", "Each bias has d_out numbers (one per output "
+                                                           "feature), not d_in."),
+        }
+
+    configs = [(512, 64, False), (3, 4, True), (768, 64, True), (10, 6, False), (32, 32, True)]
+    _run_check(lambda: _check_count_body(fn, "single-head parameter count", ("d_in", "d_out"), configs,
+                                         lambda d_in, d_out, bias: 3 * d_in * d_out + (3 * d_out if bias else 0),
+                                         known), timeout)

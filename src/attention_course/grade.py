@@ -3,6 +3,7 @@
 Usage::
 
     python -m attention_course.grade NOTEBOOK... [--json | --csv] [--timeout SECONDS]
+                                                 [--reference PATH | --no-reference]
 
 Each notebook runs top to bottom in its own fresh kernel (nbclient, in the notebook's folder), with errors
 allowed so that a broken exercise does not stop the later ones, and a time limit per cell (``--timeout``,
@@ -12,10 +13,22 @@ diagnosis code (``[missing-scale]``, ...) is read from the start of its error me
 by exception name (e.g. ``NameError``), a cell stopped by the time limit as ``timeout``, and a check cell that never
 ran (the kernel died) as ``not-run``.
 
+Canonical check cells: a submission is graded against the check cells of its **reference** notebook, not its own,
+so that deleting or editing a check cell (e.g. to ``pass``) gains nothing. The reference is the solution notebook
+of the same name in the reference folder (``--reference DIR``; default: the ``solutions/`` folder of the
+repository this package runs from, when there is one); a name with a prefix also matches, e.g.
+``ada_lovelace_04_masking_exercises.ipynb`` is graded against ``04_masking_exercises.ipynb``. ``--reference FILE``
+grades every submission against that one solution notebook (for renamed files). Before the run, the source of
+each check cell tagged ``exercise-N`` is replaced by the reference's check cell of exercise N; the exercises,
+their titles and levels are the reference's. An exercise whose check cell the submission no longer has (deleted,
+or its tags removed) fails with the code ``check-missing``; it still counts in the total. Without a reference
+(``--no-reference``, no matching name, or no solutions folder) the notebook's own check cells are graded, and the
+table says so.
+
 Output: a table per notebook with a total such as ``3/5``; ``--json`` or ``--csv`` for machine-readable results.
 A notebook that cannot be read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still
 graded. Exit status: 0 whenever grading ran (results, including unreadable notebooks, are in the output); 2 for
-a command-line usage error.
+a command-line usage error (including a ``--reference`` path that does not exist).
 """
 
 from __future__ import annotations
@@ -36,6 +49,8 @@ from .exercises import CHECK_TAG, KERNEL_ENV, exercise_number, parse_heading
 
 DEFAULT_TIMEOUT_S = 60
 CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")
+AUTO = "auto"  # reference=AUTO: the repository's solutions/ folder, if there is one
+CHECK_MISSING = "check-missing"
 
 
 @dataclass
@@ -53,6 +68,7 @@ class NotebookResult:
     notebook: str
     exercises: list[ExerciseResult] = field(default_factory=list)
     error: str | None = None
+    reference: str | None = None  # the solution notebook whose check cells were used; None: the notebook's own
 
     @property
     def passed(self) -> int:
@@ -64,7 +80,7 @@ class NotebookResult:
 
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "passed": self.passed, "total": self.total, "error": self.error,
-                "exercises": [asdict(e) for e in self.exercises]}
+                "reference": self.reference, "exercises": [asdict(e) for e in self.exercises]}
 
 
 def _check_cells(nb) -> list[tuple[int, int, str, str]]:
@@ -97,49 +113,110 @@ def _outcome(cell) -> tuple[bool, str | None, str | None]:
     return True, None, None
 
 
-def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S) -> NotebookResult:
-    """Run one notebook in a fresh kernel and grade its check cells."""
+def default_reference() -> Path | None:
+    """The ``solutions/`` folder of the repository this package runs from (src layout), or None."""
+    folder = Path(__file__).resolve().parents[2] / "solutions"
+    return folder if folder.is_dir() else None
+
+
+def find_reference(notebook: str | Path, reference: str | Path | None = AUTO) -> Path | None:
+    """The solution notebook whose check cells grade ``notebook``, or None.
+
+    ``reference`` is a solution notebook (used for every submission), a folder of them (the one with the
+    submission's name, or whose name the submission's name ends with after ``_``, ``-``, ``.`` or a space; the
+    longest such match), ``AUTO`` (the repository's ``solutions/`` folder, if any) or None.
+    """
+    if reference == AUTO:
+        reference = default_reference()
+    if reference is None:
+        return None
+    reference = Path(reference)
+    if reference.is_file():
+        return reference
+    name = Path(notebook).name
+    matches = [p for p in reference.glob("*.ipynb")
+               if name == p.name or (name.endswith(p.name) and name[-len(p.name) - 1] in "_-. ")]
+    return max(matches, key=lambda p: len(p.name), default=None)
+
+
+def _read(path: Path):
+    """(notebook, None) or (None, the reason it cannot be graded)."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except FileNotFoundError:
+        return None, "no such file"
+    except (OSError, UnicodeDecodeError) as err:
+        return None, f"cannot read the file ({type(err).__name__})"
+    except Exception as err:  # noqa: BLE001 - nbformat raises several kinds of errors for non-notebooks
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return None, f"not a valid notebook ({type(err).__name__}: {first[:120]})"
+    return nb, None
+
+
+def _plan(nb, ref_nb):
+    """[(exercise number, title, level, indices of its check cells in nb)]: the reference's exercises with the
+    reference's check sources put into ``nb``, or, without a reference, ``nb``'s own check cells."""
+    own = _check_cells(nb)
+    if ref_nb is None:
+        return [(number, title, level, [index]) for index, number, title, level in own]
+    plan = []
+    for ref_index, number, title, level in _check_cells(ref_nb):
+        indices = [index for index, n, _, _ in own if n == number]
+        for index in indices:
+            nb.cells[index].source = ref_nb.cells[ref_index].source
+        plan.append((number, title, level, indices))
+    return plan
+
+
+def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S,
+                   reference: str | Path | None = AUTO) -> NotebookResult:
+    """Run one notebook in a fresh kernel and grade its check cells (the reference's, see the module docstring)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
     result = NotebookResult(str(path))
     path = Path(path)
-    try:
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
-    except FileNotFoundError:
-        result.error = "no such file"
+    nb, result.error = _read(path)
+    if nb is None:
         return result
-    except (OSError, UnicodeDecodeError) as err:
-        result.error = f"cannot read the file ({type(err).__name__})"
-        return result
-    except Exception as err:  # noqa: BLE001 - nbformat raises several kinds of errors for non-notebooks
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        result.error = f"not a valid notebook ({type(err).__name__}: {first[:120]})"
-        return result
-    checks = _check_cells(nb)
-    if not checks:
+    ref_path, ref_nb = find_reference(path, reference), None
+    if ref_path is not None:
+        ref_nb, problem = _read(ref_path)
+        if ref_nb is None or not _check_cells(ref_nb):
+            result.error = f"reference notebook {ref_path}: {problem or 'no check cells'}"
+            return result
+        result.reference = str(ref_path)
+    plan = _plan(nb, ref_nb)
+    if not plan:
         result.error = "no check cells (cells tagged 'check') found"
         return result
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    for key, value in KERNEL_ENV.items():
-        os.environ.setdefault(key, value)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
-                            resources={"metadata": {"path": str(path.parent.resolve())}})
-    try:
-        client.execute()
-    except DeadKernelError:
-        pass  # the check cells that did not run are graded 'not-run'
-    for index, number, title, level in checks:
-        passed, code, message = _outcome(nb.cells[index])
+    if any(indices for *_, indices in plan):
+        for key, value in KERNEL_ENV.items():
+            os.environ.setdefault(key, value)
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                                interrupt_on_timeout=True, resources={"metadata": {"path": str(path.parent.resolve())}})
+        try:
+            client.execute()
+        except DeadKernelError:
+            pass  # the check cells that did not run are graded 'not-run'
+    for number, title, level, indices in plan:
+        if not indices:
+            result.exercises.append(ExerciseResult(
+                number, title, level, False, CHECK_MISSING, f"the check cell of exercise {number} (tags 'check' and "
+                f"'exercise-{number}') is missing from the notebook: restore it from the exercise notebook"))
+            continue
+        outcomes = [_outcome(nb.cells[index]) for index in indices]  # several copies: all must pass
+        passed, code, message = next((o for o in outcomes if not o[0]), outcomes[0])
         result.exercises.append(ExerciseResult(number, title, level, passed, code, message))
     return result
 
 
-def grade(paths, timeout: int = DEFAULT_TIMEOUT_S) -> list[NotebookResult]:
-    return [grade_notebook(p, timeout) for p in paths]
+def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO) -> list[NotebookResult]:
+    return [grade_notebook(p, timeout, reference) for p in paths]
 
 
 def format_table(results: list[NotebookResult]) -> str:
@@ -148,7 +225,8 @@ def format_table(results: list[NotebookResult]) -> str:
         if r.error:
             lines.append(f"ERROR {r.notebook}: {r.error}")
             continue
-        lines.append(f"{r.notebook}: {r.passed}/{r.total}")
+        own = "" if r.reference else "  (its own check cells: no reference notebook)"
+        lines.append(f"{r.notebook}: {r.passed}/{r.total}{own}")
         width = max((len(e.title) for e in r.exercises), default=0)
         for e in r.exercises:
             status = "pass" if e.passed else "FAIL"
@@ -181,8 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     fmt.add_argument("--json", action="store_true", help="print JSON")
     fmt.add_argument("--csv", action="store_true", help="print CSV (one row per exercise)")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
+    ref = parser.add_mutually_exclusive_group()
+    ref.add_argument("--reference", metavar="PATH", default=AUTO,
+                     help="folder of solution notebooks (matched by name) or one solution notebook whose check cells "
+                     "grade the submissions (default: the repository's solutions/ folder, if any)")
+    ref.add_argument("--no-reference", dest="reference", action="store_const", const=None,
+                     help="grade each notebook with its own check cells")
     args = parser.parse_args(argv)
-    results = grade(args.notebooks, args.timeout)
+    if args.reference not in (AUTO, None) and not Path(args.reference).exists():
+        parser.error(f"--reference {args.reference}: no such file or folder")
+    results = grade(args.notebooks, args.timeout, args.reference)
     print(format_json(results) if args.json else format_csv(results).rstrip("\n") if args.csv else
           format_table(results))
     return 0
