@@ -34,7 +34,7 @@ book: $(STAMP)
 browser: $(STAMP)
 	@bash tools/install_browser.sh
 
-test: book browser
+test: book student-book browser
 	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 \
 	  --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95 \
 	  --nbval --nbval-sanitize-with tools/nbval_sanitize.cfg \
@@ -51,3 +51,11 @@ bench: $(STAMP)
 
 clean:
 	rm -rf _build
+
+# Student edition: the same book without solutions/ (_toc_student.yml, regenerated here from _toc.yml by
+# tools/student_toc.py), same _config.yml, same execution cache (what `make book` ran is not run again).
+.PHONY: student-book
+student-book: $(STAMP)
+	$(BIN)/python tools/student_toc.py
+	$(BIN)/jupyter-book build . --toc _toc_student.yml --path-output _build/student -W -n --keep-going
+	@echo "Student edition built: open file://$(CURDIR)/_build/student/_build/html/index.html"

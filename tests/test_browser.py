@@ -1,0 +1,256 @@
+"""The built book (_build/html) in a real browser: Debian's Chromium, headless, driven by Playwright.
+
+Every page of _toc.yml is opened once (one module-scoped visit; the tests below check what it recorded):
+no console errors or uncaught exceptions, math typeset by MathJax with no raw `$...$` left, every image loaded,
+no error traceback outside cells tagged `raises-exception`, the sidebar and the "next" buttons reach every page,
+and the search page finds "softmax". Screenshots of the intro and of every chapter go to _build/screenshots/.
+
+Offline by design: the pages are served from 127.0.0.1 by a thread of this process; the requests the pages make for
+MathJax 3 (from its CDN, as published) are answered from the pinned copy that `make browser`
+(tools/install_browser.sh) fetches into _build/mathjax; every other request that leaves 127.0.0.1 is blocked and
+reported. Skipped, with the reason, when the book is not built or no Chromium is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import shutil
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urldefrag
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HTML = ROOT / "_build" / "html"
+MATHJAX = ROOT / "_build" / "mathjax" / "es5"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]
+MATHJAX_REQUEST = re.compile(r"/mathjax@3[^/]*/es5/(?P<path>[^?#]+)")
+RAW_MATH = re.compile(r"\$\$.+?\$\$|\$[^\s$][^$\n]*?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)
+
+sys.path.insert(0, str(ROOT / "tools"))
+from student_toc import toc_docnames  # noqa: E402
+
+DOCNAMES = toc_docnames(ROOT / "_toc.yml")
+
+# Waits for MathJax's first typesetting of the page (if MathJax is there); returns its error, if any.
+MATHJAX_DONE = """() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise
+  ? window.MathJax.startup.promise.then(() => null, error => String(error)) : null"""
+
+# Run in the page after MathJax has finished: everything the tests need, in one round trip.
+INSPECT_PAGE = """() => {
+  const main = document.querySelector("main") || document.body;
+  const prose = main.cloneNode(true);
+  prose.querySelectorAll("pre, code, script, style, textarea, mjx-container, .highlight").forEach(e => e.remove());
+  const mathNodes = Array.from(main.querySelectorAll("span.math, div.math"));
+  const link = sel => { const a = document.querySelector(sel); return a ? a.href : null; };
+  return {
+    mathjaxLoaded: !!(window.MathJax && window.MathJax.startup && window.MathJax.version),
+    mathjaxVersion: window.MathJax && window.MathJax.version || null,
+    math: mathNodes.length,
+    untypeset: mathNodes.filter(e => !e.querySelector("mjx-container")).map(e => e.textContent.slice(0, 80)),
+    mathErrors: Array.from(main.querySelectorAll("mjx-merror")).map(e => e.textContent.slice(0, 80)),
+    prose: prose.textContent,
+    brokenImages: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+    images: document.images.length,
+    tracebacks: Array.from(document.querySelectorAll(".cell:not(.tag_raises-exception) .output.traceback"))
+      .map(e => e.textContent.slice(0, 300)),
+    sidebar: Array.from(document.querySelectorAll(".bd-sidebar-primary a.reference.internal")).map(a => a.href),
+    next: link("a.right-next"),
+    prev: link("a.left-prev"),
+  };
+}"""
+
+
+@dataclass
+class Visit:
+    docname: str
+    url: str
+    status: int | None = None
+    errors: list[str] = field(default_factory=list)  # console errors, uncaught exceptions, failed local requests
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Crawl:
+    base: str
+    visits: dict[str, Visit]
+    external: list[str]
+    mathjax_requests: list[str]
+    search_results: list[str]
+    search_errors: list[str]
+    screenshots: list[Path]
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site():
+    if not (HTML / "index.html").is_file():
+        pytest.skip(f"{HTML.relative_to(ROOT)}/index.html not found: run `make book` first")
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (`make browser` installs Debian's chromium with apt-get, as root)")
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (requirements.txt)")
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def crawl(site, browser):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    external, mathjax_requests = [], []
+
+    def route(route):
+        url = route.request.url
+        if url.startswith(site):
+            return route.continue_()
+        found = MATHJAX_REQUEST.search(url)
+        if found:
+            mathjax_requests.append(url)
+            path = MATHJAX / found["path"]
+            if not MATHJAX.is_dir():  # no local copy: no math, but no error either (test_math_is_typeset skips)
+                return route.fulfill(status=200, content_type="text/javascript", body="")
+            if path.is_file():
+                return route.fulfill(path=str(path))
+            return route.fulfill(status=404, body=f"{found['path']} is not in MathJax's es5 folder")
+        external.append(url)
+        return route.abort()
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.route("**/*", route)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"uncaught exception: {exc}"))
+    page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    page.on("requestfailed", lambda r: errors.append(f"request failed ({r.failure}): {r.url}")
+            if r.url.startswith(site) else None)
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    visits, screenshots = {}, []
+    for docname in DOCNAMES:
+        visit = Visit(docname, f"{site}{docname}.html")
+        errors.clear()
+        response = page.goto(visit.url, wait_until="load")
+        visit.status = response.status if response else None
+        failed = page.evaluate(MATHJAX_DONE)
+        if failed:
+            errors.append(f"MathJax failed: {failed}")
+        visit.info = page.evaluate(INSPECT_PAGE)
+        if docname == DOCNAMES[0] or docname.startswith("book/"):
+            shot = SCREENSHOTS / f"{Path(docname).name}.png"
+            page.screenshot(path=str(shot))
+            screenshots.append(shot)
+        visit.errors = list(dict.fromkeys(errors))
+        visits[docname] = visit
+
+    errors.clear()
+    page.goto(f"{site}search.html?q=softmax", wait_until="load")
+    try:
+        page.wait_for_selector("#search-results ul.search li", timeout=20_000)
+    except PlaywrightTimeout:  # no results: test_search_finds_softmax reports it
+        pass
+    search_results = page.eval_on_selector_all("#search-results ul.search li a", "els => els.map(a => a.href)")
+    crawl = Crawl(site, visits, external, mathjax_requests, search_results, list(dict.fromkeys(errors)), screenshots)
+    context.close()
+    return crawl
+
+
+def _report(problems):
+    return "\n".join(problems)
+
+
+def test_every_page_loads_without_errors(crawl):
+    problems = [f"{v.docname}: HTTP {v.status}" for v in crawl.visits.values() if v.status != 200]
+    problems += [f"{v.docname}: {e}" for v in crawl.visits.values() for e in v.errors]
+    problems += [f"search.html: {e}" for e in crawl.search_errors]
+    assert not problems, "pages with console errors:\n" + _report(problems)
+
+
+def test_pages_need_nothing_from_the_network_but_mathjax(crawl):
+    external = sorted(set(crawl.external))
+    assert not external, "pages request third-party resources (blocked here: ship them with the book):\n" + _report(
+        external)
+
+
+def test_math_is_typeset(crawl):
+    if not MATHJAX.is_dir():
+        pytest.skip(f"no local MathJax 3 in {MATHJAX.parent.relative_to(ROOT)} to stand in for the CDN: "
+                    "run `make browser` (tools/install_browser.sh; needs npm)")
+    assert crawl.mathjax_requests, "no page requested MathJax 3 (mathjax@3 .../es5/...): is math rendering configured?"
+    problems = []
+    pages_with_math = 0
+    for v in crawl.visits.values():
+        info = v.info
+        pages_with_math += info["math"] > 0
+        if info["math"] and not info["mathjaxLoaded"]:
+            problems.append(f"{v.docname}: MathJax did not load")
+        problems += [f"{v.docname}: not typeset: {t!r}" for t in info["untypeset"]]
+        problems += [f"{v.docname}: TeX error: {t!r}" for t in info["mathErrors"]]
+        problems += [f"{v.docname}: raw math in the text: {m.group(0)[:80]!r}"
+                     for m in RAW_MATH.finditer(info["prose"])]
+    assert pages_with_math, "no page has any math: expected chapter 1's formulas"
+    assert not problems, _report(problems)
+
+
+def test_every_image_loads(crawl):
+    problems = [f"{v.docname}: {src}" for v in crawl.visits.values() for src in v.info["brokenImages"]]
+    assert not problems, "images that did not load:\n" + _report(problems)
+    assert sum(v.info["images"] for v in crawl.visits.values()), "no images at all: expected the chapters' plots"
+
+
+def test_no_error_tracebacks_in_outputs(crawl):
+    problems = [f"{v.docname}: {t!r}" for v in crawl.visits.values() for t in v.info["tracebacks"]]
+    assert not problems, "tracebacks in cells not tagged raises-exception:\n" + _report(problems)
+
+
+def test_navigation_reaches_every_page(crawl):
+    expected = {crawl.base + d + ".html" for d in DOCNAMES[1:]}
+    root = crawl.visits[DOCNAMES[0]]
+    in_sidebar = {urldefrag(href).url for href in root.info["sidebar"]}
+    assert expected <= in_sidebar, f"not in the sidebar of {DOCNAMES[0]}: {sorted(expected - in_sidebar)}"
+    # The "next" buttons walk through the whole book in toc order.
+    chain = [crawl.visits[d].info["next"] for d in DOCNAMES[:-1]]
+    assert chain == [crawl.base + d + ".html" for d in DOCNAMES[1:]], f"'next' buttons: {chain}"
+    assert crawl.visits[DOCNAMES[-1]].info["next"] is None
+
+
+def test_search_finds_softmax(crawl):
+    assert crawl.search_results, "search.html?q=softmax returned no results"
+    pages = {crawl.base + d + ".html" for d in DOCNAMES}
+    found = {urldefrag(href).url.split("?")[0] for href in crawl.search_results}
+    assert found <= pages, f"search results outside the book: {sorted(found - pages)}"
+
+
+def test_screenshots_of_intro_and_chapters(crawl):
+    expected = [d for d in DOCNAMES if d == DOCNAMES[0] or d.startswith("book/")]
+    assert len(crawl.screenshots) == len(expected)
+    for shot in crawl.screenshots:
+        assert shot.is_file() and shot.stat().st_size > 10_000, f"{shot} missing or blank"
