@@ -7,7 +7,7 @@ import pytest
 from attention_course import bug_zoo, checks
 
 
-ALL = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO
+ALL = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO
 
 
 @pytest.mark.parametrize("bug", ALL, ids=lambda b: b.impl.__name__)
@@ -28,7 +28,9 @@ def test_each_bug_is_documented_and_marked(bug):
 def test_bugs_maps_codes_to_zoo_entries():
     """BUGS covers ZOO only: chapter 7 lists BUGS one by one, with a symptom for each code."""
     assert set(bug_zoo.BUGS) == {b.code for b in bug_zoo.ZOO}
-    assert not set(bug_zoo.BUGS.values()) & {b.impl for b in bug_zoo.SINGLE_HEAD_ZOO}
+    kept_apart = bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO
+    assert not set(bug_zoo.BUGS.values()) & {b.impl for b in kept_apart}
+    assert not {b.impl for b in bug_zoo.ZOO} & {b.impl for b in kept_apart}
     for code, impl in bug_zoo.BUGS.items():
         assert any(b.code == code and b.impl is impl for b in bug_zoo.ZOO)
 
@@ -58,3 +60,18 @@ def test_single_head_wrong_axis_bug_also_masks():
     x = torch.ones(1, 3, 4)
     _, weights = module(x, mask=torch.tensor([[True, False, True]] * 3))
     assert torch.isnan(weights[..., 1]).all()  # a fully masked key column: softmax over -inf only, per key
+
+
+def test_weight_layout_bugs_fail_with_keys_and_values_of_other_widths():
+    """They run with kdim == vdim == d_model (wrong numbers, diagnosed above), and fail otherwise."""
+    import torch
+
+    from attention_course import numpy_ref
+
+    params = numpy_ref.init_mha_params(8, kdim=6, vdim=4)
+    query, key, value = torch.randn(2, 3, 8), torch.randn(2, 5, 6), torch.randn(2, 5, 4)
+    tparams = {name: torch.tensor(a, dtype=torch.float32) for name, a in params.items()}
+    with pytest.raises(RuntimeError):
+        bug_zoo.mha_params_with_f_linear(query, key, value, tparams, 2)
+    with pytest.raises(ValueError, match=r"params\['w_k'\] has shape \(8, 6\), expected \(6, 8\)"):
+        bug_zoo.EinsumMHALoadsTransposed(8, 2, kdim=6, vdim=4).load_numpy_params(params)

@@ -116,6 +116,13 @@ class LoadableSingleHead(nn.Module):
         return ac.scaled_dot_product_attention(q, k, v, mask)[0]
 
 
+class LoadableSingleHeadTransposed(LoadableSingleHead):
+    """Its loader reads the (d_in, d_out) matrices as nn.Linear's (d_out, d_in): only square ones load."""
+
+    def load_numpy_params(self, params):
+        super().load_numpy_params({name: a.T for name, a in params.items()})
+
+
 class ScratchMHA(nn.Module):
     def __init__(self, d_model, num_heads, dropout=0.0):
         super().__init__()
@@ -439,6 +446,58 @@ def count_square(d_in, d_out, bias=False):
     return 3 * d_in * d_in + (3 * d_in if bias else 0)
 
 
+def mha_reads_kv_transposed(query, key, value, params, num_heads, mask=None):
+    """Chapter 5's colleague: w_k and w_v read as (d_out, d_in), nn.Linear's layout; right for w_q and w_o."""
+    p = dict(params, w_k=params["w_k"].T, w_v=params["w_v"].T)  # only runs when kdim == vdim == d_model
+    return ac.multi_head_attention_loop(query, key, value, p, num_heads, mask)
+
+
+def mha_square_only(query, key, value, params, num_heads, mask=None):
+    """Right with square weights; assumes every W is (d_model, d_model)."""
+    d = query.shape[-1]
+    p = {name: w.reshape(d, d) if name.startswith("w_") else w for name, w in params.items()}
+    return ac.multi_head_attention_loop(query, key, value, p, num_heads, mask)
+
+
+class MHAIgnoresKdim(bug_zoo.ZooMultiHeadAttention):
+    """Accepts kdim and vdim, but builds w_k and w_v as d_model -> d_model anyway."""
+
+    def __init__(self, d_model, num_heads, dropout=0.0, kdim=None, vdim=None):
+        super().__init__(d_model, num_heads, dropout)
+
+
+class MHAKdimSquareOnly(ac.MultiHeadAttention):
+    """Builds w_k and w_v for kdim and vdim, but its forward insists on keys and values of width d_model."""
+
+    def forward(self, query, key=None, value=None, mask=None):
+        if key.shape[-1] != self.d_model or value.shape[-1] != self.d_model:
+            raise ValueError(f"key and value must have {self.d_model} features")
+        return super().forward(query, key, value, mask)
+
+
+class LoadableMHALinearLayout(nn.Module):
+    """Stores nn.Linear-style (d_out, d_in) weights and computes F.linear, but its loader copies the dict's
+    (d_in, d_out) matrices without transposing them."""
+
+    def __init__(self, d_model, num_heads, dropout=0.0):
+        super().__init__()
+        self.h = num_heads
+        self.weight = nn.ParameterDict({n: nn.Parameter(torch.zeros(d_model, d_model)) for n in "qkvo"})
+        self.bias = nn.ParameterDict({n: nn.Parameter(torch.zeros(d_model)) for n in "qkvo"})
+
+    def load_numpy_params(self, params):
+        with torch.no_grad():
+            for n in "qkvo":
+                self.weight[n].copy_(torch.as_tensor(params[f"w_{n}"]))  # should be params[...].T
+                self.bias[n].copy_(torch.as_tensor(params[f"b_{n}"]))
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (ac.split_heads(F.linear(x, self.weight[n], self.bias[n]), self.h)
+                   for x, n in ((query, "q"), (key, "k"), (value, "v")))
+        out, weights = ac.scaled_dot_product_attention(q, k, v, mask)
+        return F.linear(ac.merge_heads(out), self.weight["o"], self.bias["o"]), weights
+
+
 CASES = [
     # (check, implementation, expected code)
     (checks.check_scaled_dot_product_attention, sdpa_not_implemented, "not-implemented"),
@@ -483,6 +542,11 @@ CASES = [
     (checks.check_einsum_attention, bug_zoo.MHASplitWithoutTranspose, "heads-split-without-transpose"),
     (checks.check_einsum_attention, mha_loop_missing_out_proj, "missing-output-projection"),
     (checks.check_einsum_attention, bug_zoo.sdpa_mask_inverted, "mask-inverted"),
+    (checks.check_einsum_attention, mha_reads_kv_transposed, "weight-layout-transposed"),
+    (checks.check_einsum_attention, mha_square_only, "raised-exception"),
+    (checks.check_multi_head_attention, MHAIgnoresKdim, "wrong-shape"),
+    (checks.check_multi_head_attention, MHAKdimSquareOnly, "raised-exception"),
+    (checks.check_multi_head_attention, LoadableMHALinearLayout, "weight-layout-transposed"),
     (checks.check_parameter_count, count_without_w_o, "missing-output-projection"),
     (checks.check_parameter_count, count_ignores_bias_flag, "wrong-value"),
     (checks.check_parameter_count, count_per_head, "wrong-value"),
@@ -495,6 +559,7 @@ CASES = [
     (checks.check_single_head_attention, SHANoWv, "missing-attribute"),
     (checks.check_single_head_attention, SHAWrongLinearShape, "wrong-shape"),
     (checks.check_single_head_attention, SHANaNOnMaskedRow, "nan-on-masked-row"),
+    (checks.check_single_head_attention, LoadableSingleHeadTransposed, "weight-layout-transposed"),
     (checks.check_single_head_attention, NotAModule, "wrong-type"),
     (checks.check_single_head_parameter_count, count_square, "wrong-value"),
     (checks.check_single_head_parameter_count, lambda d_in, d_out, bias=False: 4 * d_in * d_out, "wrong-value"),
@@ -512,7 +577,7 @@ def test_mistakes_get_their_code(check, impl, code, capsys):
 
 
 def test_every_code_is_produced_somewhere():
-    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO
+    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO
     codes = {c[2] for c in CASES} | {b.code for b in zoo} | {"timeout", "wrong-value"}
     assert codes == set(checks.CODES)
 
@@ -613,11 +678,11 @@ def test_an_outer_alarm_is_kept_and_restored():
         signal.setitimer(signal.ITIMER_REAL, 0.2)
         with pytest.raises(OuterAlarm):
             checks.check_softmax(lambda x: sdpa_forever(x, x, x), timeout=10)
-        # and one due right after a fast check is re-armed
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        # and one due right after a fast check is re-armed (1.5 s: the check may be slow on a loaded machine)
+        signal.setitimer(signal.ITIMER_REAL, 1.5)
         checks.check_softmax(softmax_np, timeout=10)
         with pytest.raises(OuterAlarm):
-            time.sleep(2)
+            time.sleep(5)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -725,6 +790,50 @@ def test_keras_checks():
     with pytest.raises(checks.CheckFailed, match=r"^\[dropout-in-eval\]"):
         checks.check_keras_attention(KerasDropoutAlwaysOn)
 
+    class KerasKernelsTransposed(KerasMultiHeadAttention):  # a (d_out, d_in) matrix loaded as a Dense kernel
+        def load_numpy_params(self, params):
+            super().load_numpy_params({name: a.T for name, a in params.items()})
+
+    with pytest.raises(checks.CheckFailed, match=r"^\[weight-layout-transposed\] .* with all four weights"):
+        checks.check_keras_attention(KerasKernelsTransposed, test_dropout=False)
+
+
+def test_keras_errors_keep_their_own_message():
+    """Keras rewrites an error raised in call() into a multi-line dump (ANSI codes, "•" lists of the arguments):
+    the check switches that off while it runs, and restores the setting."""
+    pytest.importorskip("tensorflow")
+    import keras
+
+    from attention_course.keras_attention import KerasMultiHeadAttention
+
+    class KerasNotImplemented(KerasMultiHeadAttention):
+        def call(self, query, key=None, value=None, mask=None, training=None):
+            raise NotImplementedError("Exercise 4: A multi-head attention layer in Keras")
+
+    class KerasRaises(KerasMultiHeadAttention):
+        def call(self, query, key=None, value=None, mask=None, training=None):
+            return self.w_q(query) @ self.w_k(key)  # (B, Tq, D) @ (B, Tk, D)
+
+    was_enabled = keras.config.is_traceback_filtering_enabled()
+    try:
+        keras.config.enable_traceback_filtering()  # Keras' default
+        with pytest.raises(checks.CheckFailed) as info:
+            checks.check_keras_attention(KerasNotImplemented)
+        assert str(info.value) == (
+            "[not-implemented] Exercise 4: A multi-head attention layer in Keras: replace the `raise "
+            "NotImplementedError(...)` line with your solution, run that cell, then run this check again.")
+        assert keras.config.is_traceback_filtering_enabled()  # restored
+        keras.config.disable_traceback_filtering()
+        with pytest.raises(checks.CheckFailed) as info:
+            checks.check_keras_attention(KerasRaises)
+        assert not keras.config.is_traceback_filtering_enabled()  # left as it was
+    finally:
+        (keras.config.enable_traceback_filtering if was_enabled else keras.config.disable_traceback_filtering)()
+    assert str(info.value) == (
+        "[raised-exception] Your code raised InvalidArgumentError: Matrix size-incompatible: In[0]: [1,2,12], "
+        "In[1]: [1,2,12] [Op:BatchMatMulV2]\n  when called as KerasRaises(...)(query of shape (1, 2, 12), key of "
+        "shape (1, 2, 12), value of shape (1, 2, 12), training=False).")
+
 
 def test_single_head_messages():
     with pytest.raises(checks.CheckFailed, match=r"^\[wrong-value\] A single head has no output projection"):
@@ -742,3 +851,146 @@ def test_single_head_messages():
     with pytest.raises(checks.CheckFailed) as info:
         checks.check_single_head_attention(SHANoDefaults)
     assert "when called as SHANoDefaults(...)(query of shape (2, 5, 8))" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Weight layouts and keys/values of other widths (kdim, vdim != d_model)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_weight_layout_diagnosis_names_the_transposed_weights():
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_einsum_attention(mha_reads_kv_transposed)
+    assert str(info.value).startswith("[weight-layout-transposed] Your output matches attention computed with w_k and "
+                                      "w_v transposed: a weight matrix was read in the other layout.")
+    assert str(info.value).endswith("Failing case: d_model=12, num_heads=3, case 1 of 6: self-attention, x (2, 5, D), "
+                                    "no mask")
+    with pytest.raises(checks.CheckFailed, match=r"^\[weight-layout-transposed\] .* with all four weights \(w_q, w_k, "
+                       r"w_v and w_o\) transposed"):
+        checks.check_multi_head_attention(LoadableMHALinearLayout)
+    with pytest.raises(checks.CheckFailed, match=r"^\[weight-layout-transposed\] .* with w_o transposed"):
+        checks.check_einsum_attention(lambda query, key, value, params, num_heads, mask=None: (
+            ac.multi_head_attention_loop(query, key, value, dict(params, w_o=params["w_o"].T), num_heads, mask)))
+
+
+def test_layout_subsets():
+    subsets = dict(checks._LAYOUT_SUBSETS)
+    assert len(subsets) == 15 and list(subsets)[:2] == ["qkvo", "qkv"]
+    assert subsets["qkv"] == "w_q, w_k and w_v" and subsets["kv"] == "w_k and w_v" and subsets["o"] == "w_o"
+
+
+def test_keys_and_values_of_other_widths(capsys):
+    """Functions with params always, classes when their signature has kdim and vdim, get 3 more cases."""
+    checks.check_einsum_attention(ac.multi_head_attention_loop)
+    checks.check_multi_head_attention(ac.MultiHeadAttention, test_dropout=False)
+    checks.check_multi_head_attention(ScratchMHA, test_dropout=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "✓ multi_head_attention_loop: 15 cases (2 sizes; self- and cross-attention, also with kdim, vdim != d_model; "
+        "Tq != Tk, masks) match the reference",
+        "✓ MultiHeadAttention: 15 cases (2 sizes; self- and cross-attention, also with kdim, vdim != d_model; "
+        "Tq != Tk, masks) match the reference",
+        "✓ ScratchMHA: 12 cases (2 sizes; self- and cross-attention, Tq != Tk, masks) match the reference",
+    ]
+    assert checks._accepts_cross_dims(ac.EinsumMultiHeadAttention) and not checks._accepts_cross_dims(ScratchMHA)
+    assert not checks._accepts_cross_dims(sdpa_without_signature)
+
+
+def test_code_that_assumes_square_weights_is_told_so():
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_einsum_attention(mha_square_only)
+    msg = str(info.value)
+    assert msg.startswith("[raised-exception] Your code raised RuntimeError: shape '[12, 12]' is invalid")
+    assert ("when called as mha_square_only(query of shape (2, 4, 12), key of shape (2, 6, 8), value of shape "
+            "(2, 6, 5), params={w_q: (12, 12), b_q: (12,), w_k: (8, 12), b_k: (12,), w_v: (5, 12), b_v: (12,), "
+            "w_o: (12, 12), b_o: (12,)}, num_heads=3, mask=None).") in msg
+    assert msg.endswith("Your code passed the cases with square weights. Here the keys have kdim=8 and the values "
+                        "vdim=5 features, not d_model=12: w_k is (8, 12) and w_v (5, 12), each W (d_in, d_out). Does "
+                        "your code assume d_in == d_model somewhere?")
+    with pytest.raises(checks.CheckFailed, match=r"^\[wrong-shape\] MHAIgnoresKdim\.w_k\.weight has shape \(12, 12\); "
+                       r"expected \(12, 8\) \(nn\.Linear\(8, 12\)\)"):
+        checks.check_multi_head_attention(MHAIgnoresKdim)
+    with pytest.raises(checks.CheckFailed, match=r"(?s)ValueError: key and value must have 12 features\n.*when called "
+                       r"as MHAKdimSquareOnly\(\.\.\.\)\(query of shape \(2, 4, 12\), key of shape \(2, 6, 8\).*Does "
+                       r"your code assume d_in == d_model somewhere\?$"):
+        checks.check_multi_head_attention(MHAKdimSquareOnly)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Frameworks: TensorFlow tensors for the attention core, Keras layers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_attention_core_framework_option(capsys):
+    checks.check_scaled_dot_product_attention(attention_numpy, framework="numpy")
+    assert capsys.readouterr().out.startswith("✓ attention_numpy: 24 random cases")
+    with pytest.raises(checks.CheckFailed, match=r"^\[raised-exception\] Your code raised ValueError: matmul"):
+        checks.check_scaled_dot_product_attention(sdpa_scratch, framework="numpy")  # torch code, NumPy inputs
+    with pytest.raises(ValueError, match=r"framework must be one of 'torch', 'tf', 'numpy', got 'jax'"):
+        checks.check_scaled_dot_product_attention(sdpa_scratch, framework="jax")
+
+
+def tf_attention(q, k, v, mask=None, scale=True):
+    import tensorflow as tf
+
+    scores = tf.matmul(q, k, transpose_b=True)
+    scores = scores / tf.sqrt(tf.cast(tf.shape(q)[-1], q.dtype)) if scale else scores
+    if mask is not None:
+        scores = tf.where(mask, scores, tf.constant(float("-inf"), dtype=scores.dtype))
+    weights = tf.nn.softmax(scores, axis=-1)
+    if mask is not None:
+        weights = tf.where(tf.reduce_any(mask, axis=-1, keepdims=True), weights, tf.zeros_like(weights))
+    return tf.matmul(weights, v), weights
+
+
+def test_attention_core_in_tensorflow(capsys):
+    tf = pytest.importorskip("tensorflow")
+    checks.check_scaled_dot_product_attention(tf_attention, framework="tf")
+    assert capsys.readouterr().out == ("✓ tf_attention: 24 random cases (Tq != Tk, masks, batch dims, fully masked "
+                                       "rows) match the reference\n")
+    with pytest.raises(checks.CheckFailed, match=r"^\[missing-scale\]"):
+        checks.check_scaled_dot_product_attention(functools.partial(tf_attention, scale=False), framework="tf")
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: tf.matmul(q, k), framework="tf")
+    assert str(info.value) == (  # TensorFlow's "{{function_node ...}}" prefix and empty " name:" are dropped
+        "[raised-exception] Your code raised InvalidArgumentError: Matrix size-incompatible: In[0]: [4,8], In[1]: "
+        "[4,8] [Op:MatMul]\n  when called as scaled_dot_product_attention(q of shape (4, 8), k of shape (4, 8), v of "
+        "shape (4, 8), mask=None).")
+
+
+def test_exception_messages_are_cleaned():
+    def wrapped(cls, inner_message):
+        try:
+            try:
+                raise cls(inner_message)
+            except cls as inner:
+                raise cls("Exception encountered when calling Layer.call().\n\n\x1b[1m" + inner_message +
+                          "\x1b[0m\n\nArguments received by Layer.call():\n  • x=tf.Tensor(shape=(2,))") from None
+        except cls as outer:
+            assert outer.__cause__ is None and str(outer.__context__) == inner_message  # what Keras raises
+            return outer
+
+    err = wrapped(NotImplementedError, "Exercise 4: A layer")
+    assert str(checks._original_error(err)) == "Exercise 4: A layer"
+    lonely = ValueError("Exception encountered when calling Layer.call(). Nothing else.")
+    assert checks._original_error(lonely) is lonely
+    assert checks._first_line(RuntimeError("{{function_node __wrapped__Op}} bad shapes\nmore [Op:X] name: ")) == (
+        "bad shapes")
+    assert checks._first_line(RuntimeError("bad [Op:X] name: ")) == "bad [Op:X]"
+
+    def raises_wrapped(x):
+        raise wrapped(NotImplementedError, "Exercise 1: Softmax")
+
+    def raises_wrapped_value_error(x):
+        raise wrapped(ValueError, "the real error")
+
+    with pytest.raises(checks.CheckFailed, match=r"^\[not-implemented\] Exercise 1: Softmax: replace the"):
+        checks.check_softmax(raises_wrapped)
+    with pytest.raises(checks.CheckFailed, match=r"^\[raised-exception\] Your code raised ValueError: the real "
+                       r"error\n"):
+        checks.check_softmax(raises_wrapped_value_error)
+
+
+def test_describe_call():
+    args = {"x": np.zeros((2, 3)), "params": {"w": torch.zeros(4, 5)}, "n": 3, "d": {"a": 1}}
+    assert checks._describe_call("f", args) == "f(x of shape (2, 3), params={w: (4, 5)}, n=3, d={'a': 1})"

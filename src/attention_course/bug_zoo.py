@@ -12,7 +12,8 @@ of them for real work. :data:`ZOO` lists every bug with the check that diagnoses
             print(bug.impl.__name__, "->", str(err).splitlines()[0])
 
 :data:`BUGS` maps each diagnosis code to one implementation that triggers it. :data:`SINGLE_HEAD_ZOO` lists the
-single-head module's bugs (chapter 2) the same way.
+single-head module's bugs (chapter 2) the same way, and :data:`WEIGHT_LAYOUT_ZOO` the weight-layout bugs of
+multi-head attention (a (d_in, d_out) matrix read as (d_out, d_in), chapters 3, 5 and 6).
 Shapes: q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); masks are boolean, True = may attend.
 """
 
@@ -26,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional import masked_softmax
+from .einsum_attention import EinsumMultiHeadAttention
+from .functional import masked_softmax, scaled_dot_product_attention
+from .heads import merge_heads, split_heads
 
 # --- scaled dot-product attention: (q, k, v, mask=None) -> (out, weights) ----------------------------------
 
@@ -366,6 +369,37 @@ class MHAScaleByDModel(ZooMultiHeadAttention):
         return F.dropout(weights, self.p, training=self.training) @ v
 
 
+# --- weight layouts: (d_in, d_out) for y = x @ W + b (the course's dicts, Keras) vs nn.Linear's (d_out, d_in) ---------
+
+
+class MHAWeightNotTransposed(ZooMultiHeadAttention):
+    """[weight-not-transposed] Projects with x @ linear.weight; runs only when every weight is square, wrong then."""
+
+    def forward(self, query, key, value, mask=None):
+        # BUG: nn.Linear stores weight as (d_out, d_in): x @ w.weight.T + w.bias, or simply self.w_q(query)
+        projections = zip((query, key, value), (self.w_q, self.w_k, self.w_v))
+        q, k, v = (self.split(x @ w.weight + w.bias) for x, w in projections)
+        return self.w_o(self.merge(self.attend(q, k, v, mask)))
+
+
+def mha_params_with_f_linear(query, key, value, params, num_heads, mask=None):
+    """[weight-layout-transposed] Applies F.linear, made for nn.Linear's (d_out, d_in) weights, to the course's
+    (d_in, d_out) dict: runs only when every W is square (kdim == vdim == d_model), and is wrong then."""
+    # BUG: F.linear(x, W, b) is x @ W.T + b; the dict's W needs x @ W + b (or F.linear(x, W.T, b))
+    q, k, v = (split_heads(F.linear(x, params[f"w_{n}"], params[f"b_{n}"]), num_heads)
+               for x, n in ((query, "q"), (key, "k"), (value, "v")))
+    heads, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, Tq, Dh), (B, H, Tq, Tk)
+    return F.linear(merge_heads(heads), params["w_o"], params["b_o"]), weights
+
+
+class EinsumMHALoadsTransposed(EinsumMultiHeadAttention):
+    """[weight-layout-transposed] Its loader transposes the dict's (d_in, d_out) weights as if they were nn.Linear's
+    (d_out, d_in): square weights load and give wrong results; with kdim != d_model loading fails."""
+
+    def load_numpy_params(self, params):
+        super().load_numpy_params({name: a.T for name, a in params.items()})  # BUG: the dict is already (d_in, d_out)
+
+
 # --- the catalogue ----------------------------------------------------------------------------------------------
 
 
@@ -420,6 +454,13 @@ SINGLE_HEAD_ZOO = (
     Bug("mask-ignored", SHAMaskIgnored, "check_single_head_attention"),
     Bug("mask-inverted", SHAMaskInverted, "check_single_head_attention"),
     Bug("dropout-in-eval", SHADropoutInEval, "check_single_head_attention"),
+)
+
+#: Weight-layout bugs of multi-head attention, also kept out of :data:`ZOO` and :data:`BUGS`.
+WEIGHT_LAYOUT_ZOO = (
+    Bug("weight-not-transposed", MHAWeightNotTransposed, "check_multi_head_attention"),
+    Bug("weight-layout-transposed", mha_params_with_f_linear, "check_einsum_attention"),
+    Bug("weight-layout-transposed", EinsumMHALoadsTransposed, "check_einsum_attention"),
 )
 
 #: diagnosis code -> the first implementation in :data:`ZOO` that triggers it.

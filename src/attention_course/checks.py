@@ -33,7 +33,9 @@ renders its own traceback (``_render_traceback_``), so stored notebook outputs c
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import itertools
 import math
 import signal
 import threading
@@ -79,6 +81,8 @@ CODES = {
     "merge-heads-wrong-order": "heads merged without transposing back first",
     "missing-output-projection": "the output projection w_o is not applied",
     "weight-not-transposed": "an nn.Linear weight used as x @ linear.weight (it is stored (d_out, d_in): x @ weight.T)",
+    "weight-layout-transposed": "a weight matrix read in the other layout: (d_out, d_in) used as (d_in, d_out) or the "
+    "reverse (W instead of W.T)",
     "dropout-in-eval": "dropout still active after .eval() / with training=False",
     "wrong-value": "a numeric answer differs from the expected value",
     "wrong-output": "the result differs from the reference and matches no known mistake",
@@ -127,6 +131,11 @@ _HINTS = {
     "weight-not-transposed": "Your projections compute x @ linear.weight, but nn.Linear stores its weight as (d_out, "
     "d_in) and computes x @ weight.T + bias: call the layer (self.w_q(x)) or transpose the weight. With d_in == d_out "
     "the shapes fit and the result is silently wrong; with d_in != d_out it fails with a shape error.",
+    "weight-layout-transposed": "Your output matches attention computed with {detail} transposed: a weight matrix "
+    "was read in the other layout. The course's parameter dictionaries and Keras' Dense kernels store W as (d_in, "
+    "d_out), for y = x @ W + b; nn.Linear stores its weight as (d_out, d_in), for y = x @ weight.T + b. Converting "
+    "from one layout to the other needs a transpose; reading one as the other only runs when d_in == d_out, and then "
+    "the result is silently wrong.",
     "dropout-in-eval": "Your module is not deterministic in evaluation mode: built with dropout=0.5, {detail}. "
     "Dropout must only act in training mode (nn.Dropout does this; or use dropout_p=p if self.training else 0.0).",
     "mutates-input": "Your function changed its input `{detail}` in place (e.g. with `x -= ...` or `x /= ...`). "
@@ -266,14 +275,47 @@ def _unchanged(before, after) -> bool:
     return before.shape == after.shape and np.array_equal(before, after, equal_nan=before.dtype.kind == "f")
 
 
+def _has_shape(value) -> bool:
+    """Arrays and tensors of any framework (torch, NumPy, TensorFlow): described by their shape, not their values."""
+    return isinstance(value, (torch.Tensor, np.ndarray)) or (hasattr(value, "shape") and hasattr(value, "dtype"))
+
+
 def _describe_call(label: str, args: dict) -> str:
     parts = []
     for name, value in args.items():
-        if isinstance(value, (torch.Tensor, np.ndarray)):
-            parts.append(f"{name} of shape {tuple(value.shape)}")
+        if _has_shape(value):
+            parts.append(f"{name} of shape {_shape(value.shape)}")
+        elif isinstance(value, dict) and all(_has_shape(v) for v in value.values()):  # a dict of weights
+            parts.append(f"{name}={{{', '.join(f'{k}: {_shape(v.shape)}' for k, v in value.items())}}}")
         else:
             parts.append(f"{name}={value!r}")
     return f"{label}({', '.join(parts)})"
+
+
+_KERAS_WRAPPER = "Exception encountered when calling"
+
+
+def _original_error(err: BaseException) -> BaseException:
+    """The student's own exception. Keras (with its traceback filtering on) re-raises an error from a layer's
+    ``call()`` as a new exception of the same type whose message starts with "Exception encountered when calling
+    X.call()" and lists the arguments; the original is its ``__context__`` (or ``__cause__``)."""
+    while str(err).startswith(_KERAS_WRAPPER):
+        inner = err.__cause__ or err.__context__
+        if inner is None:
+            break
+        err = inner
+    return err
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an exception's message, without TensorFlow's "{{function_node ...}}" prefix, cut to 300
+    characters."""
+    text = str(err).strip()
+    if text.startswith("{{function_node") and "}}" in text:
+        text = text[text.index("}}") + 2 :].strip()
+    text = text.splitlines()[0] if text else ""
+    text = text[: -len(" name:")] if text.endswith(" name:") else text  # TensorFlow's op errors, without a name
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _call(fn: Callable, args: dict, label: str, positional: int | None = None, call_text: str | None = None):
@@ -292,15 +334,15 @@ def _call(fn: Callable, args: dict, label: str, positional: int | None = None, c
             warnings.simplefilter("ignore")
             result = fn(*pos, **kw)
     except NotImplementedError as err:
-        what = str(err).strip() or f"{label} is not implemented yet"
+        what = _first_line(_original_error(err)) or f"{label} is not implemented yet"
         raise _fail(
             "not-implemented",
             f"{what.rstrip('.')}: replace the `raise NotImplementedError(...)` line with your solution, "
             "run that cell, then run this check again.",
         ) from None
     except (Exception, SystemExit) as err:  # noqa: BLE001 - any student error becomes a message
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        text = text if len(text) <= 300 else text[:297] + "..."
+        err = _original_error(err)
+        text = _first_line(err)
         raise _fail(
             "raised-exception",
             f"Your code raised {type(err).__name__}{': ' + text if text else ''}\n  when called as {call_text}.",
@@ -382,7 +424,7 @@ def _close(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
 
 
 def _shape(shape) -> str:
-    return str(tuple(int(s) for s in shape))
+    return str(tuple(None if s is None else int(s) for s in shape))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -598,10 +640,14 @@ def _sdpa_cases(fully_masked_rows: bool, seed: int = 0):
 
 
 def _to_framework(x, framework: str):
+    """A float64/bool NumPy case array as the student's function receives it: a NumPy copy (float64), or a float32
+    torch tensor / TensorFlow tensor (masks stay boolean)."""
     if x is None:
         return None
     if framework == "numpy":
         return x.copy()
+    if framework == "tf":
+        return _to_tf(x)
     if x.dtype == np.bool_:
         return torch.from_numpy(x.copy())
     return torch.tensor(x, dtype=torch.float32)
@@ -635,16 +681,29 @@ def _check_sdpa_body(fn, framework, fully_masked_rows, label, atol, rtol, name=N
     return f"✓ {name or label}: {len(cases)} random cases ({extras}) match the reference"
 
 
-def check_scaled_dot_product_attention(fn, *, fully_masked_rows: bool = True, timeout: float = DEFAULT_TIMEOUT):
-    """Check ``fn(q, k, v, mask=None)`` for PyTorch tensors against the reference.
+_FRAMEWORKS = ("torch", "tf", "numpy")
 
-    q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv) are float32 tensors; ``mask`` is None or a boolean tensor
-    broadcastable to (..., Tq, Tk), True = may attend. ``fn`` returns out (..., Tq, Dv) or (out, weights).
-    With ``fully_masked_rows`` (default) some query rows may attend no key: they must give zero weights and a
-    zero output.
+
+def _check_framework(framework: str) -> None:
+    if framework not in _FRAMEWORKS:
+        raise ValueError(f"framework must be one of {', '.join(map(repr, _FRAMEWORKS))}, got {framework!r}")
+
+
+def check_scaled_dot_product_attention(fn, *, fully_masked_rows: bool = True, framework: str = "torch",
+                                       timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(q, k, v, mask=None)`` against the reference.
+
+    q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv) are float32 tensors of ``framework``: ``"torch"`` (default),
+    ``"tf"`` (TensorFlow, imported only then) or ``"numpy"`` (float64 arrays, compared more tightly); ``mask`` is
+    None or a boolean tensor broadcastable to (..., Tq, Tk), True = may attend. ``fn`` returns out (..., Tq, Dv) or
+    (out, weights), as tensors or arrays of any of these frameworks. With ``fully_masked_rows`` (default) some
+    query rows may attend no key: they must give zero weights and a zero output.
     """
+    _check_framework(framework)
     label = "scaled_dot_product_attention"
-    _run_check(lambda: _check_sdpa_body(fn, "torch", fully_masked_rows, label, 2e-5, 1e-4, _name(fn, label)), timeout)
+    atol, rtol = (1e-8, 1e-6) if framework == "numpy" else (2e-5, 1e-4)
+    _run_check(lambda: _check_sdpa_body(fn, framework, fully_masked_rows, label, atol, rtol, _name(fn, label)),
+               timeout)
 
 
 def check_numpy_attention(fn, *, fully_masked_rows: bool = False, timeout: float = DEFAULT_TIMEOUT):
@@ -873,18 +932,25 @@ def check_merge_heads(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
 
 def _mha_variant(query, key, value, p, num_heads, mask, *, split="ok", merge="ok", out_proj=True, value_src="value",
-                 w_v="w_v", core=None):
-    """numpy_ref.multi_head_attention with one deliberate deviation; returns (out, weights)."""
+                 w_v="w_v", transposed="", core=None):
+    """numpy_ref.multi_head_attention with one deliberate deviation; returns (out, weights).
+
+    ``transposed``: the projections (letters of "qkvo") whose weight is used transposed, i.e. a (d_in, d_out)
+    matrix read as (d_out, d_in); only runs when those weights are square (else ValueError: not applicable).
+    """
     d = p["w_q"].shape[1]
     h, dh = num_heads, d // num_heads
+
+    def w(name):
+        return p[name].T if name[-1] in transposed else p[name]
 
     def sp(x):
         b, t, _ = x.shape
         return numpy_ref.split_heads(x, h) if split == "ok" else x.reshape(b, h, t, dh)
 
-    q = sp(query @ p["w_q"] + p["b_q"])
-    k = sp(key @ p["w_k"] + p["b_k"])
-    v = sp((key if value_src == "key" else value) @ p[w_v] + p["b" + w_v[1:]])
+    q = sp(query @ w("w_q") + p["b_q"])
+    k = sp(key @ w("w_k") + p["b_k"])
+    v = sp((key if value_src == "key" else value) @ w(w_v) + p["b" + w_v[1:]])
     heads, weights = _sdpa_variant(q, k, v, mask, **(core or {}))
     b, _, t, _ = heads.shape
     if merge == "ok":
@@ -893,14 +959,33 @@ def _mha_variant(query, key, value, p, num_heads, mask, *, split="ok", merge="ok
         merged = heads.reshape(b, t, d)
     else:
         merged = heads.transpose(0, 2, 3, 1).reshape(b, t, d)
-    return (merged @ p["w_o"] + p["b_o"] if out_proj else merged), weights
+    return (merged @ w("w_o") + p["b_o"] if out_proj else merged), weights
 
 
-def _mha_candidates(query, key, value, p, num_heads, mask, fully_masked):
+def _layout_subsets():
+    """(letters, description) for every non-empty set of projections whose weight may be read transposed; the
+    likeliest first: all four, then three, two, one."""
+    out = []
+    for size in (4, 3, 2, 1):
+        for letters in itertools.combinations("qkvo", size):
+            names = [f"w_{x}" for x in letters]
+            text = names[0] if size == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+            out.append(("".join(letters), "all four weights (w_q, w_k, w_v and w_o)" if size == 4 else text))
+    return out
+
+
+_LAYOUT_SUBSETS = _layout_subsets()
+
+
+def _mha_candidates(query, key, value, p, num_heads, mask, fully_masked, layout_code="weight-layout-transposed"):
+    """The known multi-head mistakes. ``layout_code`` names a weight used transposed: "weight-not-transposed" when
+    the checker loaded the weights into nn.Linear layers itself (the forward computes x @ linear.weight), else
+    "weight-layout-transposed" (the student's loader or function reads the (d_in, d_out) matrices as (d_out, d_in))."""
     d = p["w_q"].shape[1]
     dh = d // num_heads
     tq, tk = query.shape[1], key.shape[1]
-    structural = [
+    structural = [(layout_code, detail, {"transposed": letters}) for letters, detail in _LAYOUT_SUBSETS]
+    structural += [
         ("values-from-keys", " (the values are projected from the key input)", {"value_src": "key"}),
         ("values-from-keys", " (the values go through w_k instead of w_v)", {"w_v": "w_k"}),
         ("heads-split-without-transpose", "", {"split": "reshape"}),
@@ -947,6 +1032,65 @@ def _mha_cases(d_model, seed=5):
     return cases
 
 
+def _mha_cross_dim_cases(d_model, kdim, vdim, seed=6):
+    """Cross-attention cases whose keys and values have their own feature sizes kdim, vdim != d_model: w_k is
+    (kdim, D) and w_v (vdim, D), so code that only works for square weights fails here."""
+    rng = np.random.default_rng(seed)
+
+    def x(t, d):
+        return rng.standard_normal((2, t, d))
+
+    lengths = [5, 2]
+    return [
+        (x(4, d_model), x(6, kdim), x(6, vdim), None,
+         "cross-attention, query (2, 4, D), key (2, 6, kdim), value (2, 6, vdim), no mask"),
+        (x(3, d_model), x(5, kdim), x(5, vdim), numpy_ref.padding_mask(lengths, 5),
+         f"cross-attention, query (2, 3, D), key (2, 5, kdim), value (2, 5, vdim), padding mask (2, 1, 1, 5) for "
+         f"lengths {lengths}"),
+        (x(5, d_model), x(4, kdim), x(4, vdim), _mixed_mask(rng, (2, 1, 5, 4)),
+         "cross-attention, query (2, 5, D), key (2, 4, kdim), value (2, 4, vdim), random mask (2, 1, 5, 4)"),
+    ]
+
+
+def _mha_configs(cross_dims: bool):
+    """(d_model, num_heads, kdim, vdim, params, cases): the square sizes first (a weight read transposed still
+    runs there and is diagnosed), then, with ``cross_dims``, keys and values of other widths."""
+    configs = []
+    for d_model, num_heads in _MHA_CONFIGS:
+        params = numpy_ref.init_mha_params(d_model, seed=d_model)
+        configs.append((d_model, num_heads, None, None, params, _mha_cases(d_model)))
+    if cross_dims:
+        d_model, num_heads, kdim, vdim = _MHA_CROSS_DIM_CONFIG
+        params = numpy_ref.init_mha_params(d_model, kdim, vdim, seed=kdim + vdim)
+        configs.append((d_model, num_heads, kdim, vdim, params, _mha_cross_dim_cases(d_model, kdim, vdim)))
+    return configs
+
+
+@contextlib.contextmanager
+def _cross_dim_note(d_model, kdim, vdim):
+    """In a configuration with kdim, vdim != d_model (after the square ones passed), add to an exception's message
+    what differs: code that assumes d_in == d_model raises here."""
+    try:
+        yield
+    except CheckFailed as err:
+        if kdim is None or err.code != "raised-exception":
+            raise
+        raise CheckFailed(f"{err}\n  Your code passed the cases with square weights. Here the keys have kdim={kdim} "
+                          f"and the values vdim={vdim} features, not d_model={d_model}: w_k is ({kdim}, {d_model}) and "
+                          f"w_v ({vdim}, {d_model}), each W (d_in, d_out). Does your code assume d_in == d_model "
+                          "somewhere?") from None
+
+
+def _mha_case_prefix(d_model, num_heads, kdim, vdim):
+    dims = "" if kdim is None else f", kdim={kdim}, vdim={vdim}"
+    return f"d_model={d_model}, num_heads={num_heads}{dims}"
+
+
+def _mha_success(label, n, cross_dims):
+    dims = ", also with kdim, vdim != d_model;" if cross_dims else ","
+    return f"✓ {label}: {n} cases (2 sizes; self- and cross-attention{dims} Tq != Tk, masks) match the reference"
+
+
 def _call_mha(module, query, key, value, mask, framework, label, training=None):
     conv = (lambda a: _to_framework(a, "torch")) if framework == "torch" else _to_tf
     args = {"query": conv(query), "key": conv(key), "value": conv(value)}
@@ -970,6 +1114,11 @@ _MHA_MISSING = ("Name the projections self.w_q, self.w_k, self.w_v and self.w_o,
                 "d_model).")
 
 
+def _has_linears(module, names=("w_q", "w_k", "w_v")) -> bool:
+    """Whether the checker loads the weights itself: the module has nn.Linear attributes w_q, w_k, w_v."""
+    return all(isinstance(getattr(module, name, None), torch.nn.Linear) for name in names)
+
+
 def _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v", "w_o"), advice=_MHA_MISSING):
     """Copy ``params`` (x @ W + b convention) into the module's nn.Linear layers ``names`` (w_o may be missing:
     diagnosed from the output), or through its ``load_numpy_params``; returns the params actually in effect
@@ -978,7 +1127,7 @@ def _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v", "w_o"), a
 
     linears = {name: getattr(module, name, None) for name in names}
     effective = dict(params)
-    if all(isinstance(linears[name], nn.Linear) for name in ("w_q", "w_k", "w_v")):
+    if _has_linears(module):
         for name, lin in linears.items():
             if not isinstance(lin, nn.Linear):
                 continue  # a module without w_o: diagnosed from its output
@@ -1012,39 +1161,58 @@ def _construct_with(cls, label, sizes: dict, **kwargs):
     return _call(cls, args, label, positional=len(sizes), call_text=text)
 
 
-def _torch_module(cls, label, sizes, dropout):
-    """Build the student's torch module (with ``dropout=`` unless None) in eval mode."""
-    kwargs = {} if dropout is None else {"dropout": dropout}
+def _torch_module(cls, label, sizes, dropout, **kwargs):
+    """Build the student's torch module (with ``dropout=`` unless None, and ``kwargs``) in eval mode."""
+    kwargs = kwargs if dropout is None else {"dropout": dropout, **kwargs}
     module = _construct_with(cls, label, sizes, **kwargs)
     if not isinstance(module, torch.nn.Module):
         raise _fail("wrong-type", f"{label}(...) built a {type(module).__name__}; expected a torch.nn.Module.")
     return module.eval()
 
 
+def _parameters(obj) -> dict:
+    """The parameters of ``obj``'s signature by name (empty when it has no readable signature)."""
+    try:
+        return dict(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _accepts_cross_dims(cls) -> bool:
+    """Whether ``cls(d_model, num_heads, kdim=..., vdim=...)`` is part of the class's signature."""
+    params = _parameters(cls)
+    return "kdim" in params and "vdim" in params
+
+
 _MHA_CONFIGS = [(12, 3), (8, 2)]
+_MHA_CROSS_DIM_CONFIG = (12, 3, 8, 5)  # d_model, num_heads, kdim, vdim
 
 
-def _check_mha_body(make, load, run, label, test_dropout, atol=2e-5, rtol=1e-4):
-    """Shared body for module checks. make(dropout) -> module; load(module, params) -> params in effect;
-    run(module, query, key, value, mask, training=None) -> result."""
+def _check_mha_body(make, load, run, label, test_dropout, atol=2e-5, rtol=1e-4, cross_dims=False,
+                    layout_code=lambda module: "weight-layout-transposed"):
+    """Shared body for module checks. make(d_model, num_heads, dropout, **dims) -> module (dims: kdim, vdim when
+    ``cross_dims``); load(module, params) -> params in effect; run(module, query, key, value, mask,
+    training=None) -> result; layout_code(module) -> the code for a weight used transposed."""
     n = 0
-    for d_model, num_heads in _MHA_CONFIGS:
-        params = numpy_ref.init_mha_params(d_model, seed=d_model)
-        module = make(d_model, num_heads, None)
-        effective = load(module, params)
-        cases = _mha_cases(d_model)
-        for i, (query, key, value, mask, desc) in enumerate(cases, 1):
-            n += 1
-            case = f"d_model={d_model}, num_heads={num_heads}, case {i} of {len(cases)}: {desc}"
-            out_s, w_s = _split_result(run(module, query, key, value, mask), case)
-            out_s = _as_array(out_s, "output" if w_s is not None else "result", case)
-            w_s = None if w_s is None else _as_array(w_s, "weights", case)
-            ref_out, ref_w = numpy_ref.multi_head_attention(query, key, value, effective, num_heads, mask)
-            if _close(out_s, ref_out, atol, rtol) and (w_s is None or _close(w_s, ref_w, atol, rtol)):
-                continue
-            candidates = _mha_candidates(query, key, value, effective, num_heads, mask, True)
-            _diagnose(out_s, w_s, candidates, case, ref_out, ref_w, atol=atol, rtol=rtol)
-    text = f"✓ {label}: {n} cases (2 sizes; self- and cross-attention, Tq != Tk, masks) match the reference"
+    for d_model, num_heads, kdim, vdim, params, cases in _mha_configs(cross_dims):
+        with _cross_dim_note(d_model, kdim, vdim):
+            dims = {} if kdim is None else {"kdim": kdim, "vdim": vdim}
+            module = make(d_model, num_heads, None, **dims)
+            effective = load(module, params)
+            prefix = _mha_case_prefix(d_model, num_heads, kdim, vdim)
+            for i, (query, key, value, mask, desc) in enumerate(cases, 1):
+                n += 1
+                case = f"{prefix}, case {i} of {len(cases)}: {desc}"
+                out_s, w_s = _split_result(run(module, query, key, value, mask), case)
+                out_s = _as_array(out_s, "output" if w_s is not None else "result", case)
+                w_s = None if w_s is None else _as_array(w_s, "weights", case)
+                ref_out, ref_w = numpy_ref.multi_head_attention(query, key, value, effective, num_heads, mask)
+                if _close(out_s, ref_out, atol, rtol) and (w_s is None or _close(w_s, ref_w, atol, rtol)):
+                    continue
+                candidates = _mha_candidates(query, key, value, effective, num_heads, mask, True,
+                                             layout_code(module))
+                _diagnose(out_s, w_s, candidates, case, ref_out, ref_w, atol=atol, rtol=rtol)
+    text = _mha_success(label, n, cross_dims)
     if not test_dropout:
         return text
     d_model, num_heads = _MHA_CONFIGS[0]
@@ -1072,32 +1240,37 @@ def check_multi_head_attention(cls, *, test_dropout: bool = True, timeout: float
     method); known weights are loaded into them. ``module(query, key, value, mask=mask)`` with query (B, Tq, D),
     key/value (B, Tk, D) and a boolean mask broadcastable to (B, H, Tq, Tk) must return out (B, Tq, D) or
     (out, weights (B, H, Tq, Tk)); compared with :func:`numpy_ref.multi_head_attention`. With dropout=0.5 and
-    ``.eval()`` the module must be deterministic and match the reference.
+    ``.eval()`` the module must be deterministic and match the reference. A class whose signature has ``kdim``
+    and ``vdim`` is also built as ``cls(d_model, num_heads, kdim=kdim, vdim=vdim)`` and run on keys (B, Tk, kdim)
+    and values (B, Tk, vdim) of other widths than d_model (w_k then maps kdim -> D, w_v vdim -> D).
     """
     label = _name(cls, "MultiHeadAttention")
 
-    def make(d_model, num_heads, dropout):
-        return _torch_module(cls, label, {"d_model": d_model, "num_heads": num_heads}, dropout)
+    def make(d_model, num_heads, dropout, **dims):
+        return _torch_module(cls, label, {"d_model": d_model, "num_heads": num_heads}, dropout, **dims)
 
     def run(module, query, key, value, mask, training=None):
         return _call_mha(module, query, key, value, mask, "torch", label)
 
-    _run_check(lambda: _check_mha_body(make, lambda m, p: _load_torch_mha(m, p, label), run, label, test_dropout),
-               timeout)
+    def layout_code(module):
+        return "weight-not-transposed" if _has_linears(module) else "weight-layout-transposed"
+
+    _run_check(lambda: _check_mha_body(make, lambda m, p: _load_torch_mha(m, p, label), run, label, test_dropout,
+                                       cross_dims=_accepts_cross_dims(cls), layout_code=layout_code), timeout)
 
 
 def _check_mha_function_body(fn, label, atol=2e-5, rtol=1e-4):
     n = 0
-    for d_model, num_heads in _MHA_CONFIGS:
-        params = numpy_ref.init_mha_params(d_model, seed=d_model)
+    for d_model, num_heads, kdim, vdim, params, cases in _mha_configs(cross_dims=True):
         tparams = {name: torch.tensor(value, dtype=torch.float32) for name, value in params.items()}
-        for i, (query, key, value, mask, desc) in enumerate(_mha_cases(d_model), 1):
+        prefix = _mha_case_prefix(d_model, num_heads, kdim, vdim)
+        for i, (query, key, value, mask, desc) in enumerate(cases, 1):
             n += 1
-            case = f"d_model={d_model}, num_heads={num_heads}, case {i}: {desc}"
+            case = f"{prefix}, case {i} of {len(cases)}: {desc}"
             args = {"query": _to_framework(query, "torch"), "key": _to_framework(key, "torch"),
                     "value": _to_framework(value, "torch"), "params": tparams, "num_heads": num_heads,
                     "mask": _to_framework(mask, "torch")}
-            with torch.no_grad():
+            with torch.no_grad(), _cross_dim_note(d_model, kdim, vdim):
                 result = _call(fn, args, label, positional=5)
             out_s, w_s = _split_result(result, case)
             out_s = _as_array(out_s, "output" if w_s is not None else "result", case)
@@ -1107,31 +1280,44 @@ def _check_mha_function_body(fn, label, atol=2e-5, rtol=1e-4):
                 continue
             _diagnose(out_s, w_s, _mha_candidates(query, key, value, params, num_heads, mask, True), case, ref_out,
                       ref_w, atol=atol, rtol=rtol)
-    return f"✓ {label}: {n} cases (2 sizes; self- and cross-attention, Tq != Tk, masks) match the reference"
+    return _mha_success(label, n, cross_dims=True)
 
 
 def check_einsum_attention(fn_or_cls, *, timeout: float = DEFAULT_TIMEOUT):
     """Check einsum attention, whichever form the exercise uses:
 
     * a class -> as :func:`check_multi_head_attention` (weights loaded through ``load_numpy_params`` when the
-      projections are not ``nn.Linear`` layers);
+      projections are not ``nn.Linear`` layers; kdim, vdim != d_model tried when the class accepts them);
     * a function with a ``params`` argument -> ``fn(query, key, value, params, num_heads, mask=None)`` with
-      params a dict of float32 tensors (keys w_q, b_q, ..., ``x @ W + b`` convention), compared with
-      :func:`numpy_ref.multi_head_attention`;
+      params a dict of float32 tensors (keys w_q, b_q, ..., ``x @ W + b`` convention: w_q (D, D), w_k (kdim, D),
+      w_v (vdim, D), w_o (D, D)), compared with :func:`numpy_ref.multi_head_attention`, on square weights and on
+      cross-attention with keys (B, Tk, kdim) and values (B, Tk, vdim) of other widths than d_model;
     * any other function -> ``fn(q, k, v, mask=None)`` as :func:`check_scaled_dot_product_attention`.
     """
     if inspect.isclass(fn_or_cls):
         check_multi_head_attention(fn_or_cls, timeout=timeout)
         return
-    try:
-        params = inspect.signature(fn_or_cls).parameters
-    except (TypeError, ValueError):
-        params = {}
     label = _name(fn_or_cls, "einsum attention")
-    if "params" in params:
+    if "params" in _parameters(fn_or_cls):
         _run_check(lambda: _check_mha_function_body(fn_or_cls, label), timeout)
     else:
         _run_check(lambda: _check_sdpa_body(fn_or_cls, "torch", True, label, 2e-5, 1e-4), timeout)
+
+
+class _KerasErrorsUnfiltered:
+    """While active, Keras does not rewrite errors raised in a layer's ``call()`` (its traceback filtering turns
+    them into a multi-line "Exception encountered when calling ..." dump); the previous setting is restored."""
+
+    def __enter__(self):
+        import keras
+
+        self.keras, self.was_enabled = keras, keras.config.is_traceback_filtering_enabled()
+        keras.config.disable_traceback_filtering()
+        return self
+
+    def __exit__(self, *exc):
+        if self.was_enabled:
+            self.keras.config.enable_traceback_filtering()
 
 
 def check_keras_attention(cls, *, test_dropout: bool = True, timeout: float = 60.0):
@@ -1140,13 +1326,12 @@ def check_keras_attention(cls, *, test_dropout: bool = True, timeout: float = 60
     ``cls(d_model, num_heads)`` (and ``dropout=0.5``) must build a Keras layer with ``load_numpy_params(params)``
     (called after the layer is built by a first call); ``layer(query, key, value, mask=mask, training=False)``
     uses our argument order and mask convention (True = may attend) and returns out (B, Tq, D) or
-    (out, weights). The default time limit is longer because the first TensorFlow call is slow.
+    (out, weights). The default time limit is longer because the first TensorFlow call is slow. While it runs,
+    Keras' traceback filtering is off, so an error in the layer's ``call()`` is reported with its own message.
     """
     label = _name(cls, "KerasMultiHeadAttention")
 
     def make(d_model, num_heads, dropout):
-        import keras  # noqa: F401 - imported lazily: TensorFlow is slow to import
-
         kwargs = {} if dropout is None else {"dropout": dropout}
         return _construct(cls, label, d_model, num_heads, **kwargs)
 
@@ -1163,7 +1348,11 @@ def check_keras_attention(cls, *, test_dropout: bool = True, timeout: float = 60
     def run(layer, query, key, value, mask, training=False):
         return _call_mha(layer, query, key, value, mask, "tf", label, training=False)
 
-    _run_check(lambda: _check_mha_body(make, load, run, label, test_dropout, atol=5e-5, rtol=1e-4), timeout)
+    def body():
+        with _KerasErrorsUnfiltered():  # imports Keras (slow: TensorFlow) inside the time limit
+            return _check_mha_body(make, load, run, label, test_dropout, atol=5e-5, rtol=1e-4)
+
+    _run_check(body, timeout)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1229,10 +1418,11 @@ def _single_head_variant(query, key, value, p, mask, *, value_src="value", w_v="
     return _sdpa_variant(q, k, v, mask, **(core or {}))
 
 
-def _single_head_candidates(query, key, value, p, mask):
+def _single_head_candidates(query, key, value, p, mask, layout_code):
+    """The known single-head mistakes; ``layout_code`` as for :func:`_mha_candidates`."""
     d_in, d_out = p["w_q"].shape
     structural = [
-        ("weight-not-transposed", "", {"transposed": True}),
+        (layout_code, "w_q, w_k and w_v", {"transposed": True}),
         ("values-from-keys", " (the values are projected from the key input)", {"value_src": "key"}),
         ("values-from-keys", " (the values go through w_k instead of w_v)", {"w_v": "w_k"}),
     ]
@@ -1276,8 +1466,9 @@ def _check_single_head_body(cls, label, test_dropout, atol=2e-5, rtol=1e-4):
             ref_out, ref_w = _single_head_reference(query, key, value, effective, mask)
             if _close(out_s, ref_out, atol, rtol) and (w_s is None or _close(w_s, ref_w, atol, rtol)):
                 continue
-            _diagnose(out_s, w_s, _single_head_candidates(query, key, value, effective, mask), case, ref_out, ref_w,
-                      atol=atol, rtol=rtol)
+            layout_code = "weight-not-transposed" if _has_linears(module) else "weight-layout-transposed"
+            _diagnose(out_s, w_s, _single_head_candidates(query, key, value, effective, mask, layout_code), case,
+                      ref_out, ref_w, atol=atol, rtol=rtol)
     text = (f"✓ {label}: {n} cases ({len(_SINGLE_HEAD_CONFIGS)} sizes, d_in != d_out too; self- and cross-attention, "
             "Tq != Tk, masks) match the reference")
     if not test_dropout:
