@@ -1,0 +1,175 @@
+"""Blockwise ("flash-style") attention in plain PyTorch: exact attention without a (Tq, Tk) score matrix.
+
+The naive implementation ``softmax(q k^T / sqrt(Dk)) v`` materialises the scores and the weights, two
+(..., Tq, Tk) tensors: memory grows with T^2. :func:`blockwise_attention` instead walks over tiles: for each
+block of queries it loops over blocks of keys/values and keeps, per query row, only
+
+* ``m``   (..., bq, 1)  the running maximum of the scores seen so far,
+* ``l``   (..., bq, 1)  the running sum of ``exp(score - m)`` (the softmax denominator),
+* ``acc`` (..., bq, Dv) the running sum of ``exp(score - m) * v`` (the unnormalised output).
+
+When a new key block raises the maximum, ``l`` and ``acc`` are rescaled by ``exp(m_old - m_new)`` (the online
+softmax, :mod:`attention_course.online_softmax`); after the last block the output row is ``acc / l``. The
+largest temporary is one (..., bq, bk) tile, so the extra memory is O(T) (the output and the statistics)
+instead of O(T^2). This is the algorithm of FlashAttention; real kernels also fuse the loop into one
+GPU/CPU kernel, which plain PyTorch cannot do, so this module is about the *memory* argument and exactness.
+
+Causal masks are bottom-right aligned (query i may attend key j iff j <= i + (Tk - Tq)), as everywhere in the
+course. With ``is_causal=True`` key blocks that lie entirely in the future of a query block are never
+computed (about half the work for Tq == Tk), and only the tiles on the diagonal need a mask at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from attention_course.online_softmax import safe_max
+from attention_course.validation import check_attention_inputs
+
+
+def _batch_shape(q, k, v, mask) -> tuple[int, ...]:
+    """Validate the inputs (clear errors naming the shapes) and return the broadcast batch shape (...)."""
+    check_attention_inputs(q, k, v, mask)
+    return tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+
+
+def causal_block_range(q_start: int, q_stop: int, t_q: int, t_k: int) -> tuple[int, int]:
+    """Keys that a block of queries [q_start, q_stop) may see under the bottom-right causal mask.
+
+    Returns ``(k_stop, k_free)``: keys ``j >= k_stop`` are invisible to every query of the block (those key
+    blocks are skipped), keys ``j < k_free`` are visible to every query of the block (no mask needed there).
+    """
+    offset = t_k - t_q
+    k_stop = max(0, min(t_k, q_stop + offset))  # last query sees j <= q_stop - 1 + offset
+    k_free = max(0, min(t_k, q_start + offset + 1))  # first query sees j <= q_start + offset
+    return k_stop, k_free
+
+
+def blockwise_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    block_size: int = 256,
+    q_block_size: int | None = None,
+) -> torch.Tensor:
+    """Exact scaled dot-product attention computed tile by tile, never storing all (Tq, Tk) scores.
+
+    Args:
+        q: (..., Tq, Dk) queries, e.g. (B, H, Tq, Dh).
+        k: (..., Tk, Dk) keys.
+        v: (..., Tk, Dv) values.
+        mask: optional boolean, broadcastable to (..., Tq, Tk); True = may attend. It is only ever sliced
+            tile by tile (a broadcast (Tq, Tk) or (B, 1, 1, Tk) mask costs nothing extra).
+        is_causal: apply the bottom-right aligned causal mask (combined with ``mask`` if both are given);
+            key tiles entirely in the future are skipped.
+        block_size: number of keys per tile (bk).
+        q_block_size: number of queries per tile (bq); defaults to ``block_size``.
+
+    Returns:
+        (..., Tq, Dv) output, equal to the reference ``softmax(q k^T / sqrt(Dk)) v`` up to float rounding.
+        Query rows that may attend no key get a zero output row.
+    """
+    batch = _batch_shape(q, k, v, mask)
+    bk = int(block_size)
+    bq = bk if q_block_size is None else int(q_block_size)
+    if bk < 1 or bq < 1:
+        raise ValueError(f"block sizes must be >= 1, got block_size={block_size}, q_block_size={q_block_size}")
+    t_q, t_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
+    dtype = q.dtype
+
+    scale = q.shape[-1] ** -0.5
+    k_t = k.transpose(-1, -2)  # (..., Dk, Tk), a view
+    if mask is not None:
+        mask = mask.expand(*batch, t_q, t_k)  # a view: nothing is copied
+    out = torch.zeros((*batch, t_q, d_v), dtype=dtype, device=q.device)
+    k_index = torch.arange(t_k, device=q.device)
+    q_index = torch.arange(t_q, device=q.device)
+
+    for q0 in range(0, t_q, bq):
+        q1 = min(q0 + bq, t_q)
+        k_stop, k_free = causal_block_range(q0, q1, t_q, t_k) if is_causal else (t_k, t_k)
+        if k_stop == 0:
+            continue  # every query of this block is fully masked: output rows stay 0
+        q_blk = q[..., q0:q1, :] * scale  # (..., bq, Dk); (q / sqrt(Dk)) k^T == q k^T / sqrt(Dk)
+        m = torch.full((*batch, q1 - q0, 1), float("-inf"), dtype=dtype, device=q.device)  # running max
+        l = torch.zeros((*batch, q1 - q0, 1), dtype=dtype, device=q.device)  # running sum
+        acc = torch.zeros((*batch, q1 - q0, d_v), dtype=dtype, device=q.device)  # running sum of p @ v
+        for k0 in range(0, k_stop, bk):
+            k1 = min(k0 + bk, k_stop)
+            s = torch.matmul(q_blk, k_t[..., k0:k1])  # (..., bq, bk): the only score tile in memory
+            if s.shape[:-2] != batch:  # v has more batch entries than q and k: give the tile the full shape
+                s = s.expand(*batch, *s.shape[-2:]).clone()
+            tile_mask = None
+            if is_causal and k1 > k_free:  # the tile crosses the diagonal
+                tile_mask = k_index[k0:k1] <= (q_index[q0:q1, None] + (t_k - t_q))  # (bq, bk)
+            if mask is not None:
+                user = mask[..., q0:q1, k0:k1]
+                tile_mask = user if tile_mask is None else user & tile_mask
+            if tile_mask is not None:
+                s.masked_fill_(~tile_mask, float("-inf"))
+            # the max only stabilises exp(): the output does not depend on it, so no gradient flows through it
+            m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))  # (..., bq, 1)
+            m_safe = safe_max(m_new)  # rows with nothing visible yet: use 0, not -inf
+            p = s.sub_(m_safe).exp_()  # (..., bq, bk) in place: exp(s - m_new)
+            alpha = torch.exp(m - m_safe)  # rescales what was accumulated under the old max
+            l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+            acc.mul_(alpha).add_(torch.matmul(p, v[..., k0:k1, :]))
+            m = m_new
+        visible = l > 0
+        out[..., q0:q1, :] = torch.where(visible, acc / torch.where(visible, l, torch.ones_like(l)), 0.0)
+    return out
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, is_causal: bool = False):
+    """The textbook matmul-softmax-matmul, materialising the (..., Tq, Tk) scores (for comparisons/benchmarks).
+
+    Same semantics as :func:`blockwise_attention` (bottom-right causal mask, fully masked rows -> 0).
+    """
+    _batch_shape(q, k, v, mask)
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # (..., Tq, Tk)
+    if is_causal:
+        causal = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril_(t_k - t_q)
+        mask = causal if mask is None else mask & causal
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        # fully masked rows: 0/0 = NaN -> 0 (in place, no extra (Tq, Tk) tensor, unless autograd needs the original)
+        weights = weights.nan_to_num(0.0) if weights.requires_grad else weights.nan_to_num_(0.0)
+    else:
+        weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, v)
+
+
+def _rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measure_peak_memory(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` once and measure the extra memory it needed at its peak (Linux only).
+
+    torch allocates outside Python's allocator (``tracemalloc`` sees nothing), so this reads the process's resident
+    memory: it returns memory freed earlier to the OS (glibc's ``malloc_trim``), resets the kernel's peak-RSS counter
+    (``/proc/self/clear_refs``), runs ``fn``, and returns ``(result, peak RSS during the call - RSS before it)`` in
+    bytes. Expect noise of a few MiB (memory the allocators keep around); large temporaries such as a (B, H, T, T)
+    score tensor are measured well.
+    """
+    try:  # give memory freed earlier back to the OS first, so that fn's allocations show up as new RSS
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        pass
+    try:
+        before = _rss_bytes()
+        Path("/proc/self/clear_refs").write_text("5")  # peak RSS (VmHWM) := current RSS
+    except OSError as err:  # pragma: no cover - not Linux
+        raise RuntimeError("measure_peak_memory needs Linux (/proc/self/clear_refs)") from err
+    result = fn(*args, **kwargs)
+    peak_kib = int(re.search(r"VmHWM:\s+(\d+)\s+kB", Path("/proc/self/status").read_text()).group(1))
+    return result, max(0, peak_kib * 1024 - before)

@@ -1,0 +1,383 @@
+"""Autoregressive generation with a key/value cache, multi-query and grouped-query attention.
+
+A causal decoder generates one token at a time. Without a cache, step n re-runs the whole model over all n
+positions, although the keys and values of the first n - 1 positions are exactly what the previous step
+computed (causality: earlier positions never look at later ones). A **KV cache** keeps each layer's keys and
+values, (B, H_kv, T, Dh), so a decoding step only projects the *new* token and attends over the cache:
+
+* prefill: run the prompt (Tq = Tk = T0) once, storing its keys/values;
+* decode: one query (Tq = 1) against Tk = T0 + n cached keys. Queries are the *last* Tq positions, which is the
+  bottom-right aligned causal convention of the course (for Tq = 1 the mask allows every cached key).
+
+The cost of a decoding step becomes O(T) (attention over the cache) instead of O(T^2); the price is memory:
+:func:`cache_bytes_per_token` bytes per token. Multi-query attention (MQA, one key/value head shared by all
+query heads) and grouped-query attention (GQA, ``num_kv_heads`` groups) shrink that cache by
+``num_heads / num_kv_heads``: query head h uses key/value head ``h // (num_heads // num_kv_heads)``.
+
+The tiny model here has random (seeded) weights: it generates nonsense, but exactly the same nonsense with and
+without a cache, which is the point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from attention_course.functional import sdpa_fast
+from attention_course.heads import merge_heads, split_heads
+from attention_course.validation import check_heads, check_mha_params, check_rank
+
+
+def cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype=torch.float32) -> int:
+    """Bytes a KV cache needs per token (per sequence): keys and values of every layer.
+
+    ``2 (K and V) * num_layers * num_kv_heads * head_dim * bytes per element``; ``dtype`` is a torch dtype
+    (or its name, e.g. ``"bfloat16"``).
+    """
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"unknown dtype name {dtype!r}")
+        dtype = getattr(torch, dtype)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype or its name, got {type(dtype).__name__}")
+    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, H_kv, T, Dh) -> (B, H_kv * n_rep, T, Dh), each key/value head repeated n_rep times in a row.
+
+    Equal to ``x.repeat_interleave(n_rep, dim=1)``: output head h is input head ``h // n_rep``, so the query
+    heads of one group share one key/value head. ``expand`` makes the repeat a view; the final reshape copies
+    (PyTorch's SDPA needs equal head counts; fused GPU kernels avoid even that copy).
+    """
+    if n_rep == 1:
+        return x
+    b, h_kv, t, dh = x.shape
+    return x[:, :, None].expand(b, h_kv, n_rep, t, dh).reshape(b, h_kv * n_rep, t, dh)
+
+
+class KVCache:
+    """Keys and values of every layer of a decoder, (B, H_kv, T, Dh) each, grown one step at a time.
+
+    Args:
+        num_layers: number of attention layers that write into the cache.
+        max_len: if given, each layer's buffers are preallocated for ``max_len`` positions on the first
+            :meth:`update` and filled in place (no copying per step); if None, new keys/values are appended
+            with ``torch.cat`` (simple, but every step copies the whole cache: O(T) work per token).
+    """
+
+    def __init__(self, num_layers: int, max_len: int | None = None):
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        if max_len is not None and max_len < 1:
+            raise ValueError(f"max_len must be >= 1 or None, got {max_len}")
+        self.num_layers = num_layers
+        self.max_len = max_len
+        self.keys: list[Tensor | None] = [None] * num_layers
+        self.values: list[Tensor | None] = [None] * num_layers
+        self.lengths = [0] * num_layers
+
+    def __len__(self) -> int:
+        """Number of positions cached (in layer 0; every layer holds the same number after a full step)."""
+        return self.lengths[0]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new keys/values k, v (B, H_kv, T_new, Dh) of ``layer``; return all of them so far.
+
+        Returns:
+            (keys, values), each (B, H_kv, T_cached + T_new, Dh). With preallocation these are views into
+            the buffers, valid until the next update.
+        """
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} out of range for a cache of {self.num_layers} layers")
+        check_rank(k, "k", 4, "(B, H_kv, T, Dh)")
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        start, t_new = self.lengths[layer], k.shape[2]
+        cached = self.keys[layer]
+        if cached is not None and (cached.shape[:2] != k.shape[:2] or cached.shape[3] != k.shape[3]):
+            raise ValueError(
+                f"new keys of shape {tuple(k.shape)} do not match the cached (B, H_kv, T, Dh) = {tuple(cached.shape)}"
+            )
+        if self.max_len is None:  # append: torch.cat copies the old cache into a new tensor
+            if cached is None:
+                self.keys[layer], self.values[layer] = k, v
+            else:
+                self.keys[layer] = torch.cat([cached, k], dim=2)
+                self.values[layer] = torch.cat([self.values[layer], v], dim=2)
+        else:  # preallocated: write the new positions in place
+            if start + t_new > self.max_len:
+                raise ValueError(f"cache overflow: {start} + {t_new} positions > max_len={self.max_len}")
+            if cached is None:
+                b, h_kv, _, dh = k.shape
+                self.keys[layer] = k.new_empty(b, h_kv, self.max_len, dh)
+                self.values[layer] = v.new_empty(b, h_kv, self.max_len, dh)
+            self.keys[layer][:, :, start : start + t_new] = k
+            self.values[layer][:, :, start : start + t_new] = v
+        self.lengths[layer] = start + t_new
+        end = self.lengths[layer]
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def nbytes(self) -> int:
+        """Bytes of memory held by the cache's tensors (preallocated buffers count in full)."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+
+    def reset(self) -> None:
+        """Forget everything (the next update starts at position 0)."""
+        self.keys = [None] * self.num_layers
+        self.values = [None] * self.num_layers
+        self.lengths = [0] * self.num_layers
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal multi-head self-attention that can read and extend a :class:`KVCache`; MHA, GQA or MQA.
+
+    Args:
+        d_model: D.
+        num_heads: H query heads, Dh = D // H.
+        num_kv_heads: H_kv key/value heads; must divide H. None or H: ordinary multi-head attention;
+            1: multi-query attention; in between: grouped-query attention.
+        fused_qkv: one Linear D -> (H + 2 H_kv) Dh (attribute ``qkv``) instead of three (``w_q``, ``w_k``, ``w_v``).
+        bias: whether the projections have biases.
+    """
+
+    def __init__(
+        self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = False
+    ):
+        super().__init__()
+        check_heads(d_model, num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads={num_kv_heads} must be >= 1 and divide num_heads={num_heads}")
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.kv_dim = num_kv_heads * self.head_dim
+        self.fused_qkv = fused_qkv
+        if fused_qkv:
+            self.qkv = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
+        else:
+            self.w_q = nn.Linear(d_model, d_model, bias=bias)
+            self.w_k = nn.Linear(d_model, self.kv_dim, bias=bias)
+            self.w_v = nn.Linear(d_model, self.kv_dim, bias=bias)
+        self.w_o = nn.Linear(d_model, d_model, bias=bias)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, D) -> q (B, H, T, Dh), k and v (B, H_kv, T, Dh)."""
+        if self.fused_qkv:
+            q, k, v = self.qkv(x).split([self.d_model, self.kv_dim, self.kv_dim], dim=-1)
+        else:
+            q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        return split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
+
+    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        """Attend from the positions in x (B, Tq, D) to themselves and to everything already in ``cache``.
+
+        With a cache, x holds only the *new* positions (the last Tq of the sequence); their keys/values are
+        added to ``cache`` (slot ``layer``). Returns (B, Tq, D).
+        """
+        check_rank(x, "query", 3, "(B, T, D)")
+        q, k, v = self.project(x)  # (B, H, Tq, Dh), (B, H_kv, Tq, Dh) x 2
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh), Tk = cached + Tq
+        n_rep = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Tk, Dh)
+        # bottom-right causal mask; a single new query (Tq = 1) is the last position and may see every key
+        heads = sdpa_fast(q, k, v, is_causal=q.shape[2] > 1)  # (B, H, Tq, Dh)
+        return self.w_o(merge_heads(heads))
+
+    @torch.no_grad()
+    def as_multi_head(self) -> CausalSelfAttention:
+        """An equivalent ordinary multi-head layer (H_kv = H) whose key/value weights repeat each group's.
+
+        Shows that GQA/MQA is MHA with key/value heads *tied* within each group: same outputs, H / H_kv times
+        the cache.
+        """
+        mha = CausalSelfAttention(
+            self.d_model, self.num_heads, None, fused_qkv=False, bias=self.w_o.bias is not None
+        ).to(self.w_o.weight)
+        n_rep = self.num_heads // self.num_kv_heads
+        if self.fused_qkv:
+            w_q, w_k, w_v = self.qkv.weight.split([self.d_model, self.kv_dim, self.kv_dim], dim=0)
+            sizes = [self.d_model, self.kv_dim, self.kv_dim]
+            biases = None if self.qkv.bias is None else self.qkv.bias.split(sizes)
+        else:
+            w_q, w_k, w_v = self.w_q.weight, self.w_k.weight, self.w_v.weight
+            biases = None if self.w_q.bias is None else (self.w_q.bias, self.w_k.bias, self.w_v.bias)
+
+        def rep(w):  # (H_kv * Dh, ...) -> (H * Dh, ...): rows of kv head g become rows of query heads g*n..g*n+n-1
+            return w.reshape(self.num_kv_heads, 1, self.head_dim, *w.shape[1:]).expand(
+                self.num_kv_heads, n_rep, self.head_dim, *w.shape[1:]
+            ).reshape(self.d_model, *w.shape[1:])
+
+        mha.w_q.weight.copy_(w_q)
+        mha.w_k.weight.copy_(rep(w_k))
+        mha.w_v.weight.copy_(rep(w_v))
+        mha.w_o.weight.copy_(self.w_o.weight)
+        if biases is not None:
+            mha.w_q.bias.copy_(biases[0])
+            mha.w_k.bias.copy_(rep(biases[1]))
+            mha.w_v.bias.copy_(rep(biases[2]))
+            mha.w_o.bias.copy_(self.w_o.bias)
+        return mha
+
+    @torch.no_grad()
+    def numpy_params(self) -> dict:
+        """The weights as a float64 :mod:`~attention_course.numpy_ref` dict (``y = x @ W + b``, zero biases if none).
+
+        For GQA/MQA these are the weights of :meth:`as_multi_head`, so
+        ``numpy_ref.multi_head_attention(x, x, x, params, H, causal_mask)`` reproduces the layer.
+        """
+        mha = self.as_multi_head()
+        zeros = torch.zeros(self.d_model, dtype=torch.float64)
+        params = {}
+        for name in "qkvo":
+            linear = getattr(mha, f"w_{name}")
+            params[f"w_{name}"] = linear.weight.detach().double().T.contiguous().numpy()
+            params[f"b_{name}"] = (zeros if linear.bias is None else linear.bias.detach().double()).numpy()
+        return params
+
+    @torch.no_grad()
+    def load_numpy_params(self, params: dict) -> None:
+        """Load a :func:`~attention_course.numpy_ref.init_mha_params` dict; multi-head layers only (H_kv = H)."""
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(
+                f"load_numpy_params needs num_kv_heads == num_heads, got {self.num_kv_heads} and {self.num_heads}"
+            )
+        has_bias = self.w_o.bias is not None
+        check_mha_params(params, self.d_model, self.d_model, self.d_model, bias=has_bias)
+        dtype = self.w_o.weight.dtype
+        t = {name: torch.as_tensor(params[name], dtype=dtype) for name in params}
+        if self.fused_qkv:
+            self.qkv.weight.copy_(torch.cat([t["w_q"].T, t["w_k"].T, t["w_v"].T]))
+            if has_bias:
+                self.qkv.bias.copy_(torch.cat([t["b_q"], t["b_k"], t["b_v"]]))
+        else:
+            for name in "qkv":
+                getattr(self, f"w_{name}").weight.copy_(t[f"w_{name}"].T)
+                if has_bias:
+                    getattr(self, f"w_{name}").bias.copy_(t[f"b_{name}"])
+        self.w_o.weight.copy_(t["w_o"].T)
+        if has_bias:
+            self.w_o.bias.copy_(t["b_o"])
+
+
+class DecoderBlock(nn.Module):
+    """Pre-LayerNorm transformer block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, mlp_ratio: int = 4,
+                 fused_qkv: bool = True):  # fmt: skip
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads, fused_qkv=fused_qkv)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)
+        )
+
+    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        """x (B, Tq, D) -> (B, Tq, D)."""
+        x = x + self.attn(self.ln1(x), cache, layer)
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyDecoder(nn.Module):
+    """A small GPT-style decoder with random, seeded weights (no downloads) for teaching generation.
+
+    Token embedding + learned position embedding, ``num_layers`` :class:`DecoderBlock` s, a final LayerNorm and
+    a linear LM head to ``vocab_size`` logits. Always in eval mode (no dropout).
+
+    Args:
+        vocab_size, d_model, num_heads, num_kv_heads, num_layers, max_seq_len, mlp_ratio, fused_qkv: sizes.
+        seed: the weights are drawn from ``torch.manual_seed(seed)`` without disturbing the global RNG.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 512,
+        d_model: int = 256,
+        num_heads: int = 8,
+        num_kv_heads: int | None = None,
+        num_layers: int = 4,
+        max_seq_len: int = 1024,
+        mlp_ratio: int = 4,
+        fused_qkv: bool = True,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.tok_emb = nn.Embedding(vocab_size, d_model)
+            self.pos_emb = nn.Embedding(max_seq_len, d_model)
+            self.blocks = nn.ModuleList(
+                DecoderBlock(d_model, num_heads, num_kv_heads, mlp_ratio, fused_qkv) for _ in range(num_layers)
+            )
+            self.ln_f = nn.LayerNorm(d_model)
+            self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        self.eval()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False) -> Tensor:
+        """Logits for token ids (B, T): (B, T, V), or (B, V) for the last position only if ``last_only``.
+
+        With a cache, ids are the *new* tokens: their positions start at ``len(cache)``.
+        """
+        check_rank(ids, "ids", 2, "(B, T)")
+        start = 0 if cache is None else len(cache)
+        t = ids.shape[1]
+        if start + t > self.max_seq_len:
+            raise ValueError(f"sequence of {start + t} positions exceeds max_seq_len={self.max_seq_len}")
+        positions = torch.arange(start, start + t, device=ids.device)
+        x = self.tok_emb(ids) + self.pos_emb(positions)  # (B, T, D)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if last_only:
+            x = x[:, -1]  # (B, D): the LM head only for the position that predicts the next token
+        return self.lm_head(self.ln_f(x))
+
+    @torch.no_grad()
+    def iter_generate(
+        self, prompt_ids: Tensor, max_new_tokens: int, use_cache: bool = True
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """Greedy decoding, one step at a time: yields (next_ids (B, 1), logits (B, V)) per new token.
+
+        Without a cache every step runs the model over the whole sequence so far; with a cache the first step
+        (prefill) runs the prompt and each later step only the newest token.
+        """
+        check_rank(prompt_ids, "prompt_ids", 2, "(B, T)")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        cache = KVCache(self.num_layers, max_len=prompt_ids.shape[1] + max_new_tokens) if use_cache else None
+        ids, step_input = prompt_ids, prompt_ids
+        for _ in range(max_new_tokens):
+            logits = self(step_input if use_cache else ids, cache=cache, last_only=True)  # (B, V)
+            next_ids = logits.argmax(dim=-1, keepdim=True)  # (B, 1), greedy
+            ids = torch.cat([ids, next_ids], dim=1)
+            step_input = next_ids
+            yield next_ids, logits
+
+    def generate(
+        self, prompt_ids: Tensor, max_new_tokens: int, use_cache: bool = True, return_logits: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Greedy generation: prompt_ids (B, T0) -> ids (B, T0 + max_new_tokens).
+
+        With ``return_logits=True`` also returns the logits (B, max_new_tokens, V) that chose each new token.
+        ``use_cache`` changes the cost, never the result (up to float rounding in the logits).
+        """
+        steps = list(self.iter_generate(prompt_ids, max_new_tokens, use_cache))
+        new_ids = [s[0] for s in steps]
+        ids = torch.cat([prompt_ids, *new_ids], dim=1)
+        if not return_logits:
+            return ids
+        logits = torch.stack([s[1] for s in steps], dim=1) if steps else prompt_ids.new_empty(
+            prompt_ids.shape[0], 0, self.vocab_size, dtype=self.lm_head.weight.dtype
+        )
+        return ids, logits

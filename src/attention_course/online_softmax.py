@@ -1,0 +1,118 @@
+"""The online (streaming) softmax: softmax computed one block of scores at a time.
+
+Softmax needs two numbers per row before any output can be produced: the row maximum ``m`` (for numerical
+stability) and the sum ``l = sum_j exp(x_j - m)``. The online algorithm reads the row block by block and keeps
+only a *running* maximum and a *running* sum. When a block brings a larger maximum ``m_new``, everything
+summed so far was computed relative to the old maximum, so it is rescaled by ``exp(m_old - m_new)``:
+
+    m_new = max(m_old, max(block))
+    l_new = l_old * exp(m_old - m_new) + sum(exp(block - m_new))
+
+After the last block, ``softmax(x)_j = exp(x_j - m) / l``. The same rescaling trick applied to a running
+weighted sum of value vectors is what lets :func:`attention_course.blockwise.blockwise_attention` (and
+FlashAttention) compute attention without ever storing a full (Tq, Tk) score matrix.
+
+All functions work on the last axis of a torch tensor of any shape (..., N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class OnlineSoftmaxState:
+    """Running statistics of the rows seen so far.
+
+    Attributes:
+        max: (..., 1) running maximum per row (``-inf`` while a row has seen only ``-inf`` scores).
+        sum: (..., 1) running sum of ``exp(x - max)`` per row.
+    """
+
+    max: torch.Tensor
+    sum: torch.Tensor
+
+
+def init_state(shape, dtype=torch.float32, device=None) -> OnlineSoftmaxState:
+    """State for rows of leading shape ``shape`` (the (...) part): max = -inf, sum = 0."""
+    shape = (*tuple(shape), 1)
+    return OnlineSoftmaxState(
+        max=torch.full(shape, float("-inf"), dtype=dtype, device=device),
+        sum=torch.zeros(shape, dtype=dtype, device=device),
+    )
+
+
+def safe_max(m: torch.Tensor) -> torch.Tensor:
+    """Replace ``-inf`` maxima (rows with nothing visible yet) by 0 so that ``exp(x - m)`` never computes
+    ``-inf - (-inf) = nan``; with ``m = 0`` those rows give ``exp(-inf) = 0`` as they should."""
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def update(state: OnlineSoftmaxState, block: torch.Tensor) -> tuple[OnlineSoftmaxState, torch.Tensor, torch.Tensor]:
+    """Fold one block of scores (..., n) into the running state.
+
+    Returns:
+        (new_state, p, alpha):
+        ``p`` (..., n) = ``exp(block - new_max)``: the block's unnormalised weights relative to the new maximum;
+        ``alpha`` (..., 1) = ``exp(old_max - new_max)``: the factor by which anything accumulated so far
+        (the running sum, or a running weighted sum of values) must be rescaled.
+    """
+    new_max = torch.maximum(state.max, block.amax(dim=-1, keepdim=True))
+    m = safe_max(new_max)
+    p = torch.exp(block - m)
+    alpha = torch.exp(state.max - m)  # old max -inf -> alpha = 0: nothing was accumulated anyway
+    new_sum = state.sum * alpha + p.sum(dim=-1, keepdim=True)
+    return OnlineSoftmaxState(max=new_max, sum=new_sum), p, alpha
+
+
+def online_softmax_stats(x: torch.Tensor, block_size: int) -> OnlineSoftmaxState:
+    """Row maximum and row sum of ``exp(x - max)`` of x (..., N), reading x in blocks of ``block_size`` columns."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    state = init_state(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        state, _, _ = update(state, x[..., start : start + block_size])
+    return state
+
+
+def online_softmax(x: torch.Tensor, block_size: int = 4) -> torch.Tensor:
+    """Softmax of x (..., N) along the last axis, computed with one streaming pass for the statistics.
+
+    The first pass reads x block by block and keeps only the running max and sum (O(1) memory per row);
+    the second pass normalises. Rows that are entirely ``-inf`` give all zeros (like the course's reference).
+    Equal to ``torch.softmax(x, -1)`` up to float rounding; see :func:`online_softmax_trace` for a
+    step-by-step view.
+    """
+    state = online_softmax_stats(x, block_size)
+    total = state.sum
+    out = torch.exp(x - safe_max(state.max))
+    return torch.where(total > 0, out / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(out))
+
+
+def online_softmax_trace(x: torch.Tensor, block_size: int) -> list[dict]:
+    """The running statistics after each block of a 1-D score vector x (N,), for teaching.
+
+    Returns a list with one dict per block: ``block`` (start, stop), ``block_max``, ``running_max``,
+    ``rescale`` (= exp(old_max - new_max)), ``running_sum`` — all Python floats.
+    """
+    if x.dim() != 1:
+        raise ValueError(f"online_softmax_trace expects a 1-D tensor, got shape {tuple(x.shape)}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    state = init_state((), dtype=x.dtype, device=x.device)
+    rows = []
+    for start in range(0, x.shape[0], block_size):
+        block = x[start : start + block_size]
+        state, _, alpha = update(state, block)
+        rows.append(
+            {
+                "block": (start, start + block.shape[0]),
+                "block_max": float(block.max()),
+                "running_max": float(state.max),
+                "rescale": float(alpha),
+                "running_sum": float(state.sum),
+            }
+        )
+    return rows
