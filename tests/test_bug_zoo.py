@@ -7,7 +7,7 @@ import pytest
 from attention_course import bug_zoo, checks
 
 
-ALL = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO
+ALL = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
 
 
 @pytest.mark.parametrize("bug", ALL, ids=lambda b: b.impl.__name__)
@@ -28,7 +28,7 @@ def test_each_bug_is_documented_and_marked(bug):
 def test_bugs_maps_codes_to_zoo_entries():
     """BUGS covers ZOO only: chapter 7 lists BUGS one by one, with a symptom for each code."""
     assert set(bug_zoo.BUGS) == {b.code for b in bug_zoo.ZOO}
-    kept_apart = bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO
+    kept_apart = bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
     assert not set(bug_zoo.BUGS.values()) & {b.impl for b in kept_apart}
     assert not {b.impl for b in bug_zoo.ZOO} & {b.impl for b in kept_apart}
     for code, impl in bug_zoo.BUGS.items():
@@ -75,3 +75,20 @@ def test_weight_layout_bugs_fail_with_keys_and_values_of_other_widths():
         bug_zoo.mha_params_with_f_linear(query, key, value, tparams, 2)
     with pytest.raises(ValueError, match=r"params\['w_k'\] has shape \(8, 6\), expected \(6, 8\)"):
         bug_zoo.EinsumMHALoadsTransposed(8, 2, kdim=6, vdim=4).load_numpy_params(params)
+
+
+
+def test_tiled_kv_heads_are_right_when_a_tile_is_a_repeat():
+    """The tiled bugs only show with 1 < H_kv < H: with one key/value head (MQA), or one per query head (n_rep = 1),
+    a tile and a repeat are the same."""
+    import torch
+
+    from attention_course import kv_cache, scaled_dot_product_attention
+
+    for h_kv, n_rep in ((1, 3), (3, 1)):
+        x = torch.randn(2, h_kv, 3, 4)
+        assert torch.equal(bug_zoo.repeat_kv_tiled(x, n_rep), kv_cache.repeat_kv(x, n_rep))
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)
+    out, _ = bug_zoo.gqa_tiled_heads(q, k, v)
+    expected, _ = scaled_dot_product_attention(q, kv_cache.repeat_kv(k, 4), kv_cache.repeat_kv(v, 4))
+    assert torch.allclose(out, expected)

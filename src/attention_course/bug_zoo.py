@@ -12,8 +12,9 @@ of them for real work. :data:`ZOO` lists every bug with the check that diagnoses
             print(bug.impl.__name__, "->", str(err).splitlines()[0])
 
 :data:`BUGS` maps each diagnosis code to one implementation that triggers it. :data:`SINGLE_HEAD_ZOO` lists the
-single-head module's bugs (chapter 2) the same way, and :data:`WEIGHT_LAYOUT_ZOO` the weight-layout bugs of
-multi-head attention (a (d_in, d_out) matrix read as (d_out, d_in), chapters 3, 5 and 6).
+single-head module's bugs (chapter 2) the same way, :data:`WEIGHT_LAYOUT_ZOO` the weight-layout bugs of
+multi-head attention (a (d_in, d_out) matrix read as (d_out, d_in), chapters 3, 5 and 6), and
+:data:`KV_CACHE_ZOO` the bugs of chapter 8 (KV-cache size, key/value heads shared by grouped queries).
 Shapes: q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); masks are boolean, True = may attend.
 """
 
@@ -400,6 +401,40 @@ class EinsumMHALoadsTransposed(EinsumMultiHeadAttention):
         super().load_numpy_params({name: a.T for name, a in params.items()})  # BUG: the dict is already (d_in, d_out)
 
 
+# --- KV cache, multi-query and grouped-query attention (chapter 8) ----------------------------------------------
+
+
+def kv_cache_bytes_keys_only(num_layers, num_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    """[cache-keys-only] Counts the cached keys but not the values: half the real size."""
+    per_token = num_layers * num_kv_heads * head_dim * bytes_per_element  # BUG: keys AND values: 2 * ...
+    return per_token * seq_len * batch_size
+
+
+def kv_cache_bytes_in_numbers(num_layers, num_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    """[cache-missing-factor] Counts the numbers in the cache, not their bytes (bytes_per_element ignored)."""
+    per_token = 2 * num_layers * num_kv_heads * head_dim  # BUG: each number takes bytes_per_element bytes
+    return per_token * seq_len * batch_size
+
+
+def kv_cache_bytes_one_sequence(num_layers, num_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    """[cache-missing-factor] The size for ONE sequence: every sequence of the batch has its own cache."""
+    per_token = 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
+    return per_token * seq_len  # BUG: times batch_size
+
+
+def repeat_kv_tiled(x, n_rep):
+    """[kv-heads-tiled] Tiles the key/value heads (0, 1, 0, 1): query head h gets kv head h % H_kv, not h // n_rep."""
+    return x.repeat(1, n_rep, 1, 1)  # BUG: each head n_rep times in a row: x.repeat_interleave(n_rep, dim=1)
+
+
+def gqa_tiled_heads(q, k, v, mask=None):
+    """[kv-heads-tiled] Grouped-query attention whose key/value heads are tiled: the query heads of a group use
+    different key/value heads. Right for H_kv = H and H_kv = 1, where a tile and a repeat are the same."""
+    n_rep = q.size(1) // k.size(1)  # query heads per key/value head
+    k, v = k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)  # BUG: repeat_interleave(n_rep, dim=1)
+    return scaled_dot_product_attention(q, k, v, mask)
+
+
 # --- the catalogue ----------------------------------------------------------------------------------------------
 
 
@@ -461,6 +496,15 @@ WEIGHT_LAYOUT_ZOO = (
     Bug("weight-not-transposed", MHAWeightNotTransposed, "check_multi_head_attention"),
     Bug("weight-layout-transposed", mha_params_with_f_linear, "check_einsum_attention"),
     Bug("weight-layout-transposed", EinsumMHALoadsTransposed, "check_einsum_attention"),
+)
+
+#: KV-cache, multi-query and grouped-query bugs (chapter 8), also kept out of :data:`ZOO` and :data:`BUGS`.
+KV_CACHE_ZOO = (
+    Bug("cache-keys-only", kv_cache_bytes_keys_only, "check_kv_cache_bytes"),
+    Bug("cache-missing-factor", kv_cache_bytes_in_numbers, "check_kv_cache_bytes"),
+    Bug("cache-missing-factor", kv_cache_bytes_one_sequence, "check_kv_cache_bytes"),
+    Bug("kv-heads-tiled", repeat_kv_tiled, "check_repeat_kv"),
+    Bug("kv-heads-tiled", gqa_tiled_heads, "check_grouped_query_attention"),
 )
 
 #: diagnosis code -> the first implementation in :data:`ZOO` that triggers it.
