@@ -764,6 +764,7 @@ def test_an_outer_alarm_is_kept_and_restored():
         signal.setitimer(signal.ITIMER_REAL, 0.2)
         with pytest.raises(OuterAlarm):
             checks.check_softmax(lambda x: sdpa_forever(x, x, x), timeout=10)
+        assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # it fired: not re-armed to fire a second time
         # and one due right after a fast check is re-armed (1.5 s: the check may be slow on a loaded machine)
         signal.setitimer(signal.ITIMER_REAL, 1.5)
         checks.check_softmax(softmax_np, timeout=10)

@@ -212,13 +212,17 @@ def _run_with_alarm(func, timeout, message):
     old_remaining, _ = signal.getitimer(signal.ITIMER_REAL)
     old_deadline = start + old_remaining if old_remaining > 0 else math.inf
     ours = start + timeout
+    old_handler = signal.getsignal(signal.SIGALRM)
+    outer_delivered = False
 
     def handler(signum, frame):
+        nonlocal outer_delivered
         if time.monotonic() >= old_deadline - 1e-3 and callable(old_handler):
-            old_handler(signum, frame)  # the outer alarm (e.g. pytest-timeout) was due first
+            outer_delivered = True  # the outer alarm (e.g. pytest-timeout) was due first: it has now fired
+            old_handler(signum, frame)
         raise _Timeout
 
-    old_handler = signal.signal(signal.SIGALRM, handler)
+    signal.signal(signal.SIGALRM, handler)
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, max(min(ours, old_deadline) - time.monotonic(), 1e-4))
@@ -229,7 +233,7 @@ def _run_with_alarm(func, timeout, message):
         raise _fail("timeout", message) from None
     finally:
         signal.signal(signal.SIGALRM, old_handler)
-        if old_deadline < math.inf:
+        if old_deadline < math.inf and not outer_delivered:  # re-arm an outer alarm still to come, never twice
             signal.setitimer(signal.ITIMER_REAL, max(old_deadline - time.monotonic(), 1e-4))
 
 
