@@ -1235,15 +1235,19 @@ def _check_mha_body(make, load, run, label, test_dropout, atol=2e-5, rtol=1e-4, 
     effective = load(module, params)
     query, key, value, mask, desc = _mha_cases(d_model)[1]
     ref_out, _ = numpy_ref.multi_head_attention(query, key, value, effective, num_heads, mask)
-    outs = []
-    for _ in range(2):
-        out_s, _w = _split_result(run(module, query, key, value, mask, training=False), desc)
-        outs.append(_as_array(out_s, "result", desc))
-    if not (_close(outs[0], ref_out, atol, rtol) and _close(outs[1], ref_out, atol, rtol)):
-        detail = ("two calls on the same input gave different outputs" if not _close(outs[0], outs[1], atol, rtol)
-                  else "its output in evaluation mode differs from the same weights' output without dropout")
-        raise _fail("dropout-in-eval", detail=detail, case=f"d_model={d_model}, num_heads={num_heads}: {desc}")
+    outs = [_as_array(_split_result(run(module, query, key, value, mask, training=False), desc)[0], "result", desc)
+            for _ in range(2)]
+    _require_eval_outputs(outs, ref_out, atol, rtol, case=f"d_model={d_model}, num_heads={num_heads}: {desc}")
     return text + "; dropout is off in eval mode"
+
+
+def _require_eval_outputs(outs, ref_out, atol, rtol, case):
+    """Two eval-mode outputs of a module built with dropout=0.5 must both equal the dropout-free reference."""
+    if _close(outs[0], ref_out, atol, rtol) and _close(outs[1], ref_out, atol, rtol):
+        return
+    detail = ("two calls on the same input gave different outputs" if not _close(outs[0], outs[1], atol, rtol)
+              else "its output in evaluation mode differs from the same weights' output without dropout")
+    raise _fail("dropout-in-eval", detail=detail, case=case)
 
 
 def check_multi_head_attention(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
@@ -1492,14 +1496,9 @@ def _check_single_head_body(cls, label, test_dropout, atol=2e-5, rtol=1e-4):
     effective = load(module, _single_head_params(d_in, d_out, seed=d_in + d_out))
     query, key, value, mask, desc = _single_head_cases(d_in)[1]
     ref_out, _ = _single_head_reference(query, key, value, effective, mask)
-    outs = []
-    for _ in range(2):
-        out_s, _w = _split_result(_call_single_head(module, query, key, value, mask, label), desc)
-        outs.append(_as_array(out_s, "result", desc))
-    if not (_close(outs[0], ref_out, atol, rtol) and _close(outs[1], ref_out, atol, rtol)):
-        detail = ("two calls on the same input gave different outputs" if not _close(outs[0], outs[1], atol, rtol)
-                  else "its output in evaluation mode differs from the same weights' output without dropout")
-        raise _fail("dropout-in-eval", detail=detail, case=f"d_in={d_in}, d_out={d_out}: {desc}")
+    outs = [_as_array(_split_result(_call_single_head(module, query, key, value, mask, label), desc)[0], "result", desc)
+            for _ in range(2)]
+    _require_eval_outputs(outs, ref_out, atol, rtol, case=f"d_in={d_in}, d_out={d_out}: {desc}")
     return text + "; dropout is off in eval mode"
 
 
