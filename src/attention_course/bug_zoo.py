@@ -1,8 +1,9 @@
 """A field guide to attention bugs: small, deliberately WRONG implementations, one per kind of mistake.
 
 Each function or class here differs from a correct implementation in one place, marked ``# BUG:``; its
-docstring starts with the diagnosis code that :mod:`attention_course.checks` reports for it. Do not use any
-of them for real work. :data:`ZOO` lists every bug with the check that diagnoses it, e.g.::
+docstring starts with the diagnosis code that :mod:`attention_course.checks` reports for it, the code that
+:mod:`attention_course.mistakes` lists it under (with the check that diagnoses it). Do not use any of them for real
+work. :data:`ZOO` lists every bug with the check that diagnoses it, e.g.::
 
     from attention_course import bug_zoo, checks
     for bug in bug_zoo.ZOO:
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import mistakes
 from .einsum_attention import EinsumMultiHeadAttention
 from .functional import masked_softmax, scaled_dot_product_attention
 from .heads import merge_heads, split_heads
@@ -440,71 +442,76 @@ def gqa_tiled_heads(q, k, v, mask=None):
 
 class Bug(NamedTuple):
     """One entry of the zoo: the diagnosis ``code``, the buggy ``impl`` and the name of the ``check`` in
-    :mod:`attention_course.checks` that diagnoses it."""
+    :mod:`attention_course.checks` that diagnoses it (code and check as listed in :mod:`attention_course.mistakes`)."""
 
     code: str
     impl: object
     check: str
 
 
-ZOO = (
-    Bug("missing-scale", sdpa_missing_scale, "check_scaled_dot_product_attention"),
-    Bug("wrong-scale", sdpa_scale_by_dk, "check_scaled_dot_product_attention"),
-    Bug("wrong-scale", sdpa_scale_by_seq_len, "check_scaled_dot_product_attention"),
-    Bug("softmax-wrong-axis", sdpa_softmax_wrong_axis, "check_scaled_dot_product_attention"),
-    Bug("transposed-scores", sdpa_transposed_scores, "check_scaled_dot_product_attention"),
-    Bug("values-from-keys", sdpa_values_from_keys, "check_scaled_dot_product_attention"),
-    Bug("mask-ignored", sdpa_mask_ignored, "check_scaled_dot_product_attention"),
-    Bug("mask-inverted", sdpa_mask_inverted, "check_scaled_dot_product_attention"),
-    Bug("mask-wrong-sign", sdpa_mask_plus_1e10, "check_scaled_dot_product_attention"),
-    Bug("mask-zero-before-softmax", sdpa_mask_zero_before_softmax, "check_scaled_dot_product_attention"),
-    Bug("weights-not-normalized", sdpa_mask_zero_after_softmax, "check_scaled_dot_product_attention"),
-    Bug("nan-on-masked-row", sdpa_nan_on_masked_row, "check_scaled_dot_product_attention"),
-    Bug("masked-row-not-zero", sdpa_mask_minus_1e9, "check_scaled_dot_product_attention"),
-    Bug("mask-inverted", causal_mask_triu, "check_causal_mask"),
-    Bug("causal-top-left-aligned", causal_mask_top_left, "check_causal_mask"),
-    Bug("causal-excludes-diagonal", causal_mask_strict, "check_causal_mask"),
-    Bug("wrong-shape", padding_mask_2d, "check_padding_mask"),
-    Bug("off-by-one", padding_mask_off_by_one, "check_padding_mask"),
-    Bug("heads-split-without-transpose", split_heads_view, "check_split_heads"),
-    Bug("merge-heads-wrong-order", merge_heads_view, "check_merge_heads"),
-    Bug("softmax-overflow", softmax_no_max, "check_softmax"),
-    Bug("mutates-input", softmax_in_place, "check_softmax"),
-    Bug("values-from-keys", MHAValuesFromKeys, "check_multi_head_attention"),
-    Bug("heads-split-without-transpose", MHASplitWithoutTranspose, "check_multi_head_attention"),
-    Bug("merge-heads-wrong-order", MHAMergeWrongOrder, "check_multi_head_attention"),
-    Bug("missing-output-projection", MHAMissingOutputProjection, "check_multi_head_attention"),
-    Bug("dropout-in-eval", MHADropoutInEval, "check_multi_head_attention"),
-    Bug("wrong-scale", MHAScaleByDModel, "check_multi_head_attention"),
+def _zoo(*impls) -> tuple[Bug, ...]:
+    """The zoo entries of ``impls``, with the code and check that the mistakes catalogue gives each of them."""
+    entries = []
+    for impl in impls:
+        code, check = mistakes.example(impl.__name__)
+        entries.append(Bug(code, impl, check))
+    return tuple(entries)
+
+
+ZOO = _zoo(
+    sdpa_missing_scale,
+    sdpa_scale_by_dk,
+    sdpa_scale_by_seq_len,
+    sdpa_softmax_wrong_axis,
+    sdpa_transposed_scores,
+    sdpa_values_from_keys,
+    sdpa_mask_ignored,
+    sdpa_mask_inverted,
+    sdpa_mask_plus_1e10,
+    sdpa_mask_zero_before_softmax,
+    sdpa_mask_zero_after_softmax,
+    sdpa_nan_on_masked_row,
+    sdpa_mask_minus_1e9,
+    causal_mask_triu,
+    causal_mask_top_left,
+    causal_mask_strict,
+    padding_mask_2d,
+    padding_mask_off_by_one,
+    split_heads_view,
+    merge_heads_view,
+    softmax_no_max,
+    softmax_in_place,
+    MHAValuesFromKeys,
+    MHASplitWithoutTranspose,
+    MHAMergeWrongOrder,
+    MHAMissingOutputProjection,
+    MHADropoutInEval,
+    MHAScaleByDModel,
 )
 
 #: The single-head bugs (chapter 2's module; ``check_single_head_attention``). Kept out of :data:`ZOO` and
 #: :data:`BUGS`, whose entries chapter 7 lists one by one.
-SINGLE_HEAD_ZOO = (
-    Bug("weight-not-transposed", SHAWeightNotTransposed, "check_single_head_attention"),
-    Bug("values-from-keys", SHAValuesFromKeys, "check_single_head_attention"),
-    Bug("missing-scale", SHAMissingScale, "check_single_head_attention"),
-    Bug("wrong-scale", SHAScaleByDIn, "check_single_head_attention"),
-    Bug("softmax-wrong-axis", SHASoftmaxWrongAxis, "check_single_head_attention"),
-    Bug("mask-ignored", SHAMaskIgnored, "check_single_head_attention"),
-    Bug("mask-inverted", SHAMaskInverted, "check_single_head_attention"),
-    Bug("dropout-in-eval", SHADropoutInEval, "check_single_head_attention"),
+SINGLE_HEAD_ZOO = _zoo(
+    SHAWeightNotTransposed,
+    SHAValuesFromKeys,
+    SHAMissingScale,
+    SHAScaleByDIn,
+    SHASoftmaxWrongAxis,
+    SHAMaskIgnored,
+    SHAMaskInverted,
+    SHADropoutInEval,
 )
 
 #: Weight-layout bugs of multi-head attention, also kept out of :data:`ZOO` and :data:`BUGS`.
-WEIGHT_LAYOUT_ZOO = (
-    Bug("weight-not-transposed", MHAWeightNotTransposed, "check_multi_head_attention"),
-    Bug("weight-layout-transposed", mha_params_with_f_linear, "check_einsum_attention"),
-    Bug("weight-layout-transposed", EinsumMHALoadsTransposed, "check_einsum_attention"),
-)
+WEIGHT_LAYOUT_ZOO = _zoo(MHAWeightNotTransposed, mha_params_with_f_linear, EinsumMHALoadsTransposed)
 
 #: KV-cache, multi-query and grouped-query bugs (chapter 8), also kept out of :data:`ZOO` and :data:`BUGS`.
-KV_CACHE_ZOO = (
-    Bug("cache-keys-only", kv_cache_bytes_keys_only, "check_kv_cache_bytes"),
-    Bug("cache-missing-factor", kv_cache_bytes_in_numbers, "check_kv_cache_bytes"),
-    Bug("cache-missing-factor", kv_cache_bytes_one_sequence, "check_kv_cache_bytes"),
-    Bug("kv-heads-tiled", repeat_kv_tiled, "check_repeat_kv"),
-    Bug("kv-heads-tiled", gqa_tiled_heads, "check_grouped_query_attention"),
+KV_CACHE_ZOO = _zoo(
+    kv_cache_bytes_keys_only,
+    kv_cache_bytes_in_numbers,
+    kv_cache_bytes_one_sequence,
+    repeat_kv_tiled,
+    gqa_tiled_heads,
 )
 
 #: diagnosis code -> the first implementation in :data:`ZOO` that triggers it.

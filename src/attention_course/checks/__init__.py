@@ -1,0 +1,66 @@
+"""Automatic checks for the course's exercises: run the student's code, compare with the reference, explain.
+
+Students write ``from attention_course import checks`` and call ``checks.check_softmax(softmax)``. Every
+``check_*`` function runs the student's function (or module class) on many random cases with fixed seeds
+(several shapes, Tq != Tk, with and without masks), compares the results with the float64 reference in
+:mod:`attention_course.numpy_ref`, and then either
+
+* prints ONE line saying what was verified, named after the student's function or class (its ``__name__``;
+  the contract's name for a lambda or a partial), e.g. ``✓ attention: 24 random cases (...) match the
+  reference``, or
+* raises :class:`CheckFailed` (a subclass of ``AssertionError``) whose message starts with a stable
+  diagnosis code in brackets, then a plain-language hint, e.g.
+  ``[missing-scale] Your scores are not divided by sqrt(d_k): ...``. :data:`CODES` lists every code; the
+  catalogue with descriptions, hints and examples is :mod:`attention_course.mistakes`.
+
+How the diagnosis works (:mod:`.diagnosis`): on the first failing case the checker computes what each *known
+mistake* would produce (no scaling, softmax over the wrong axis, inverted mask, heads split without a
+transpose, ...) and reports the mistake whose output the student's output matches. If none matches, the code
+is ``[wrong-output]`` (or ``[wrong-shape]`` / ``[nan-output]``).
+
+Robustness (:mod:`.runner`): a student function that raises, returns None, the wrong type or NaN, modifies its
+inputs in place, or never returns, gets a clear one-paragraph message, never a traceback from inside the checker.
+
+The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
+(input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
+:mod:`.kv_cache`) and :mod:`.questions` (checked letter and number questions).
+"""
+
+from ..mistakes import CODES
+from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
+from .heads import check_merge_heads, check_split_heads
+from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
+from .masks import check_causal_mask, check_padding_mask
+from .modules import (
+    check_einsum_attention,
+    check_keras_attention,
+    check_multi_head_attention,
+    check_parameter_count,
+    check_single_head_attention,
+)
+from .questions import check_choice, check_number
+from .runner import DEFAULT_TIMEOUT, CheckFailed
+
+__all__ = [
+    "CODES",
+    "DEFAULT_TIMEOUT",
+    "CheckFailed",
+    "check_attention_one_query",
+    "check_causal_mask",
+    "check_choice",
+    "check_einsum_attention",
+    "check_grouped_query_attention",
+    "check_keras_attention",
+    "check_kv_cache_bytes",
+    "check_merge_heads",
+    "check_multi_head_attention",
+    "check_number",
+    "check_numpy_attention",
+    "check_padding_mask",
+    "check_parameter_count",
+    "check_repeat_kv",
+    "check_scaled_dot_product_attention",
+    "check_single_head_attention",
+    "check_softmax",
+    "check_split_heads",
+]

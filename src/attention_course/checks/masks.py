@@ -1,0 +1,85 @@
+"""Checks of the mask builders (chapter 4): causal and padding masks, boolean, True = may attend."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import numpy_ref
+from .diagnosis import diagnose
+from .runner import DEFAULT_TIMEOUT, as_array, call, display_name, fail, run_check, shape_text
+
+_CAUSAL_TRUE = ("your mask is True for the future keys (like nn.MultiheadAttention's attn_mask); it must be True "
+                "where query i may attend key j, i.e. j <= i + (Tk - Tq)")
+
+
+def check_causal_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(t_q, t_k=None)`` -> boolean (Tq, Tk) mask (torch or NumPy), True = may attend, bottom-right
+    aligned: query i may attend key j iff j <= i + (Tk - Tq). Called as fn(t) and fn(t_q, t_k) with Tq <= Tk."""
+
+    def body():
+        calls = [(4,), (5, 5), (1,), (6,), (3, 7), (1, 6), (2, 3), (4, 9)]
+        for i, sizes in enumerate(calls, 1):
+            t_q, t_k = sizes[0], sizes[-1]
+            text = f"causal_mask({', '.join(map(str, sizes))})"
+            case = f"case {i} of {len(calls)}: {text}"
+            args = {"t_q": t_q} if len(sizes) == 1 else {"t_q": t_q, "t_k": t_k}
+            mask = as_array(call(fn, args, "causal_mask", call_text=text), "result", case, kind="bool")
+            ref = numpy_ref.causal_mask(t_q, t_k)
+            if mask.shape == ref.shape and np.array_equal(mask, ref):
+                continue
+            ones = np.ones((t_q, t_k), dtype=bool)
+            candidates = [
+                ("mask-inverted", _CAUSAL_TRUE, lambda: (~ref, None)),
+                ("mask-inverted", _CAUSAL_TRUE, lambda: (np.triu(ones), None)),
+                ("mask-inverted", _CAUSAL_TRUE, lambda: (np.triu(ones, 1), None)),
+                ("causal-top-left-aligned", "", lambda: (np.tril(ones), None)),
+                ("causal-excludes-diagonal", "", lambda: (np.tril(ones, t_k - t_q - 1), None)),
+                ("causal-excludes-diagonal", "", lambda: (np.tril(ones, -1), None)),
+            ]
+            diagnose(mask.astype(float), None, [(c, d, lambda f=f: (f()[0].astype(float), None)) for c, d, f in
+                                                 candidates], case, ref.astype(float), None, what="mask")
+        return (f"✓ {display_name(fn, 'causal_mask')}: {len(calls)} sizes (Tq == Tk and Tq < Tk, bottom-right aligned) "
+                "match the reference")
+
+    run_check(body, timeout)
+
+
+def check_padding_mask(fn, *, framework: str = "torch", timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(lengths, t)`` -> boolean mask broadcastable to (B, 1, 1, T): key j of sequence b may be attended
+    iff j < lengths[b]. ``lengths`` is a LongTensor (or a NumPy int array with ``framework="numpy"``)."""
+
+    def body():
+        batches = [([3, 5, 1], 5), ([2, 2], 4), ([4], 6), ([6, 1, 3, 2], 6), ([0, 3], 3), ([7, 2, 5], 8)]
+        for i, (lengths, t) in enumerate(batches, 1):
+            text = f"padding_mask({lengths}, {t})"
+            case = f"case {i} of {len(batches)}: {text}"
+            arg = torch.tensor(lengths, dtype=torch.long) if framework == "torch" else np.array(lengths)
+            mask = as_array(call(fn, {"lengths": arg, "t": t}, "padding_mask", call_text=text), "result", case,
+                             kind="bool")
+            ref = numpy_ref.padding_mask(lengths, t)  # (B, 1, 1, T)
+            try:
+                ok_shape = mask.ndim <= 4 and np.broadcast_shapes(mask.shape, ref.shape) == ref.shape
+            except ValueError:
+                ok_shape = False
+            if not ok_shape:
+                hint = (" A (B, T) mask would be lined up with the (Tq, Tk) axes of the scores: add the two "
+                        "singleton axes, e.g. mask[:, None, None, :]." if mask.shape == (len(lengths), t) else "")
+                raise fail("wrong-shape", f"Your mask has shape {shape_text(mask.shape)}, which does not broadcast to "
+                            f"(B, 1, 1, T) = {shape_text(ref.shape)}.{hint}", case=case)
+            full = np.broadcast_to(mask, ref.shape).astype(float)
+            if np.array_equal(full, ref):
+                continue
+            pos = np.arange(t)[None, None, None, :]
+            n = np.array(lengths)[:, None, None, None]
+            candidates = [
+                ("mask-inverted", "your mask is True at the padding positions; it must be True for the real "
+                 "tokens (j < lengths[b])", lambda: ((~ref).astype(float), None)),
+                ("off-by-one", "", lambda: ((pos <= n).astype(float), None)),
+                ("off-by-one", "", lambda: ((pos < n - 1).astype(float), None)),
+            ]
+            diagnose(full, None, candidates, case, ref.astype(float), None, what="mask")
+        return (f"✓ {display_name(fn, 'padding_mask')}: {len(batches)} batches of lengths match the reference (shape "
+                "(B, 1, 1, T), True = may attend)")
+
+    run_check(body, timeout)

@@ -1,0 +1,465 @@
+"""Checks of attention modules: single-head (chapter 2), multi-head in PyTorch (chapter 3), einsum (chapter 5) and
+Keras (chapter 6), and the parameter count of multi-head attention.
+
+Known weights are loaded into the student's module (its ``nn.Linear`` layers, or its ``load_numpy_params``), the
+module runs on self- and cross-attention cases with masks, and its output is compared with the float64 reference;
+a module built with dropout=0.5 must be deterministic after ``.eval()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import numpy as np
+import torch
+
+from .. import numpy_ref
+from .cases import mha_cases, mha_cross_dim_cases, single_head_cases, single_head_params, to_framework, to_tf
+from .core import sdpa_check_body
+from .diagnosis import diagnose, mha_candidates, single_head_candidates
+from .runner import (
+    DEFAULT_TIMEOUT,
+    CheckFailed,
+    as_array,
+    call,
+    close,
+    display_name,
+    fail,
+    run_check,
+    shape_text,
+    split_result,
+)
+
+# ----------------------------------------------------------------------------------------------------------
+# Multi-head attention (PyTorch module, einsum module or function, Keras layer)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _mha_configs(cross_dims: bool):
+    """(d_model, num_heads, kdim, vdim, params, cases): the square sizes first (a weight read transposed still
+    runs there and is diagnosed), then, with ``cross_dims``, keys and values of other widths."""
+    configs = []
+    for d_model, num_heads in _MHA_CONFIGS:
+        params = numpy_ref.init_mha_params(d_model, seed=d_model)
+        configs.append((d_model, num_heads, None, None, params, mha_cases(d_model)))
+    if cross_dims:
+        d_model, num_heads, kdim, vdim = _MHA_CROSS_DIM_CONFIG
+        params = numpy_ref.init_mha_params(d_model, kdim, vdim, seed=kdim + vdim)
+        configs.append((d_model, num_heads, kdim, vdim, params, mha_cross_dim_cases(d_model, kdim, vdim)))
+    return configs
+
+
+@contextlib.contextmanager
+def _cross_dim_note(d_model, kdim, vdim):
+    """In a configuration with kdim, vdim != d_model (after the square ones passed), add to an exception's message
+    what differs: code that assumes d_in == d_model raises here."""
+    try:
+        yield
+    except CheckFailed as err:
+        if kdim is None or err.code != "raised-exception":
+            raise
+        raise CheckFailed(f"{err}\n  Your code passed the cases with square weights. Here the keys have kdim={kdim} "
+                          f"and the values vdim={vdim} features, not d_model={d_model}: w_k is ({kdim}, {d_model}) and "
+                          f"w_v ({vdim}, {d_model}), each W (d_in, d_out). Does your code assume d_in == d_model "
+                          "somewhere?") from None
+
+
+def _mha_case_prefix(d_model, num_heads, kdim, vdim):
+    dims = "" if kdim is None else f", kdim={kdim}, vdim={vdim}"
+    return f"d_model={d_model}, num_heads={num_heads}{dims}"
+
+
+def _mha_success(label, n, cross_dims):
+    dims = ", also with kdim, vdim != d_model;" if cross_dims else ","
+    return f"✓ {label}: {n} cases (2 sizes; self- and cross-attention{dims} Tq != Tk, masks) match the reference"
+
+
+def _call_mha(module, query, key, value, mask, framework, label, training=None):
+    conv = (lambda a: to_framework(a, "torch")) if framework == "torch" else to_tf
+    args = {"query": conv(query), "key": conv(key), "value": conv(value)}
+    if mask is not None:
+        args["mask"] = conv(mask)
+    if training is not None:
+        args["training"] = training
+    if framework == "torch":
+        with torch.no_grad():
+            return call(module, args, f"{label}(...)", positional=3)
+    return call(module, args, f"{label}(...)", positional=3)
+
+
+_MHA_MISSING = ("Name the projections self.w_q, self.w_k, self.w_v and self.w_o, each an nn.Linear(d_model, "
+                "d_model).")
+
+
+def _has_linears(module, names=("w_q", "w_k", "w_v")) -> bool:
+    """Whether the checker loads the weights itself: the module has nn.Linear attributes w_q, w_k, w_v."""
+    return all(isinstance(getattr(module, name, None), torch.nn.Linear) for name in names)
+
+
+def _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v", "w_o"), advice=_MHA_MISSING):
+    """Copy ``params`` (x @ W + b convention) into the module's nn.Linear layers ``names`` (w_o may be missing:
+    diagnosed from the output), or through its ``load_numpy_params``; returns the params actually in effect
+    (zero biases for layers built without one)."""
+    from torch import nn
+
+    linears = {name: getattr(module, name, None) for name in names}
+    effective = dict(params)
+    if _has_linears(module):
+        for name, lin in linears.items():
+            if not isinstance(lin, nn.Linear):
+                continue  # a module without w_o: diagnosed from its output
+            w = params[name].T
+            if tuple(lin.weight.shape) != w.shape:
+                raise fail("wrong-shape", f"{label}.{name}.weight has shape {shape_text(lin.weight.shape)}; expected "
+                            f"{shape_text(w.shape)} (nn.Linear({w.shape[1]}, {w.shape[0]})).")
+            with torch.no_grad():
+                lin.weight.copy_(torch.tensor(w, dtype=lin.weight.dtype))
+                if lin.bias is not None:
+                    lin.bias.copy_(torch.tensor(params["b" + name[1:]], dtype=lin.bias.dtype))
+                else:
+                    effective["b" + name[1:]] = np.zeros_like(params["b" + name[1:]])
+        return effective
+    if callable(getattr(module, "load_numpy_params", None)):
+        call(module.load_numpy_params, {"params": params}, f"{label}.load_numpy_params")
+        return effective
+    missing = [name for name, lin in linears.items() if not isinstance(lin, nn.Linear)]
+    raise fail("missing-attribute", f"Your module has no nn.Linear attribute(s) {', '.join(missing)} (and no "
+                f"load_numpy_params method), so the checker cannot load known weights. {advice}")
+
+
+def _construct(cls, label, d_model, num_heads, **kwargs):
+    return _construct_with(cls, label, {"d_model": d_model, "num_heads": num_heads}, **kwargs)
+
+
+def _construct_with(cls, label, sizes: dict, **kwargs):
+    """``cls(*sizes.values(), **kwargs)``; failures become CheckFailed naming the call."""
+    args = {**sizes, **kwargs}
+    text = f"{label}({', '.join(map(str, sizes.values()))}{''.join(f', {k}={v!r}' for k, v in kwargs.items())})"
+    return call(cls, args, label, positional=len(sizes), call_text=text)
+
+
+def _torch_module(cls, label, sizes, dropout, **kwargs):
+    """Build the student's torch module (with ``dropout=`` unless None, and ``kwargs``) in eval mode."""
+    kwargs = kwargs if dropout is None else {"dropout": dropout, **kwargs}
+    module = _construct_with(cls, label, sizes, **kwargs)
+    if not isinstance(module, torch.nn.Module):
+        raise fail("wrong-type", f"{label}(...) built a {type(module).__name__}; expected a torch.nn.Module.")
+    return module.eval()
+
+
+def _parameters(obj) -> dict:
+    """The parameters of ``obj``'s signature by name (empty when it has no readable signature)."""
+    try:
+        return dict(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _accepts_cross_dims(cls) -> bool:
+    """Whether ``cls(d_model, num_heads, kdim=..., vdim=...)`` is part of the class's signature."""
+    params = _parameters(cls)
+    return "kdim" in params and "vdim" in params
+
+
+_MHA_CONFIGS = [(12, 3), (8, 2)]
+_MHA_CROSS_DIM_CONFIG = (12, 3, 8, 5)  # d_model, num_heads, kdim, vdim
+
+
+def _check_mha_body(make, load, run, label, test_dropout, atol=2e-5, rtol=1e-4, cross_dims=False,
+                    layout_code=lambda module: "weight-layout-transposed"):
+    """Shared body for module checks. make(d_model, num_heads, dropout, **dims) -> module (dims: kdim, vdim when
+    ``cross_dims``); load(module, params) -> params in effect; run(module, query, key, value, mask,
+    training=None) -> result; layout_code(module) -> the code for a weight used transposed."""
+    n = 0
+    for d_model, num_heads, kdim, vdim, params, cases in _mha_configs(cross_dims):
+        with _cross_dim_note(d_model, kdim, vdim):
+            dims = {} if kdim is None else {"kdim": kdim, "vdim": vdim}
+            module = make(d_model, num_heads, None, **dims)
+            effective = load(module, params)
+            prefix = _mha_case_prefix(d_model, num_heads, kdim, vdim)
+            for i, (query, key, value, mask, desc) in enumerate(cases, 1):
+                n += 1
+                case = f"{prefix}, case {i} of {len(cases)}: {desc}"
+                out_s, w_s = split_result(run(module, query, key, value, mask), case)
+                out_s = as_array(out_s, "output" if w_s is not None else "result", case)
+                w_s = None if w_s is None else as_array(w_s, "weights", case)
+                ref_out, ref_w = numpy_ref.multi_head_attention(query, key, value, effective, num_heads, mask)
+                if close(out_s, ref_out, atol, rtol) and (w_s is None or close(w_s, ref_w, atol, rtol)):
+                    continue
+                candidates = mha_candidates(query, key, value, effective, num_heads, mask, True,
+                                             layout_code(module))
+                diagnose(out_s, w_s, candidates, case, ref_out, ref_w, atol=atol, rtol=rtol)
+    text = _mha_success(label, n, cross_dims)
+    if not test_dropout:
+        return text
+    d_model, num_heads = _MHA_CONFIGS[0]
+    params = numpy_ref.init_mha_params(d_model, seed=d_model)
+    module = make(d_model, num_heads, 0.5)
+    effective = load(module, params)
+    query, key, value, mask, desc = mha_cases(d_model)[1]
+    ref_out, _ = numpy_ref.multi_head_attention(query, key, value, effective, num_heads, mask)
+    outs = [as_array(split_result(run(module, query, key, value, mask, training=False), desc)[0], "result", desc)
+            for _ in range(2)]
+    _require_eval_outputs(outs, ref_out, atol, rtol, case=f"d_model={d_model}, num_heads={num_heads}: {desc}")
+    return text + "; dropout is off in eval mode"
+
+
+def _require_eval_outputs(outs, ref_out, atol, rtol, case):
+    """Two eval-mode outputs of a module built with dropout=0.5 must both equal the dropout-free reference."""
+    if close(outs[0], ref_out, atol, rtol) and close(outs[1], ref_out, atol, rtol):
+        return
+    detail = ("two calls on the same input gave different outputs" if not close(outs[0], outs[1], atol, rtol)
+              else "its output in evaluation mode differs from the same weights' output without dropout")
+    raise fail("dropout-in-eval", detail=detail, case=case)
+
+
+def check_multi_head_attention(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
+    """Check a PyTorch multi-head attention class.
+
+    ``cls(d_model, num_heads)`` (and ``cls(d_model, num_heads, dropout=0.5)`` if ``test_dropout``) must build an
+    ``nn.Module`` with ``nn.Linear`` attributes ``w_q``, ``w_k``, ``w_v``, ``w_o`` (or a ``load_numpy_params``
+    method); known weights are loaded into them. ``module(query, key, value, mask=mask)`` with query (B, Tq, D),
+    key/value (B, Tk, D) and a boolean mask broadcastable to (B, H, Tq, Tk) must return out (B, Tq, D) or
+    (out, weights (B, H, Tq, Tk)); compared with :func:`numpy_ref.multi_head_attention`. With dropout=0.5 and
+    ``.eval()`` the module must be deterministic and match the reference. A class whose signature has ``kdim``
+    and ``vdim`` is also built as ``cls(d_model, num_heads, kdim=kdim, vdim=vdim)`` and run on keys (B, Tk, kdim)
+    and values (B, Tk, vdim) of other widths than d_model (w_k then maps kdim -> D, w_v vdim -> D).
+    """
+    label = display_name(cls, "MultiHeadAttention")
+
+    def make(d_model, num_heads, dropout, **dims):
+        return _torch_module(cls, label, {"d_model": d_model, "num_heads": num_heads}, dropout, **dims)
+
+    def run(module, query, key, value, mask, training=None):
+        return _call_mha(module, query, key, value, mask, "torch", label)
+
+    def layout_code(module):
+        return "weight-not-transposed" if _has_linears(module) else "weight-layout-transposed"
+
+    run_check(lambda: _check_mha_body(make, lambda m, p: _load_torch_mha(m, p, label), run, label, test_dropout,
+                                       cross_dims=_accepts_cross_dims(cls), layout_code=layout_code), timeout)
+
+
+def _check_mha_function_body(fn, label, atol=2e-5, rtol=1e-4):
+    n = 0
+    for d_model, num_heads, kdim, vdim, params, cases in _mha_configs(cross_dims=True):
+        tparams = {name: torch.tensor(value, dtype=torch.float32) for name, value in params.items()}
+        prefix = _mha_case_prefix(d_model, num_heads, kdim, vdim)
+        for i, (query, key, value, mask, desc) in enumerate(cases, 1):
+            n += 1
+            case = f"{prefix}, case {i} of {len(cases)}: {desc}"
+            args = {"query": to_framework(query, "torch"), "key": to_framework(key, "torch"),
+                    "value": to_framework(value, "torch"), "params": tparams, "num_heads": num_heads,
+                    "mask": to_framework(mask, "torch")}
+            with torch.no_grad(), _cross_dim_note(d_model, kdim, vdim):
+                result = call(fn, args, label, positional=5)
+            out_s, w_s = split_result(result, case)
+            out_s = as_array(out_s, "output" if w_s is not None else "result", case)
+            w_s = None if w_s is None else as_array(w_s, "weights", case)
+            ref_out, ref_w = numpy_ref.multi_head_attention(query, key, value, params, num_heads, mask)
+            if close(out_s, ref_out, atol, rtol) and (w_s is None or close(w_s, ref_w, atol, rtol)):
+                continue
+            diagnose(out_s, w_s, mha_candidates(query, key, value, params, num_heads, mask, True), case, ref_out,
+                      ref_w, atol=atol, rtol=rtol)
+    return _mha_success(label, n, cross_dims=True)
+
+
+def check_einsum_attention(fn_or_cls, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check einsum attention, whichever form the exercise uses:
+
+    * a class -> as :func:`check_multi_head_attention` (weights loaded through ``load_numpy_params`` when the
+      projections are not ``nn.Linear`` layers; kdim, vdim != d_model tried when the class accepts them);
+    * a function with a ``params`` argument -> ``fn(query, key, value, params, num_heads, mask=None)`` with
+      params a dict of float32 tensors (keys w_q, b_q, ..., ``x @ W + b`` convention: w_q (D, D), w_k (kdim, D),
+      w_v (vdim, D), w_o (D, D)), compared with :func:`numpy_ref.multi_head_attention`, on square weights and on
+      cross-attention with keys (B, Tk, kdim) and values (B, Tk, vdim) of other widths than d_model;
+    * any other function -> ``fn(q, k, v, mask=None)`` as :func:`check_scaled_dot_product_attention`.
+    """
+    if inspect.isclass(fn_or_cls):
+        check_multi_head_attention(fn_or_cls, timeout=timeout)
+        return
+    label = display_name(fn_or_cls, "einsum attention")
+    if "params" in _parameters(fn_or_cls):
+        run_check(lambda: _check_mha_function_body(fn_or_cls, label), timeout)
+    else:
+        run_check(lambda: sdpa_check_body(fn_or_cls, "torch", True, label, 2e-5, 1e-4), timeout)
+
+
+class _KerasErrorsUnfiltered:
+    """While active, Keras does not rewrite errors raised in a layer's ``call()`` (its traceback filtering turns
+    them into a multi-line "Exception encountered when calling ..." dump); the previous setting is restored."""
+
+    def __enter__(self):
+        import keras
+
+        self.keras, self.was_enabled = keras, keras.config.is_traceback_filtering_enabled()
+        keras.config.disable_traceback_filtering()
+        return self
+
+    def __exit__(self, *exc):
+        if self.was_enabled:
+            self.keras.config.enable_traceback_filtering()
+
+
+def check_keras_attention(cls, *, test_dropout: bool = True, timeout: float = 60.0):
+    """Check a Keras multi-head attention layer class (TensorFlow is imported only here).
+
+    ``cls(d_model, num_heads)`` (and ``dropout=0.5``) must build a Keras layer with ``load_numpy_params(params)``
+    (called after the layer is built by a first call); ``layer(query, key, value, mask=mask, training=False)``
+    uses our argument order and mask convention (True = may attend) and returns out (B, Tq, D) or
+    (out, weights). The default time limit is longer because the first TensorFlow call is slow. While it runs,
+    Keras' traceback filtering is off, so an error in the layer's ``call()`` is reported with its own message.
+    """
+    label = display_name(cls, "KerasMultiHeadAttention")
+
+    def make(d_model, num_heads, dropout):
+        kwargs = {} if dropout is None else {"dropout": dropout}
+        return _construct(cls, label, d_model, num_heads, **kwargs)
+
+    def load(layer, params):
+        if not callable(getattr(layer, "load_numpy_params", None)):
+            raise fail("missing-attribute", "Your layer has no load_numpy_params(params) method, so the checker "
+                        "cannot load known weights into it.")
+        d_model = params["w_q"].shape[1]
+        x = np.zeros((1, 2, d_model))
+        _call_mha(layer, x, x, x, None, "tf", label, training=False)  # build the weights
+        call(layer.load_numpy_params, {"params": params}, f"{label}.load_numpy_params")
+        return params
+
+    def run(layer, query, key, value, mask, training=False):
+        return _call_mha(layer, query, key, value, mask, "tf", label, training=False)
+
+    def body():
+        with _KerasErrorsUnfiltered():  # imports Keras (slow: TensorFlow) inside the time limit
+            return _check_mha_body(make, load, run, label, test_dropout, atol=5e-5, rtol=1e-4)
+
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Single-head attention module (chapter 2)
+# ----------------------------------------------------------------------------------------------------------
+
+# (d_in, d_out): square first, so that x @ linear.weight still runs and is diagnosed; then d_in != d_out, which
+# tells sqrt(d_in) from sqrt(d_out) and catches code that only works for square projections.
+_SINGLE_HEAD_CONFIGS = [(8, 8), (6, 4), (5, 8)]
+_SINGLE_HEAD_MISSING = "Name the projections self.w_q, self.w_k and self.w_v, each an nn.Linear(d_in, d_out)."
+
+
+def _single_head_reference(query, key, value, p, mask):
+    """numpy_ref.scaled_dot_product_attention of the projections -> (out (B, Tq, d_out), weights (B, Tq, Tk))."""
+    q, k, v = (x @ p[f"w_{n}"] + p[f"b_{n}"] for x, n in ((query, "q"), (key, "k"), (value, "v")))
+    return numpy_ref.scaled_dot_product_attention(q, k, v, mask)
+
+
+def _call_single_head(module, query, key, value, mask, label):
+    """module(query[, key, value][, mask=mask]) under no_grad; key and value are left out for self-attention."""
+    args = {"query": to_framework(query, "torch")}
+    if key is not None:
+        args.update(key=to_framework(key, "torch"), value=to_framework(value, "torch"))
+    if mask is not None:
+        args["mask"] = to_framework(mask, "torch")
+    with torch.no_grad():
+        return call(module, args, f"{label}(...)", positional=1 if key is None else 3)
+
+
+def _check_single_head_body(cls, label, test_dropout, atol=2e-5, rtol=1e-4):
+    n = 0
+
+    def load(module, params):
+        return _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v"), advice=_SINGLE_HEAD_MISSING)
+
+    for d_in, d_out in _SINGLE_HEAD_CONFIGS:
+        module = _torch_module(cls, label, {"d_in": d_in, "d_out": d_out}, None)
+        effective = load(module, single_head_params(d_in, d_out, seed=d_in + d_out))
+        cases = single_head_cases(d_in)
+        for i, (query, key, value, mask, desc) in enumerate(cases, 1):
+            n += 1
+            case = f"d_in={d_in}, d_out={d_out}, case {i} of {len(cases)}: {desc}"
+            out_s, w_s = split_result(_call_single_head(module, query, key, value, mask, label), case)
+            out_s = as_array(out_s, "output" if w_s is not None else "result", case)
+            w_s = None if w_s is None else as_array(w_s, "weights", case)
+            key, value = (query, query) if key is None else (key, value)
+            ref_out, ref_w = _single_head_reference(query, key, value, effective, mask)
+            if close(out_s, ref_out, atol, rtol) and (w_s is None or close(w_s, ref_w, atol, rtol)):
+                continue
+            layout_code = "weight-not-transposed" if _has_linears(module) else "weight-layout-transposed"
+            diagnose(out_s, w_s, single_head_candidates(query, key, value, effective, mask, layout_code), case,
+                      ref_out, ref_w, atol=atol, rtol=rtol)
+    text = (f"✓ {label}: {n} cases ({len(_SINGLE_HEAD_CONFIGS)} sizes, d_in != d_out too; self- and cross-attention, "
+            "Tq != Tk, masks) match the reference")
+    if not test_dropout:
+        return text
+    d_in, d_out = _SINGLE_HEAD_CONFIGS[1]
+    module = _torch_module(cls, label, {"d_in": d_in, "d_out": d_out}, 0.5)
+    effective = load(module, single_head_params(d_in, d_out, seed=d_in + d_out))
+    query, key, value, mask, desc = single_head_cases(d_in)[1]
+    ref_out, _ = _single_head_reference(query, key, value, effective, mask)
+    outs = [as_array(split_result(_call_single_head(module, query, key, value, mask, label), desc)[0], "result", desc)
+            for _ in range(2)]
+    _require_eval_outputs(outs, ref_out, atol, rtol, case=f"d_in={d_in}, d_out={d_out}: {desc}")
+    return text + "; dropout is off in eval mode"
+
+
+def check_single_head_attention(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
+    """Check a PyTorch single-head attention class (chapter 2's ``SingleHeadAttention``).
+
+    ``cls(d_in, d_out)`` (and ``cls(d_in, d_out, dropout=0.5)`` if ``test_dropout``) must build an ``nn.Module``
+    with ``nn.Linear`` attributes ``w_q``, ``w_k``, ``w_v`` (d_in -> d_out, with or without bias) or a
+    ``load_numpy_params(params)`` method (keys w_q, b_q, w_k, b_k, w_v, b_v; ``x @ W + b`` convention, W of shape
+    (d_in, d_out)); known weights are loaded into them. Sizes with d_in == d_out and d_in != d_out are tried.
+    ``module(x)`` / ``module(x, mask=mask)`` is self-attention (key and value left out);
+    ``module(query, key, value, mask=mask)`` with query (B, Tq, d_in), key/value (B, Tk, d_in) is
+    cross-attention; the boolean mask broadcasts to (B, Tq, Tk), True = may attend, and a fully masked query row
+    must give a zero output. The module returns out (B, Tq, d_out) or (out, weights (B, Tq, Tk)); compared with
+    :func:`numpy_ref.scaled_dot_product_attention` of the projections. With dropout=0.5 and ``.eval()`` it must
+    be deterministic and match the reference.
+    """
+    label = display_name(cls, "SingleHeadAttention")
+    run_check(lambda: _check_single_head_body(cls, label, test_dropout), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parameter counts
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _check_count_body(fn, label, names, configs, expected, known):
+    """Shared body of the parameter-count checks: ``fn(a, b, bias=...)`` for each ``(a, b, bias)`` of ``configs``
+    (``names`` are the two size arguments); ``known(a, b, bias)`` maps wrong answers to (code, message)."""
+    for i, (a, b, bias) in enumerate(configs, 1):
+        text = f"{label}({a}, {b}, bias={bias})"
+        case = f"case {i} of {len(configs)}: {names[0]}={a}, {names[1]}={b}, bias={bias}"
+        got = call(fn, {names[0]: a, names[1]: b, "bias": bias}, label, positional=2, call_text=text)
+        if got is None:
+            raise fail("returned-none", case=case)
+        if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)):
+            raise fail("wrong-type", f"Your function returned a {type(got).__name__}; expected a number.", case=case)
+        if got == expected(a, b, bias):
+            continue
+        code, message = known(a, b, bias).get(got, ("wrong-value", f"{got} is not the number of parameters."))
+        raise fail(code, message, case=case)
+    return f"✓ {display_name(fn, label)}: {len(configs)} configurations (with and without bias) are right"
+
+
+def check_parameter_count(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(d_model, num_heads, bias=True)`` -> the number of trainable parameters of multi-head attention
+    (four d_model x d_model projections, plus four bias vectors of d_model if ``bias``)."""
+
+    def known(d, h, bias):
+        return {
+            3 * d * d + (3 * d if bias else 0): ("missing-output-projection",
+                                                 "You counted only w_q, w_k and w_v: the output projection w_o "
+                                                 "(d_model x d_model, plus its bias) has parameters too."),
+            4 * d * d + (0 if bias else 4 * d): ("wrong-value", "Biases: with bias=True each of the four "
+                                                 "projections has a bias vector of d_model numbers; with "
+                                                 "bias=False there are none."),
+            h * 4 * d * d + (4 * d if bias else 0): ("wrong-value", "The heads do not each get their own "
+                                                     "d_model x d_model matrices: the H heads share one "
+                                                     "d_model x d_model projection, split into H slices."),
+        }
+
+    configs = [(512, 8, True), (64, 4, False), (768, 12, True), (10, 5, False), (96, 3, True)]
+    run_check(lambda: _check_count_body(fn, "parameter count", ("d_model", "num_heads"), configs,
+                                         lambda d, h, bias: 4 * d * d + (4 * d if bias else 0), known), timeout)

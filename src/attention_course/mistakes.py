@@ -1,0 +1,280 @@
+"""The catalogue of attention mistakes: one entry per diagnosis code, in one place.
+
+Each :class:`Mistake` has the ``code`` a check reports (``[missing-scale] ...``), a one-line ``description``,
+the ``hint`` the check prints by default (a template: ``{detail}`` is filled in by the check; empty when every
+check writes its own message), the ``chapter`` that teaches it (None: any check may report it), the ``topic``
+(the :mod:`attention_course.checks` module that diagnoses it) and ``examples``: the deliberately wrong
+implementations of :mod:`attention_course.bug_zoo` that commit it, each with the check that diagnoses it.
+
+Readers of the catalogue: the checks (codes and hints: :func:`hint`), :mod:`attention_course.bug_zoo` (each zoo
+entry's code and check), the tests (every example is diagnosed with its code) and chapter 7.
+
+Adding a mistake: call :func:`mistake` in the section of your chapter below (a new chapter adds its own section at
+the end), with a code that is new, then make a checker report it and plant it in a test.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
+
+
+class Example(NamedTuple):
+    """A bug_zoo implementation that commits a mistake: its ``impl`` name in :mod:`attention_course.bug_zoo` and the
+    ``check`` (a function name of :mod:`attention_course.checks`) that diagnoses it."""
+
+    impl: str
+    check: str
+
+
+@dataclass(frozen=True)
+class Mistake:
+    code: str
+    description: str
+    hint: str = ""
+    chapter: int | None = None
+    topic: str = "runner"
+    examples: tuple[Example, ...] = ()
+
+
+#: code -> Mistake, in the order of the sections below.
+MISTAKES: dict[str, Mistake] = {}
+_DESCRIPTIONS: dict[str, str] = {}
+#: code -> one-line description of every code a check can report (a read-only, always up-to-date view).
+CODES = MappingProxyType(_DESCRIPTIONS)
+_EXAMPLES: dict[str, tuple[str, str]] = {}  # bug_zoo name -> (code, check)
+_CODE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+
+def mistake(code: str, description: str, hint: str = "", *, chapter: int | None = None, topic: str = "runner",
+            examples: tuple[tuple[str, str], ...] = ()) -> Mistake:
+    """Add a mistake to the catalogue; ``examples`` are (bug_zoo name, check name) pairs."""
+    if not isinstance(code, str) or not _CODE.match(code):
+        raise ValueError(f"code must be lower-case words joined by '-', e.g. 'missing-scale', got {code!r}")
+    if code in MISTAKES:
+        raise ValueError(f"code {code!r} is already in the catalogue")
+    if not description or "\n" in description:
+        raise ValueError(f"description of {code!r} must be one non-empty line")
+    entry = Mistake(code, description, hint, chapter, topic, tuple(Example(*e) for e in examples))
+    for example in entry.examples:
+        if example.impl in _EXAMPLES:
+            raise ValueError(f"bug_zoo.{example.impl} is already an example of [{_EXAMPLES[example.impl][0]}]")
+    MISTAKES[code] = entry
+    _DESCRIPTIONS[code] = description
+    _EXAMPLES.update({e.impl: (code, e.check) for e in entry.examples})
+    return entry
+
+
+def hint(code: str, detail: str = "") -> str:
+    """The default message of ``code`` with ``{detail}`` filled in."""
+    entry = MISTAKES[code]
+    if not entry.hint:
+        raise ValueError(f"[{code}] has no default hint: the check must write its message")
+    return entry.hint.format(detail=detail)
+
+
+def example(impl_name: str) -> tuple[str, str]:
+    """(code, check name) of the bug_zoo implementation ``impl_name``."""
+    try:
+        return _EXAMPLES[impl_name]
+    except KeyError:
+        raise ValueError(f"bug_zoo.{impl_name} is the example of no mistake in the catalogue") from None
+
+
+def in_chapter(chapter: int) -> list[Mistake]:
+    """The mistakes a chapter teaches, in catalogue order."""
+    return [m for m in MISTAKES.values() if m.chapter == chapter]
+
+
+_SDPA = "check_scaled_dot_product_attention"
+_MHA = "check_multi_head_attention"
+_SHA = "check_single_head_attention"
+
+# ==================================================================================================================
+# Any check: running the student's code, the kind and shape of its result
+# ==================================================================================================================
+
+mistake("wrong-shape", "the result has the wrong shape", examples=[("padding_mask_2d", "check_padding_mask")])
+mistake("wrong-type", "the result is not an array/tensor of the expected kind (or has the wrong dtype)")
+mistake("returned-none", "the function returned None (missing return statement)",
+        "Your function returned None: did you forget the `return` statement?")
+mistake("not-implemented", "the function still raises NotImplementedError")
+mistake("raised-exception", "the function raised an exception")
+mistake("timeout", "the function did not return within the time limit")
+mistake("mutates-input", "the function modified one of its input arrays in place",
+        "Your function changed its input `{detail}` in place (e.g. with `x -= ...` or `x /= ...`). Compute new arrays "
+        "instead of modifying the arguments: the caller still needs them.",
+        examples=[("softmax_in_place", "check_softmax")])
+mistake("nan-output", "the result contains NaN or inf where the reference is finite",
+        "Your result contains NaN or inf values where the reference is finite.")
+mistake("missing-attribute", "the module lacks an attribute the exercise asks for (e.g. w_q)")
+mistake("wrong-value", "a numeric answer differs from the expected value")
+mistake("wrong-output", "the result differs from the reference and matches no known mistake")
+
+# ==================================================================================================================
+# Checked questions (checks/questions.py): predict-then-run, read-the-plot, conceptual
+# ==================================================================================================================
+
+mistake("wrong-answer", "a question's answer is not the right one", topic="questions")
+mistake("invalid-answer", "a question's answer is not one of its letters, or not a number", topic="questions")
+
+# ==================================================================================================================
+# Chapter 1: attention as a soft lookup (the attention core, softmax)
+# ==================================================================================================================
+
+mistake("missing-scale", "scores not divided by sqrt(d_k)",
+        "Your scores are not divided by sqrt(d_k): your output matches softmax(q @ k^T) @ v without the 1/sqrt(d_k) "
+        "factor. Multiply the scores by 1 / sqrt(d_k), with d_k = q.shape[-1], before the softmax.",
+        chapter=1, topic="core", examples=[("sdpa_missing_scale", _SDPA), ("SHAMissingScale", _SHA)])
+mistake("wrong-scale", "scores scaled by the wrong factor (d_k, sqrt(T), sqrt(d_model), ...)",
+        "Your scores are scaled by the wrong factor: {detail}. The factor is 1 / sqrt(d_k), where d_k = q.shape[-1] "
+        "is the feature size of the queries and keys (per head).",
+        chapter=1, topic="core", examples=[("sdpa_scale_by_dk", _SDPA), ("sdpa_scale_by_seq_len", _SDPA),
+                                           ("MHAScaleByDModel", _MHA), ("SHAScaleByDIn", _SHA)])
+mistake("softmax-wrong-axis", "softmax normalised along the wrong axis",
+        "Your softmax normalises along the wrong axis ({detail}). Each query's weights over the keys must sum to 1: "
+        "take the softmax along the last axis (axis=-1 / dim=-1).",
+        chapter=1, topic="core", examples=[("sdpa_softmax_wrong_axis", _SDPA), ("SHASoftmaxWrongAxis", _SHA)])
+mistake("softmax-overflow", "softmax without subtracting the maximum overflows to NaN for large inputs",
+        "Your softmax overflows: for large inputs (e.g. 1000) exp() gives inf and inf / inf is NaN. Subtract each "
+        "row's maximum before exp() (softmax does not change when you shift a row).",
+        chapter=1, topic="core", examples=[("softmax_no_max", "check_softmax")])
+mistake("transposed-scores", "scores computed as k @ q^T instead of q @ k^T",
+        "Your scores are transposed: you computed k @ q^T (keys x queries) instead of q @ k^T (queries x keys). Row "
+        "i of the scores must belong to query i.",
+        chapter=1, topic="core", examples=[("sdpa_transposed_scores", _SDPA)])
+mistake("values-from-keys", "output computed from the keys instead of the values",
+        "Your output is a weighted sum of the keys, not of the values{detail}. Multiply the attention weights by the "
+        "values.",
+        chapter=1, topic="core", examples=[("sdpa_values_from_keys", _SDPA), ("MHAValuesFromKeys", _MHA),
+                                           ("SHAValuesFromKeys", _SHA)])
+mistake("weights-not-normalized", "attention weights do not sum to 1 (masked after the softmax, or no division)",
+        "Your attention weights do not sum to 1 over the keys: {detail}. Apply the mask to the scores BEFORE the "
+        "softmax, and divide by the sum, so every row of weights sums to 1.",
+        chapter=1, topic="core", examples=[("sdpa_mask_zero_after_softmax", _SDPA)])
+
+# ==================================================================================================================
+# Chapter 2: a single attention head (nn.Linear projections, dropout)
+# ==================================================================================================================
+
+mistake("weight-not-transposed",
+        "an nn.Linear weight used as x @ linear.weight (it is stored (d_out, d_in): x @ weight.T)",
+        "Your projections compute x @ linear.weight, but nn.Linear stores its weight as (d_out, d_in) and computes "
+        "x @ weight.T + bias: call the layer (self.w_q(x)) or transpose the weight. With d_in == d_out the shapes fit "
+        "and the result is silently wrong; with d_in != d_out it fails with a shape error.",
+        chapter=2, topic="modules", examples=[("SHAWeightNotTransposed", _SHA), ("MHAWeightNotTransposed", _MHA)])
+mistake("dropout-in-eval", "dropout still active after .eval() / with training=False",
+        "Your module is not deterministic in evaluation mode: built with dropout=0.5, {detail}. Dropout must only "
+        "act in training mode (nn.Dropout does this; or use dropout_p=p if self.training else 0.0).",
+        chapter=2, topic="modules", examples=[("MHADropoutInEval", _MHA), ("SHADropoutInEval", _SHA)])
+
+# ==================================================================================================================
+# Chapter 3: multi-head attention (splitting and merging heads, the output projection)
+# ==================================================================================================================
+
+mistake("heads-split-without-transpose", "heads split with a reshape only, without the transpose",
+        "Your heads are split with a reshape only: reshaping (B, T, D) straight to (B, H, T, Dh) scrambles positions "
+        "and features. Reshape to (B, T, H, Dh) first, then transpose to (B, H, T, Dh).",
+        chapter=3, topic="heads", examples=[("split_heads_view", "check_split_heads"),
+                                            ("MHASplitWithoutTranspose", _MHA)])
+mistake("merge-heads-wrong-order", "heads merged without transposing back first",
+        "Your heads are merged in the wrong order: going from (B, H, T, Dh) back to (B, T, D) needs a transpose to "
+        "(B, T, H, Dh) BEFORE the reshape.",
+        chapter=3, topic="heads", examples=[("merge_heads_view", "check_merge_heads"), ("MHAMergeWrongOrder", _MHA)])
+mistake("missing-output-projection", "the output projection w_o is not applied",
+        "Your output skips the output projection: after merging the heads, apply w_o.",
+        chapter=3, topic="modules", examples=[("MHAMissingOutputProjection", _MHA)])
+
+# ==================================================================================================================
+# Chapter 4: masking (the mask convention: boolean, True = may attend; causal and padding masks)
+# ==================================================================================================================
+
+mistake("mask-ignored", "the mask has no effect",
+        "Your output ignores the mask: keys where the mask is False must get zero weight. Fill their scores with -inf "
+        "before the softmax.",
+        chapter=4, topic="core", examples=[("sdpa_mask_ignored", _SDPA), ("SHAMaskIgnored", _SHA)])
+mistake("mask-inverted", "the mask is applied the wrong way round (True treated as 'blocked')",
+        "Your mask is inverted: {detail}. In this course True = may attend (as in PyTorch's "
+        "scaled_dot_product_attention; nn.MultiheadAttention's masks use the opposite convention).",
+        chapter=4, topic="masks", examples=[("sdpa_mask_inverted", _SDPA), ("causal_mask_triu", "check_causal_mask"),
+                                            ("SHAMaskInverted", _SHA)])
+mistake("mask-wrong-sign", "masked positions get a large positive score instead of -inf",
+        "Blocked keys get a large POSITIVE score, so they take all the weight ({detail}). Blocked scores must become "
+        "-inf (or a large negative number), e.g. scores.masked_fill(~mask, float('-inf')).",
+        chapter=4, topic="core", examples=[("sdpa_mask_plus_1e10", _SDPA)])
+mistake("mask-zero-before-softmax", "masked scores set to 0 instead of -inf before the softmax",
+        "Blocked scores are set to 0 before the softmax, but exp(0) = 1 still gives them weight. Fill them with -inf "
+        "instead, e.g. scores.masked_fill(~mask, float('-inf')).",
+        chapter=4, topic="core", examples=[("sdpa_mask_zero_before_softmax", _SDPA)])
+mistake("nan-on-masked-row", "a fully masked query row gives NaN instead of zeros",
+        "Your result has NaN in query rows where every key is masked (the softmax of a row of -inf is 0/0). The "
+        "course's convention: such rows get all-zero weights and a zero output, e.g. set the weights of rows with no "
+        "allowed key to 0 after the softmax.",
+        chapter=4, topic="core", examples=[("sdpa_nan_on_masked_row", _SDPA)])
+mistake("masked-row-not-zero", "a fully masked query row gives uniform weights instead of zeros",
+        "In query rows where every key is masked your weights are spread evenly over all keys (what filling with a "
+        "large negative number such as -1e9 gives). The course's convention: such rows get all-zero weights and a "
+        "zero output.",
+        chapter=4, topic="core", examples=[("sdpa_mask_minus_1e9", _SDPA)])
+mistake("causal-top-left-aligned", "causal mask aligned top-left when Tq < Tk (should be bottom-right)",
+        "For Tq < Tk your causal mask is aligned top-left (query i sees keys 0..i). In this course the queries are "
+        "the LAST Tq positions: query i may attend key j iff j <= i + (Tk - Tq), e.g. tril with diagonal=Tk - Tq.",
+        chapter=4, topic="masks", examples=[("causal_mask_top_left", "check_causal_mask")])
+mistake("causal-excludes-diagonal", "causal mask hides each position from itself",
+        "Your causal mask hides each position from itself: query i must be able to attend key i (the diagonal is "
+        "True).",
+        chapter=4, topic="masks", examples=[("causal_mask_strict", "check_causal_mask")])
+mistake("off-by-one", "padding mask off by one position",
+        "Your padding mask is off by one: key j of sequence b may be attended iff j < lengths[b].",
+        chapter=4, topic="masks", examples=[("padding_mask_off_by_one", "check_padding_mask")])
+
+# ==================================================================================================================
+# Chapters 5 and 6: einsum and Keras (weights in the y = x @ W + b layout)
+# ==================================================================================================================
+
+mistake("weight-layout-transposed",
+        "a weight matrix read in the other layout: (d_out, d_in) used as (d_in, d_out) or the reverse (W instead of "
+        "W.T)",
+        "Your output matches attention computed with {detail} transposed: a weight matrix was read in the other "
+        "layout. The course's parameter dictionaries and Keras' Dense kernels store W as (d_in, d_out), for "
+        "y = x @ W + b; nn.Linear stores its weight as (d_out, d_in), for y = x @ weight.T + b. Converting from one "
+        "layout to the other needs a transpose; reading one as the other only runs when d_in == d_out, and then the "
+        "result is silently wrong.",
+        chapter=5, topic="modules", examples=[("mha_params_with_f_linear", "check_einsum_attention"),
+                                              ("EinsumMHALoadsTransposed", "check_einsum_attention")])
+
+# ==================================================================================================================
+# Chapter 8: the KV cache, multi-query and grouped-query attention
+# ==================================================================================================================
+
+mistake("kv-heads-tiled", "key/value heads repeated as a tile (heads 0, 1, 0, 1) instead of in groups (0, 0, 1, 1)",
+        "Your key/value heads are repeated as a tile, not in groups: {detail}. Query head h uses key/value head "
+        "h // n_rep, with n_rep = H / H_kv: each key/value head must be repeated n_rep times in a row (as "
+        "x.repeat_interleave(n_rep, dim=1) does), whereas x.repeat(1, n_rep, 1, 1) repeats the whole block of heads.",
+        chapter=8, topic="kv_cache", examples=[("repeat_kv_tiled", "check_repeat_kv"),
+                                               ("gqa_tiled_heads", "check_grouped_query_attention")])
+mistake("cache-keys-only", "KV cache size without the factor 2: only the keys (or only the values) counted",
+        "Your cache size is half the right one: it counts the keys only (or the values only). The cache holds both, "
+        "for every layer and every token.",
+        chapter=8, topic="kv_cache", examples=[("kv_cache_bytes_keys_only", "check_kv_cache_bytes")])
+mistake("cache-missing-factor",
+        "KV cache size without one of its factors (layers, heads, head size, tokens, batch, bytes per number)",
+        "Your cache size leaves out {detail}.",
+        chapter=8, topic="kv_cache", examples=[("kv_cache_bytes_in_numbers", "check_kv_cache_bytes"),
+                                               ("kv_cache_bytes_one_sequence", "check_kv_cache_bytes")])
+
+# ==================================================================================================================
+# Chapter 10: positions (append this chapter's mistakes here)
+# ==================================================================================================================
+
+
+# ==================================================================================================================
+# Chapter 11: the transformer block (append this chapter's mistakes here)
+# ==================================================================================================================
+
+
+# ==================================================================================================================
+# Chapter 13: distributed attention (append this chapter's mistakes here)
+# ==================================================================================================================

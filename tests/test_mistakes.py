@@ -1,0 +1,79 @@
+"""The mistakes catalogue: one entry per code, complete (every code a check reports, every bug_zoo example), and
+guarded against malformed or duplicate entries."""
+
+import inspect
+
+import pytest
+
+from attention_course import bug_zoo, checks, mistakes
+from attention_course.checks import runner
+
+
+@pytest.fixture
+def scratch_catalogue():
+    """Lets a test add entries; the catalogue is restored afterwards (in place: CODES is a view of it)."""
+    saved = [(d, dict(d)) for d in (mistakes.MISTAKES, mistakes._DESCRIPTIONS, mistakes._EXAMPLES)]
+    yield
+    for live, copy in saved:
+        live.clear()
+        live.update(copy)
+
+
+def test_codes_is_the_catalogue():
+    assert list(checks.CODES) == list(mistakes.MISTAKES)
+    assert all(checks.CODES[code] == entry.description for code, entry in mistakes.MISTAKES.items())
+    with pytest.raises(TypeError):
+        checks.CODES["new"] = "read-only: add entries with mistakes.mistake()"
+
+
+def test_every_example_is_a_zoo_entry_diagnosed_by_an_existing_check():
+    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
+    in_zoo = {(b.code, b.impl.__name__, b.check) for b in zoo}
+    listed = {(m.code, e.impl, e.check) for m in mistakes.MISTAKES.values() for e in m.examples}
+    assert listed == in_zoo
+    for code, name, check in listed:
+        assert inspect.getdoc(getattr(bug_zoo, name)).startswith(f"[{code}] ")
+        assert callable(getattr(checks, check))
+
+
+def test_topics_and_chapters():
+    topics = {m.topic for m in mistakes.MISTAKES.values()}
+    assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache"}
+    assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
+    assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
+
+
+def test_hints_fill_in_the_detail():
+    assert mistakes.hint("cache-missing-factor", "seq_len") == "Your cache size leaves out seq_len."
+    with pytest.raises(ValueError, match=r"\[timeout\] has no default hint"):
+        mistakes.hint("timeout")
+    with pytest.raises(ValueError, match=r"unknown diagnosis code 'no-such-code'"):
+        runner.fail("no-such-code")
+
+
+def test_example_lookup():
+    assert mistakes.example("sdpa_missing_scale") == ("missing-scale", "check_scaled_dot_product_attention")
+    with pytest.raises(ValueError, match=r"bug_zoo\.sdpa_right is the example of no mistake"):
+        mistakes.example("sdpa_right")
+
+
+def test_a_chapter_adds_a_mistake(scratch_catalogue):
+    entry = mistakes.mistake("rope-pairs-split", "rotation pairs (i, i + D/2) instead of (2i, 2i + 1)",
+                             "Your pairs are {detail}.", chapter=10, topic="positions")
+    assert mistakes.MISTAKES["rope-pairs-split"] is entry and "rope-pairs-split" in checks.CODES
+    assert mistakes.in_chapter(10) == [entry]
+    assert str(runner.fail("rope-pairs-split", detail="split")) == "[rope-pairs-split] Your pairs are split."
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    (("Missing-Scale", "x"), {}, r"code must be lower-case words joined by '-'"),
+    (("missing-scale", "x"), {}, r"code 'missing-scale' is already in the catalogue"),
+    (("new-code", ""), {}, r"description of 'new-code' must be one non-empty line"),
+    (("new-code", "two\nlines"), {}, r"description of 'new-code' must be one non-empty line"),
+    (("new-code", "x"), {"examples": [("sdpa_missing_scale", "check_softmax")]},
+     r"bug_zoo\.sdpa_missing_scale is already an example of \[missing-scale\]"),
+])
+def test_malformed_entries_are_refused(scratch_catalogue, args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mistakes.mistake(*args, **kwargs)
+    assert "new-code" not in checks.CODES
