@@ -1,6 +1,9 @@
 # One entry point for readers, students, instructors and CI.
 #   make book     build the HTML book into _build/html (warnings are errors)
-#   make test     unit tests + coverage, nbval over every notebook, browser test of the built book
+#   make test     lint, unit tests + coverage, nbval over every notebook, browser test of the built book
+#   make unit     the library's tests only (no notebooks, no book build): the fast loop, about a minute
+#   make lint     ruff over the Python code, and the notebook lint (outputs that differ between machines)
+#   make portability  nbval over every notebook three times: one thread, default threads, generic CPU kernels
 #   make outputs  re-execute notebooks in place (NB="book/01_soft_lookup.ipynb" for one)
 #   make bench    run the benchmarks and regenerate benchmarks/README.md
 # Each target creates .venv and installs requirements.txt first, once: re-running installs nothing new.
@@ -19,7 +22,7 @@ export TF_ENABLE_ONEDNN_OPTS := 0
 export PYTHONHASHSEED := 0
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: book test unit nbval browser outputs exercises bench clean
+.PHONY: book test unit lint nbval portability browser outputs exercises bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,11 +37,33 @@ book: $(STAMP)
 browser: $(STAMP)
 	@bash tools/install_browser.sh
 
-test: book student-book browser
+test: lint book student-book browser
 	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 \
 	  --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95 \
-	  --nbval --nbval-sanitize-with tools/nbval_sanitize.cfg \
-	  tests $(NOTEBOOK_DIRS)
+	  $(NBVAL_FLAGS) tests $(NOTEBOOK_DIRS)
+
+NBVAL_FLAGS := --nbval --nbval-sanitize-with tools/nbval_sanitize.cfg
+# Tests that need the built book or a browser; `make unit` leaves them out.
+BOOK_TESTS := tests/test_browser.py tests/test_links.py tests/test_student_edition.py
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 600 -q $(addprefix --ignore=,$(BOOK_TESTS)) tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check tests tools benchmarks
+	$(BIN)/python tools/lint_notebooks.py $(NOTEBOOK_DIRS)
+
+nbval: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 -q $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
+
+# The same stored outputs must pass on every machine: float rounding changes with the thread count and with the
+# CPU's SIMD kernels (ATEN_CPU_CAPABILITY=default runs PyTorch's generic kernels, a stand-in for another CPU).
+portability: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 -q $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
+	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 -q $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 -q \
+	  $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
+	@git diff --quiet -- $(NOTEBOOK_DIRS) || (echo "portability: a run changed a notebook" && exit 1)
 
 outputs: $(STAMP)
 	$(BIN)/python tools/execute_notebooks.py $(NB)

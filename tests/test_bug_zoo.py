@@ -6,7 +6,6 @@ import pytest
 
 from attention_course import bug_zoo, checks
 
-
 ALL = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
 
 

@@ -56,7 +56,7 @@ def softmax_np(x):
 def attend_loop(query, keys, values):
     scores = np.array([query @ key / math.sqrt(len(query)) for key in keys])
     weights = softmax_np(scores)
-    return sum(w * v for w, v in zip(weights, values)), weights
+    return sum(w * v for w, v in zip(weights, values, strict=True)), weights
 
 
 def causal_numpy(t_q, t_k=None):
@@ -938,7 +938,8 @@ def test_keys_and_values_of_other_widths(capsys):
         "Tq != Tk, masks) match the reference",
         "✓ ScratchMHA: 12 cases (2 sizes; self- and cross-attention, Tq != Tk, masks) match the reference",
     ]
-    assert check_modules._accepts_cross_dims(ac.EinsumMultiHeadAttention) and not check_modules._accepts_cross_dims(ScratchMHA)
+    assert check_modules._accepts_cross_dims(ac.EinsumMultiHeadAttention)
+    assert not check_modules._accepts_cross_dims(ScratchMHA)
     assert not check_modules._accepts_cross_dims(sdpa_without_signature)
 
 
@@ -1009,7 +1010,7 @@ def test_exception_messages_are_cleaned():
         try:
             try:
                 raise cls(inner_message)
-            except cls as inner:
+            except cls:
                 raise cls("Exception encountered when calling Layer.call().\n\n\x1b[1m" + inner_message +
                           "\x1b[0m\n\nArguments received by Layer.call():\n  • x=tf.Tensor(shape=(2,))") from None
         except cls as outer:

@@ -116,7 +116,8 @@ def test_exercise_version_of_a_tiny_notebook():
     nb = exercises.make_exercise_notebook(solution)
     heading = "## Exercise 1 (warm-up): Double it\n\nWrite `double`."
     assert [c.source for c in nb.cells][:2] == [TITLE.source, heading]
-    assert nb.cells[2].source == 'def double(x):\n    """Twice x."""\n    raise NotImplementedError("Exercise 1: Double it")'
+    stub = 'def double(x):\n    """Twice x."""\n    raise NotImplementedError("Exercise 1: Double it")'
+    assert nb.cells[2].source == stub
     assert nb.cells[3].metadata["tags"] == ["check", "exercise-1", "raises-exception"]
     assert nb.cells[3].outputs == [] and nb.cells[3].execution_count is None
     assert "BEGIN SOLUTION" in solution.cells[3].source  # the solution notebook is left alone

@@ -20,8 +20,10 @@ WORKFLOWS = ROOT / ".github" / "workflows"
 NOTEBOOK_DIRS = ("book", "exercises", "solutions")
 
 # The first code cell of every notebook, tagged hide-cell (CONTRIBUTING.md, "Adding a chapter").
-INSTALL_SOURCE = '''# Colab and other hosted notebooks do not have the course package: install it once (locally it is already installed).
-try:
+INSTALL_SOURCE = (
+    "# Colab and other hosted notebooks do not have the course package: install it once "
+    "(locally it is already installed).\n"
+) + '''try:
     import attention_course
 except ModuleNotFoundError:
     %pip install --quiet "attention_course @ git+https://github.com/attention-step-by-step/attention-course"'''
@@ -226,7 +228,7 @@ def guide_sections():
     text = GUIDE.read_text(encoding="utf-8")
     parts = re.split(r"^### (\d+\. .+)$", text, flags=re.M)
     sections = {}
-    for title, body in zip(parts[1::2], parts[2::2]):
+    for title, body in zip(parts[1::2], parts[2::2], strict=True):
         body = body.split("\n## ", 1)[0]
         found = re.search(r"\]\((\d\d_\w+)\.ipynb\)", body)
         number = title.split(".")[0]

@@ -17,8 +17,8 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("PYTHONHASHSEED", "0")
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
 
-import nbformat  # noqa: E402
-from nbclient import NotebookClient  # noqa: E402
+import nbformat
+from nbclient import NotebookClient
 
 CELL_TIMEOUT_S = 300
 

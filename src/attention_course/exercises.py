@@ -19,7 +19,7 @@ Usage, from the project root::
 
 The solution notebook's structure is validated first: a first cell ``# Exercises: <title>``; exercise headings
 ``## Exercise N (warm-up|core|challenge): <title>`` numbered 1, 2, ...; in each exercise at least one solution
-region, then exactly one check cell tagged ``check`` and ``exercise-N``. See EXERCISES_HOWTO.md.
+region, then exactly one check cell tagged ``check`` and ``exercise-N``. See CONTRIBUTING.md, "Adding an exercise".
 
 ``--check`` regenerates in memory and compares cell types, sources and tags (not outputs) with the stored
 exercise notebooks; it is what tests/test_exercises_sync.py runs.

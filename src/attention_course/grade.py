@@ -8,7 +8,7 @@ Usage::
 Each notebook runs top to bottom in its own fresh kernel (nbclient, in the notebook's folder), with errors
 allowed so that a broken exercise does not stop the later ones, and a time limit per cell (``--timeout``,
 default 60 s; a cell that runs longer is interrupted). An exercise is found by its check cell (tags ``check`` and
-``exercise-N``; see EXERCISES_HOWTO.md): it passes when that cell runs without an error. A failing check's
+``exercise-N``; see CONTRIBUTING.md, "Adding an exercise"): it passes when that cell runs without an error. A failing check's
 diagnosis code (``[missing-scale]``, ...) is read from the start of its error message; other errors are reported
 by exception name (e.g. ``NameError``), a cell stopped by the time limit as ``timeout``, and a check cell that never
 ran (the kernel died) as ``not-run``.
