@@ -158,26 +158,23 @@ def test_errors_name_the_argument():
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_tensor_parallel_on_processes(world_size):
-    cross = demos.run_tensor_parallel(world_size, demos.TensorParallelConfig(num_heads=4, causal=True))
-    self_attn = demos.run_tensor_parallel(world_size, demos.TensorParallelConfig(num_heads=8, self_attention=True))
-    for report in (cross, self_attn):
+def test_both_schemes_on_processes(world_size):
+    tp_configs = [demos.TensorParallelConfig(num_heads=4, causal=True),
+                  demos.TensorParallelConfig(num_heads=8, self_attention=True)]
+    ring_configs = [demos.RingConfig(seq_len=8 * world_size, causal=causal, layout=layout)
+                    for causal, layout in [(False, "contiguous"), (True, "contiguous"), (True, "zigzag")]]
+    reports = demos.run_many(world_size, tp_configs + ring_configs)  # one launch
+    for report in reports[:2]:
         assert report.verdicts == {"output": True, "input gradients": True, "weight gradients": True}
         for row in report.per_rank:
             assert row["allreduce_bytes"] == row["allreduce_formula"]
             assert row["weight_bytes"] * world_size == row["weight_bytes_single"]
-
-
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_ring_attention_on_processes(world_size):
-    for causal, layout in [(False, "contiguous"), (True, "zigzag")]:
-        cfg = demos.RingConfig(seq_len=8 * world_size, causal=causal, layout=layout)
-        report = demos.run_ring_attention(world_size, cfg)
+    for cfg, report in zip(ring_configs, reports[2:]):
         assert report.verdicts == {"output": True}
         assert [r["bytes_sent"] for r in report.per_rank] == [r["bytes_formula"] for r in report.per_rank]
         assert [r["memory_bytes"] for r in report.per_rank] == [r["memory_formula"] for r in report.per_rank]
-        if causal:
-            assert [r["tiles"] for r in report.per_rank] == causal_tiles_per_rank(world_size, layout)
+        if cfg.causal:
+            assert [r["tiles"] for r in report.per_rank] == causal_tiles_per_rank(world_size, cfg.layout)
 
 
 def test_mismatched_shapes_across_ranks_are_refused():

@@ -133,8 +133,11 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def run_tensor_parallel(world_size: int, cfg: TensorParallelConfig | None = None, timeout: float = 60.0) -> Report:
     """Launch tensor-parallel attention on ``world_size`` ranks and compare with the single-process module."""
     cfg = TensorParallelConfig() if cfg is None else cfg
-    check_shardable(cfg.num_heads, world_size)  # fail here, before starting processes
-    results = launch(tensor_parallel_rank, world_size, cfg, timeout=timeout)
+    return run_many(world_size, [cfg], timeout)[0]
+
+
+def _verify_tensor_parallel(world_size: int, cfg: TensorParallelConfig, results: list[dict]) -> Report:
+    """Compare the ranks' outputs and gradients with the single-process module."""
     mha, inputs, grad_out = _tp_problem(cfg)
     ref = mha(*inputs, is_causal=cfg.causal)
     (ref * grad_out).sum().backward()
@@ -189,8 +192,12 @@ def ring_rank(rank: int, world_size: int, cfg: RingConfig) -> dict:
 def run_ring_attention(world_size: int, cfg: RingConfig | None = None, timeout: float = 60.0) -> Report:
     """Launch ring attention on ``world_size`` ranks and compare with single-process attention."""
     cfg = RingConfig() if cfg is None else cfg
-    layout = sequence_layout(cfg.seq_len, world_size, cfg.layout)  # fail here, before starting processes
-    results = launch(ring_rank, world_size, cfg, timeout=timeout)
+    return run_many(world_size, [cfg], timeout)[0]
+
+
+def _verify_ring(world_size: int, cfg: RingConfig, results: list[dict]) -> Report:
+    """Compare the ranks' outputs with float64 single-process attention; per-rank counts next to formulas."""
+    layout = sequence_layout(cfg.seq_len, world_size, cfg.layout)
     q, k, v = _ring_problem(cfg)
     mask = causal_mask(cfg.seq_len) if cfg.causal else None
     ref, _ = scaled_dot_product_attention(q.double(), k.double(), v.double(), mask)  # float64 reference
@@ -208,18 +215,45 @@ def run_ring_attention(world_size: int, cfg: RingConfig | None = None, timeout: 
     return report
 
 
+# ------------------------------------------------------------------------------------------------------------
+# Several problems in one launch (starting processes is the slow part)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def many_rank(rank: int, world_size: int, configs: list) -> list[dict]:
+    """One rank: run the rank program of each config in turn."""
+    return [_RANK_PROGRAMS[type(cfg)](rank, world_size, cfg) for cfg in configs]
+
+
+def run_many(world_size: int, configs: list, timeout: float = 60.0) -> list[Report]:
+    """Run several :class:`TensorParallelConfig` / :class:`RingConfig` problems in ONE launch of
+    ``world_size`` ranks; returns one :class:`Report` per config, in order."""
+    for cfg in configs:  # bad input fails here, before any process starts
+        if isinstance(cfg, TensorParallelConfig):
+            check_shardable(cfg.num_heads, world_size)
+        elif isinstance(cfg, RingConfig):
+            sequence_layout(cfg.seq_len, world_size, cfg.layout)
+        else:
+            raise TypeError(f"configs must be TensorParallelConfig or RingConfig, got {type(cfg).__name__}")
+    per_rank = launch(many_rank, world_size, configs, timeout=timeout)  # per_rank[rank][i]
+    verify = {TensorParallelConfig: _verify_tensor_parallel, RingConfig: _verify_ring}
+    return [verify[type(cfg)](world_size, cfg, [r[i] for r in per_rank]) for i, cfg in enumerate(configs)]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line: run both schemes on P processes and print the verdicts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
-    tp = run_tensor_parallel(args.world_size, timeout=args.timeout)
-    ring = run_ring_attention(args.world_size, RingConfig(causal=True, layout="zigzag"), timeout=args.timeout)
+    configs = [TensorParallelConfig(), RingConfig(causal=True, layout="zigzag")]
+    tp, ring = run_many(args.world_size, configs, timeout=args.timeout)
     for name, report in (("tensor parallel", tp), ("ring attention (causal, zig-zag)", ring)):
         for what, ok in report.verdicts.items():
             print(f"{name}, P={args.world_size}: {what} equal to one process within {TOLERANCE:g}: {ok}")
 
+
+_RANK_PROGRAMS = {TensorParallelConfig: tensor_parallel_rank, RingConfig: ring_rank}
 
 if __name__ == "__main__":
     main()
