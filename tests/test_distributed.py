@@ -21,7 +21,10 @@ from attention_course.distributed.ring_attention import (
     shard_sequence,
     unshard_sequence,
 )
-from attention_course.distributed.tensor_parallel import TensorParallelAttention, simulate_tensor_parallel
+from attention_course.distributed.tensor_parallel import (
+    TensorParallelAttention,
+    simulate_tensor_parallel,
+)
 from attention_course.functional import scaled_dot_product_attention
 from attention_course.masks import causal_mask
 from attention_course.multi_head import MultiHeadAttention

@@ -14,7 +14,15 @@ import torch
 from .. import numpy_ref
 from .diagnosis import diagnose
 from .questions import choice_question, number_question
-from .runner import DEFAULT_TIMEOUT, as_array, call, display_name, fail, run_check, shape_text
+from .runner import (
+    DEFAULT_TIMEOUT,
+    as_array,
+    call,
+    display_name,
+    fail,
+    run_check,
+    shape_text,
+)
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: the row-parallel output projection (where the all-reduce goes)
@@ -92,6 +100,11 @@ def _merge_reference(m, l, acc, s, v, rescale=True):
     return m_new, l * alpha + p.sum(axis=-1, keepdims=True), acc * alpha + p @ v
 
 
+def _merge_no_rescale(m, l, acc, s, v):
+    """The new block's terms relative to the new maximum, added to l and acc WITHOUT rescaling them."""
+    return _merge_reference(m, l, acc, s, v, rescale=False)
+
+
 def _merge_own_max(m, l, acc, s, v):
     """Each block exponentiated against its OWN maximum, the block sums added as they are."""
     m_blk = s.max(axis=-1, keepdims=True)
@@ -154,12 +167,12 @@ def check_ring_merge(fn, *, timeout: float = DEFAULT_TIMEOUT):
             expected = numpy_ref.softmax(scores) @ values
             if out.shape == expected.shape and np.allclose(out, expected, atol=1e-9, rtol=1e-7):
                 continue
+            rows = (b, h, n)
             candidates = [
                 ("merge-without-rescale", "acc and l are not multiplied by exp(m_old - m_new)",
-                 lambda blocks=blocks: (_run_merges(lambda *a: _merge_reference(*a, rescale=False), blocks,
-                                                    (b, h, n), dv), None)),
+                 lambda blocks=blocks, rows=rows, dv=dv: (_run_merges(_merge_no_rescale, blocks, rows, dv), None)),
                 ("merge-without-rescale", "each block is exponentiated against its own maximum and simply added",
-                 lambda blocks=blocks: (_run_merges(_merge_own_max, blocks, (b, h, n), dv), None)),
+                 lambda blocks=blocks, rows=rows, dv=dv: (_run_merges(_merge_own_max, blocks, rows, dv), None)),
             ]
             diagnose(out, None, candidates, case, expected, None, atol=1e-9, rtol=1e-7)
         return (f"✓ {display_name(fn, label)}: {len(_MERGE_CASES)} simulated rings (1 to 4 blocks, causal and not) "
@@ -233,13 +246,12 @@ choice_question(
     why="each rank's heads times its rows of W_o is one term of a sum over the ranks: one all-reduce completes "
         "it, and the bias is added once, afterwards.",
     wrong={
-        "A": "each rank computes Q, K and V for its own heads only, from the full input it already has: nothing "
-             "needs to be exchanged before attention.",
-        "B": ("allreduce-before-output-projection", "the heads of different ranks are different features, not "
-              "parts of a sum: adding them mixes head 0 with head H/P. They would have to be concatenated (an "
-              "all-gather), which costs more than the all-reduce after W_o."),
-        "D": "after its own rows of W_o a rank holds only a partial sum; without the all-reduce each rank's "
-             "output misses the other ranks' heads.",
+        "A": ("each rank computes Q, K and V for its own heads only, from the full input it already has: nothing "
+              "needs to be exchanged before attention."),
+        "B": ("allreduce-before-output-projection", ("the heads of different ranks are different features, not "
+                                                    "parts of a sum: adding them mixes head 0 with head H/P.")),
+        "D": ("after its own rows of W_o a rank holds only a partial sum; without the all-reduce each rank's "
+              "output misses the other ranks' heads."),
     },
 )
 

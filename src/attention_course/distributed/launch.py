@@ -149,14 +149,12 @@ def _result(rank: int, proc, result_dir: str):
     return outcome["result"]
 
 
-def sleep_on_rank(rank: int, world_size: int, hung_rank: int, seconds: float = 3600.0) -> int:
+def sleep_on_rank(rank: int, world_size: int, hung_rank: int, seconds: float = 3600.0) -> dict:
     """A deliberately hung program, to test timeouts: rank ``hung_rank`` sleeps instead of joining the
-    all-reduce that every other rank waits in. Returns the sum of the ranks if nobody hangs."""
-    value = torch.tensor([float(rank)])
+    all-reduce that every other rank waits in."""
     if rank == hung_rank:
         time.sleep(seconds)
-    dist.all_reduce(value)
-    return int(value.item())
+    return sum_of_ranks(rank, world_size)
 
 
 def fail_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
@@ -164,3 +162,10 @@ def fail_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
     if rank == bad_rank:
         raise ValueError(f"bad input on rank {rank}")
     return rank
+
+
+def sum_of_ranks(rank: int, world_size: int) -> dict:
+    """The smallest collective program: every rank contributes its rank number to an all-reduce (sum)."""
+    value = torch.tensor([float(rank)])
+    dist.all_reduce(value)  # afterwards every rank holds 0 + 1 + ... + (P - 1)
+    return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(), "sum": int(value.item())}

@@ -23,6 +23,7 @@ evenly (T by P, or by 2P for zig-zag): nothing is padded.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -169,7 +170,7 @@ def _finish(rows: list[RowState]) -> Tensor:
 
 def _init(q: Tensor, q_chunks, d_v: int) -> list[RowState]:
     starts = [0, *torch.tensor([b - a for a, b in q_chunks]).cumsum(0).tolist()]
-    return [init_rows(q[..., a:b, :], d_v) for a, b in zip(starts, starts[1:])]
+    return [init_rows(q[..., a:b, :], d_v) for a, b in itertools.pairwise(starts)]
 
 
 # ------------------------------------------------------------------------------------------------------------
