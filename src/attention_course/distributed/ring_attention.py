@@ -135,33 +135,43 @@ class RankStats:
     largest_tile: int = 0
 
 
+def attend_tile(rows: RowState, q_blk: Tensor, k_blk: Tensor, v_blk: Tensor, q0: int, k0: int,
+                causal: bool) -> RowState:
+    """Merge one tile: scaled queries (..., bq, Dk) at global positions q0.., keys (..., bk, Dk) and values
+    (..., bk, Dv) at k0... Only a tile that crosses the causal diagonal needs a mask."""
+    scores = q_blk @ k_blk.transpose(-2, -1)  # (..., bq, bk)
+    bq, bk = scores.shape[-2:]
+    if causal and k0 + bk - 1 > q0:  # some key lies after some query
+        scores = scores.masked_fill(~block_causal_mask(q0, bq, k0, bk, device=scores.device), float("-inf"))
+    return merge_block(rows, scores, v_blk)
+
+
 def attend_block(rows: list[RowState], q: Tensor, q_chunks, k: Tensor, v: Tensor, k_chunks, causal: bool,
                  stats: RankStats) -> list[RowState]:
-    """Attend a rank's queries q (..., n, Dk) (its ``q_chunks``, global [start, stop)) to one key/value block
-    k (..., m, Dk), v (..., m, Dv) (holding ``k_chunks``); returns the updated per-chunk row states.
-
-    Causal: a chunk pair whose keys all lie after the queries is skipped; only pairs crossing the diagonal need
-    a mask.
+    """Attend a rank's queries q (..., n, Dk), holding the global chunks ``q_chunks`` ([start, stop) each), to
+    one key/value block k (..., m, Dk), v (..., m, Dv) holding ``k_chunks``; returns the updated row states
+    (one per query chunk). Causal: a chunk pair whose keys all lie after its queries is skipped.
     """
     scale = 1.0 / math.sqrt(q.size(-1))
-    out, q_off = [], 0
-    for state, (q0, q1) in zip(rows, q_chunks):
-        q_blk = q[..., q_off : q_off + q1 - q0, :] * scale  # (..., bq, Dk)
-        k_off = 0
-        for k0, k1 in k_chunks:
-            if not causal or k0 <= q1 - 1:  # else every key lies after the last query: skip the tile
-                scores = q_blk @ k[..., k_off : k_off + k1 - k0, :].transpose(-2, -1)  # (..., bq, bk)
-                if causal and k1 - 1 > q0:  # the tile crosses the diagonal
-                    mask = block_causal_mask(q0, q1 - q0, k0, k1 - k0, device=q.device)
-                    scores = scores.masked_fill(~mask, float("-inf"))
-                state = merge_block(state, scores, v[..., k_off : k_off + k1 - k0, :])
-                stats.tiles += 1
-                stats.score_entries += (q1 - q0) * (k1 - k0)
-                stats.largest_tile = max(stats.largest_tile, (q1 - q0) * (k1 - k0))
-            k_off += k1 - k0
+    q_offsets, k_offsets = _offsets(q_chunks), _offsets(k_chunks)
+    out = []
+    for state, (q0, q1), qo in zip(rows, q_chunks, q_offsets):
+        q_blk = q[..., qo : qo + q1 - q0, :] * scale  # (..., bq, Dk)
+        for (k0, k1), ko in zip(k_chunks, k_offsets):
+            if causal and k0 >= q1:  # every key after the last query: nothing visible, skip the tile
+                continue
+            state = attend_tile(state, q_blk, k[..., ko : ko + k1 - k0, :], v[..., ko : ko + k1 - k0, :], q0, k0,
+                                causal)
+            stats.tiles += 1
+            stats.score_entries += (q1 - q0) * (k1 - k0)
+            stats.largest_tile = max(stats.largest_tile, (q1 - q0) * (k1 - k0))
         out.append(state)
-        q_off += q1 - q0
     return out
+
+
+def _offsets(chunks) -> list[int]:
+    """Where each chunk starts in the rank's local tensor (its chunks are stored side by side)."""
+    return list(itertools.accumulate((stop - start for start, stop in chunks), initial=0))[:-1]
 
 
 def _finish(rows: list[RowState]) -> Tensor:
@@ -169,8 +179,7 @@ def _finish(rows: list[RowState]) -> Tensor:
 
 
 def _init(q: Tensor, q_chunks, d_v: int) -> list[RowState]:
-    starts = [0, *torch.tensor([b - a for a, b in q_chunks]).cumsum(0).tolist()]
-    return [init_rows(q[..., a:b, :], d_v) for a, b in itertools.pairwise(starts)]
+    return [init_rows(q[..., o : o + stop - start, :], d_v) for (start, stop), o in zip(q_chunks, _offsets(q_chunks))]
 
 
 # ------------------------------------------------------------------------------------------------------------
