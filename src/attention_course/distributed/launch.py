@@ -3,7 +3,8 @@
 ``launch(fn, world_size, *args)`` starts P fresh Python processes (forked from a clean server process:
 nothing is shared with the caller), joins them in a gloo process group on a free local port, calls ``fn(rank, world_size, *args)`` in each,
 and returns the P results in rank order. ``fn`` must be importable (a function of a module, not of a notebook):
-every rank imports it by name.
+every rank imports it by name. As with any ``multiprocessing`` program, a script calls ``launch`` under
+``if __name__ == "__main__":``.
 
 Distributed code hangs instead of failing: a rank that never reaches a collective leaves the others waiting.
 Two timeouts turn a hang into an error: the process group's own (a collective that waits longer raises in the
@@ -64,7 +65,9 @@ def _context():
     """Processes are forked from a server process that has imported torch and this package once, so that a
     launch costs milliseconds instead of a torch import per rank; they share nothing with the caller."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "attention_course.distributed.demos"])
+    # symbolic_shapes (and sympy) is imported lazily by the first custom autograd Function: seconds per rank
+    preload = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes"]
+    ctx.set_forkserver_preload([*preload, "attention_course.distributed.demos"])
     return ctx
 
 
@@ -140,7 +143,9 @@ def _result(rank: int, proc, result_dir: str):
     """What rank ``rank`` returned, or raise its error (naming the rank)."""
     path = Path(result_dir) / f"rank{rank}.pkl"
     if not path.exists():
-        raise RuntimeError(f"rank {rank} died without a result (exit code {proc.exitcode})")
+        raise RuntimeError(f"rank {rank} died without a result (exit code {proc.exitcode}); its error output is "
+                           "above. In a script, call launch under `if __name__ == \"__main__\":` (each process "
+                           "imports the main module)")
     with open(path, "rb") as f:
         outcome = pickle.load(f)
     if "error" in outcome:
