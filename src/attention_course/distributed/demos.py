@@ -3,7 +3,7 @@
 ``run_tensor_parallel(P, config)`` and ``run_ring_attention(P, config)`` launch the rank program on P gloo
 processes, rebuild the same inputs and weights in the caller from the same seed, and compare: they return a
 :class:`Report` of verdicts and measured counts. The chapter and the tests call them; so does
-``python -m attention_course.distributed.demos --world-size 4``.
+``python -m attention_course.distributed --world-size 4``.
 """
 
 from __future__ import annotations
@@ -254,6 +254,3 @@ def main(argv: list[str] | None = None) -> None:
 
 
 _RANK_PROGRAMS = {TensorParallelConfig: tensor_parallel_rank, RingConfig: ring_rank}
-
-if __name__ == "__main__":
-    main()
