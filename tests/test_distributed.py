@@ -117,14 +117,41 @@ def test_simulated_tensor_parallel_equals_module(d_model, heads, world_size, cau
 
 
 def test_all_reduce_before_output_projection_is_wrong():
-    """The mistake the chapter warns about: summing the heads' outputs over ranks before W_o."""
+    """The mistake the chapter warns about: summing the heads over the ranks before W_o."""
     torch.manual_seed(0)
     mha = MultiHeadAttention(8, 4).double()
     x = torch.randn(1, 3, 8).double()
     shards = [TensorParallelAttention(mha, r, 2) for r in range(2)]
-    summed_heads = sum(s.local_heads_output(x, x, x, None, False) for s in shards)  # (B, T, D/2)
-    with pytest.raises(RuntimeError):  # shapes do not even fit the full W_o
-        mha.w_o(summed_heads)
+    heads = [s.local_heads_output(x, x, x, None, False) for s in shards]  # (B, T, D/2) each
+    summed = sum(heads)
+    for shard in shards:
+        assert (summed @ shard.w_o_shard.T + mha.w_o.bias - mha(x)).abs().max() > 1e-3
+    right = sum(h @ s.w_o_shard.T for h, s in zip(heads, shards)) + mha.w_o.bias
+    torch.testing.assert_close(right, mha(x), rtol=0, atol=1e-12)
+
+
+def test_verification_catches_a_wrong_rank():
+    """The process tests can fail: the caller's comparison flags one rank's perturbed output or gradient."""
+    cfg = demos.RingConfig(causal=True, layout="zigzag")
+    q, k, v = demos._ring_problem(cfg)
+    out, _ = scaled_dot_product_attention(q, k, v, causal_mask(cfg.seq_len))
+    layout = sequence_layout(cfg.seq_len, 2, "zigzag")
+    stats = {"bytes_sent": 0, "tiles": 0, "score_entries": 0, "largest_tile": 0}
+    results = [{"out": shard_sequence(out, c).clone(), "stats": stats, "memory_bytes": 0} for c in layout]
+    assert demos._verify_ring(2, cfg, results).verdicts == {"output": True}
+    results[1]["out"][0, 0, 0, 0] += 1e-3
+    assert demos._verify_ring(2, cfg, results).verdicts == {"output": False}
+
+    tp_cfg = demos.TensorParallelConfig()
+    mha, inputs, grad_out = demos._tp_problem(tp_cfg)
+    ref = mha(*inputs)
+    (ref * grad_out).sum().backward()
+    rank_results = [{"out": ref.detach(), "input_grads": [x.grad for x in inputs],
+                     "param_grads": demos._full_param_grads(mha, r, 2), "allreduce_bytes": 0, "weight_bytes": 0}
+                    for r in range(2)]
+    assert all(demos._verify_tensor_parallel(2, tp_cfg, rank_results).verdicts.values())
+    rank_results[1]["param_grads"]["w_o_shard"] = rank_results[1]["param_grads"]["w_o_shard"] * 1.01
+    assert demos._verify_tensor_parallel(2, tp_cfg, rank_results).verdicts["weight gradients"] is False
 
 
 # ------------------------------------------------------------------------------------------------------------
