@@ -278,3 +278,31 @@ mistake("cache-missing-factor",
 # ==================================================================================================================
 # Chapter 13: distributed attention (append this chapter's mistakes here)
 # ==================================================================================================================
+
+mistake("allreduce-before-output-projection",
+        "tensor parallelism: the heads summed over the ranks (all-reduce) before the output projection",
+        "Your output is what you get when the heads are all-reduced BEFORE the output projection: {detail}. The "
+        "heads of different ranks are different features (rank 0 has heads 0 .. H/P - 1, rank 1 the next ones), "
+        "so adding them mixes unrelated heads. Each rank multiplies ITS heads by ITS rows of W_o (columns of "
+        "w_o, in nn.Linear's layout) and the all-reduce sums these (B, T, D) partial outputs.",
+        chapter=13, topic="distributed")
+mistake("tp-bias-per-rank", "tensor parallelism: the output bias added on every rank before the all-reduce",
+        "Your output has the bias b_o {detail} times: every rank added it before the all-reduce, which sums the "
+        "biases too. Add b_o once, after the sum (or on one rank only).",
+        chapter=13, topic="distributed")
+mistake("row-parallel-wrong-slice",
+        "tensor parallelism: a rank's slice of W_o taken along its output features instead of its input features",
+        "Your ranks slice w_o along the wrong axis: w_o[rows] are OUTPUT features in nn.Linear's (d_out, d_in) "
+        "layout. Rank r's heads are the INPUT features r*D/P .. (r+1)*D/P - 1 of the output projection: "
+        "w_o[:, r*D/P:(r+1)*D/P].",
+        chapter=13, topic="distributed")
+mistake("merge-without-rescale", "online-softmax merge of a new block without rescaling what was accumulated",
+        "Your merged result matches a merge in which {detail}. When a block raises the running maximum from m_old "
+        "to m_new, the sum l and the accumulator acc were computed relative to m_old: multiply both by "
+        "alpha = exp(m_old - m_new) before adding the new block's exp(scores - m_new) terms.",
+        chapter=13, topic="distributed")
+mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair built from local positions",
+        "Your causal mask is wrong for blocks of different ranks: {detail}. Query i of rank q_rank is at global "
+        "position q_rank * block + i, key j of rank k_rank at k_rank * block + j; the query may attend the key iff "
+        "key position <= query position.",
+        chapter=13, topic="distributed")

@@ -23,11 +23,12 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.kv_cache`, :mod:`.distributed`) and :mod:`.questions` (checked letter and number questions).
 """
 
 from ..mistakes import CODES
 from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
+from .distributed import check_ring_causal_mask, check_ring_merge, check_row_parallel_output
 from .heads import check_merge_heads, check_split_heads
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .masks import check_causal_mask, check_padding_mask
@@ -59,6 +60,9 @@ __all__ = [
     "check_padding_mask",
     "check_parameter_count",
     "check_repeat_kv",
+    "check_ring_causal_mask",
+    "check_ring_merge",
+    "check_row_parallel_output",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
     "check_softmax",
