@@ -50,7 +50,7 @@ def test_simulated_ring_equals_attention_with_gradients(shape, world_size, causa
     ref, _ = scaled_dot_product_attention(q, k, v, causal_mask(t) if causal else None)
     ref_grads = torch.autograd.grad((ref * grad_out).sum(), (q, k, v))
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
-    for got, want in zip(ours_grads, ref_grads):
+    for got, want in zip(ours_grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
@@ -107,7 +107,8 @@ def test_block_causal_mask_is_a_block_of_the_global_mask():
 def test_simulated_tensor_parallel_equals_module(d_model, heads, world_size, causal):
     torch.manual_seed(heads)
     mha = MultiHeadAttention(d_model, heads, kdim=7, vdim=5).double()
-    query, key, value = torch.randn(2, 4, d_model).double(), torch.randn(2, 6, 7).double(), torch.randn(2, 6, 5).double()
+    query = torch.randn(2, 4, d_model).double()  # (B, Tq, D)
+    key, value = torch.randn(2, 6, 7).double(), torch.randn(2, 6, 5).double()  # (B, Tk, kdim), (B, Tk, vdim)
     ours = simulate_tensor_parallel(mha, world_size, query, key, value, is_causal=causal)
     torch.testing.assert_close(ours, mha(query, key, value, is_causal=causal), rtol=0, atol=1e-12)
     torch_mha = mha.to_torch()
@@ -126,7 +127,7 @@ def test_all_reduce_before_output_projection_is_wrong():
     summed = sum(heads)
     for shard in shards:
         assert (summed @ shard.w_o_shard.T + mha.w_o.bias - mha(x)).abs().max() > 1e-3
-    right = sum(h @ s.w_o_shard.T for h, s in zip(heads, shards)) + mha.w_o.bias
+    right = sum(h @ s.w_o_shard.T for h, s in zip(heads, shards, strict=True)) + mha.w_o.bias
     torch.testing.assert_close(right, mha(x), rtol=0, atol=1e-12)
 
 
@@ -199,7 +200,7 @@ def test_both_schemes_on_processes(world_size):
         for row in report.per_rank:
             assert row["allreduce_bytes"] == row["allreduce_formula"]
             assert row["weight_bytes"] * world_size == row["weight_bytes_single"]
-    for cfg, report in zip(ring_configs, reports[2:]):
+    for cfg, report in zip(ring_configs, reports[2:], strict=True):
         assert report.verdicts == {"output": True}
         assert [r["bytes_sent"] for r in report.per_rank] == [r["bytes_formula"] for r in report.per_rank]
         assert [r["memory_bytes"] for r in report.per_rank] == [r["memory_formula"] for r in report.per_rank]

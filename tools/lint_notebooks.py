@@ -33,9 +33,10 @@ IGNORE_TAG = "nbval-ignore-output"
 # {value:.0e}, {value:e}, {value:.3E}, {value:.6f} and longer fixed-point formats inside f-strings or format().
 E_FORMAT = re.compile(r"\{[^{}]*:[^{}]*?(?:\.\d+)?[eE]\}|\{[^{}]*:[^{}]*?\.(?:[5-9]|\d\d)f\}")
 # A small number in e notation (7e-07, 1.5e-12), or any e-notation number after "=", "<" or ":" ("= 0e+00"),
-# not followed by a verdict (": True" / ": False"). Constants such as "+1e10" in prose-like output pass.
+# unless it is the tolerance of a verdict ("< 1e-5: True", "equal within 1e-05: output True"). Constants such as
+# "+1e10" in prose-like output pass.
 E_NUMBER = re.compile(
-    r"(?:[-+]?\d(?:\.\d+)?[eE]-\d+|(?<=[=<:] )[-+]?\d(?:\.\d+)?[eE][-+]?\d+)(?![\d.])(?!\)?\s*:\s*(?:True|False))"
+    r"(?:[-+]?\d(?:\.\d+)?[eE]-\d+|(?<=[=<:] )[-+]?\d(?:\.\d+)?[eE][-+]?\d+)(?![\d.])(?!\)?\s*:.*\b(?:True|False)\b)"
 )
 ADDRESS = re.compile(r" at 0x[0-9a-fA-F]{6,}>")
 TF_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |oneDNN custom operations are on", re.M)
