@@ -267,8 +267,8 @@ def check_rope_decode_step(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 ("rope-rotates-values", "", {"rotate_values": True}),
                 ("rope-cache-rotated-twice", "", {"rerotate": True}),
             ]
-            candidates = [(c, d, lambda kw=kw: rope_decode_variant(*inputs, **kw)) for c, d, kw in structural]
-            candidates += [(c, d, lambda kw=kw: rope_decode_variant(*inputs, core=kw))
+            candidates = [(c, d, lambda kw=kw, a=inputs: rope_decode_variant(*a, **kw)) for c, d, kw in structural]
+            candidates += [(c, d, lambda kw=kw, a=inputs: rope_decode_variant(*a, core=kw))
                            for c, d, kw in core_variants(dh, dh, 1, t + 1, 4, False, False)]
             diagnose(out_s, w_s, candidates, case, ref_out, ref_w, atol=atol, rtol=rtol)
         return (f"✓ {display_name(fn, label)}: {len(_DECODE_CASES)} random decoding steps (caches of 3 to 20 "
