@@ -280,3 +280,10 @@ def test_questions(capsys):
             checks.check_number("11.block-params", wrong)
     with pytest.raises(CheckFailed, match="Count each linear layer"):
         checks.check_number("11.block-params", 1234)
+
+
+def test_large_whole_numbers_are_shown_in_full(capsys):
+    checks.check_number("11.block-params", 3_152_384.0)
+    assert "3,152,384 is right" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] 3,145,728 is not"):
+        checks.check_number("11.block-params", 3_145_728)
