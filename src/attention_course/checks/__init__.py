@@ -23,7 +23,7 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`, :mod:`.blocks`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.kv_cache`, :mod:`.positions`, :mod:`.blocks`) and :mod:`.questions` (checked letter and number questions).
 """
 
 from ..mistakes import CODES
@@ -39,6 +39,7 @@ from .modules import (
     check_parameter_count,
     check_single_head_attention,
 )
+from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
 
@@ -46,6 +47,7 @@ __all__ = [
     "CODES",
     "DEFAULT_TIMEOUT",
     "CheckFailed",
+    "check_alibi_slopes",
     "check_attention_one_query",
     "check_causal_mask",
     "check_choice",
@@ -64,8 +66,11 @@ __all__ = [
     "check_post_ln_block",
     "check_pre_ln_block",
     "check_repeat_kv",
+    "check_rope",
+    "check_rope_decode_step",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
+    "check_sinusoidal_positions",
     "check_softmax",
     "check_split_heads",
 ]
