@@ -287,3 +287,8 @@ def test_large_whole_numbers_are_shown_in_full(capsys):
     assert "3,152,384 is right" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] 3,145,728 is not"):
         checks.check_number("11.block-params", 3_145_728)
+
+
+def test_unknown_sublayer_variant():
+    with pytest.raises(ValueError, match="nope"):
+        sublayer_variant("nope", torch.zeros(1), nn.Identity(), nn.Identity())
