@@ -53,7 +53,7 @@ def _build(cls, label: str, args: tuple, dropout: float | None) -> torch.nn.Modu
     kwargs = {} if dropout is None else {"dropout": dropout}
     call_text = f"{label}({', '.join(map(str, args))}{', dropout=' + str(dropout) if kwargs else ''})"
     names = ("d_model", "num_heads", "d_ff") if len(args) == 3 else ("d_model", "d_ff")
-    module = call(cls, dict(zip(names, args)) | kwargs, label, positional=len(args), call_text=call_text)
+    module = call(cls, dict(zip(names, args, strict=True)) | kwargs, label, positional=len(args), call_text=call_text)
     if not isinstance(module, torch.nn.Module):
         raise fail("wrong-type", f"{label}(...) built a {type(module).__name__}; expected a torch.nn.Module.")
     return module.eval()
