@@ -39,11 +39,14 @@ def test_every_example_is_a_zoo_entry_diagnosed_by_an_existing_check():
 def test_topics_and_chapters():
     topics = {m.topic for m in mistakes.MISTAKES.values()}
     assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache", "positions",
-                      "distributed"}
+                      "blocks", "distributed"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
     assert [m.code for m in mistakes.in_chapter(10)] == [
         "sinusoid-wrong-exponent", "sin-cos-swapped", "rope-wrong-pairing", "rope-wrong-frequencies",
         "alibi-wrong-slopes", "rope-position-not-offset", "rope-rotates-values", "rope-cache-rotated-twice"]
+    assert [m.code for m in mistakes.in_chapter(11)] == [
+        "residual-missing", "residual-twice", "norm-wrong-place", "norm-on-residual-stream", "ffn-activation-missing",
+        "decoder-not-causal", "cross-attention-keys-from-decoder"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

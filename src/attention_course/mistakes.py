@@ -305,6 +305,37 @@ mistake("rope-cache-rotated-twice", "cached keys, already rotated, rotated again
 # Chapter 11: the transformer block (append this chapter's mistakes here)
 # ==================================================================================================================
 
+mistake("residual-missing", "a residual connection is missing: the sub-layer's input is not added back",
+        "Your block drops a residual connection ({detail}): the sub-layer's input x must be added to the branch's "
+        "output, x + drop(branch(...)). Without it the stream carries only the branch's output and the direct path "
+        "for the gradient is gone.",
+        chapter=11, topic="blocks")
+mistake("residual-twice", "the residual is added twice (2 x + branch)",
+        "Your block adds the input twice ({detail}): the result is 2 x + branch, e.g. from h = x + branch(...) "
+        "followed by x = x + h. Add the input once: x = x + drop(branch(...)).",
+        chapter=11, topic="blocks")
+mistake("norm-wrong-place", "the LayerNorm is applied in the wrong place for the block's order",
+        "Your LayerNorm is in the wrong place: {detail}. Pre-LN: x + drop(branch(norm(x))); post-LN: "
+        "norm(x + drop(branch(x))).",
+        chapter=11, topic="blocks")
+mistake("norm-on-residual-stream", "pre-LN block that normalises the residual stream itself (x = norm(x))",
+        "Your pre-LN block normalises the residual stream itself ({detail}): with x = norm(x) followed by "
+        "x = x + branch(x), the un-normalised input never reaches the output. Only the branch's input is "
+        "normalised: x = x + drop(branch(norm(x))).",
+        chapter=11, topic="blocks")
+mistake("ffn-activation-missing", "the feed-forward network has no activation between its two linear layers",
+        "Your feed-forward network has no nonlinearity between linear1 and linear2{detail}: two linear layers in a "
+        "row are one linear layer. Apply the activation to the hidden layer: linear2(drop(relu(linear1(x)))).",
+        chapter=11, topic="blocks")
+mistake("decoder-not-causal", "the decoder's self-attention is not causal (positions see the future)",
+        "Your decoder's self-attention is not causal: each target position can see the tokens after it, which are "
+        "the ones it must predict. Pass is_causal=True (or a causal mask) to the self-attention.",
+        chapter=11, topic="blocks")
+mistake("cross-attention-keys-from-decoder", "cross-attention keys and values taken from the decoder, not the memory",
+        "Your cross-attention takes its keys and values from {detail} instead of the encoder's output: queries come "
+        "from the decoder, keys and values from the memory, self.cross_attn(norm2(x), memory, mask=memory_mask).",
+        chapter=11, topic="blocks")
+
 
 # ==================================================================================================================
 # Chapter 13: distributed attention (append this chapter's mistakes here)

@@ -23,10 +23,12 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`, :mod:`.positions`, :mod:`.distributed`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.kv_cache`, :mod:`.positions`, :mod:`.blocks`, :mod:`.distributed`) and :mod:`.questions` (checked letter and number
+questions).
 """
 
 from ..mistakes import CODES
+from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block, check_pre_ln_block
 from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
 from .distributed import check_ring_causal_mask, check_ring_merge, check_row_parallel_output
 from .heads import check_merge_heads, check_split_heads
@@ -51,7 +53,9 @@ __all__ = [
     "check_attention_one_query",
     "check_causal_mask",
     "check_choice",
+    "check_decoder_block",
     "check_einsum_attention",
+    "check_feed_forward",
     "check_grouped_query_attention",
     "check_keras_attention",
     "check_kv_cache_bytes",
@@ -61,6 +65,8 @@ __all__ = [
     "check_numpy_attention",
     "check_padding_mask",
     "check_parameter_count",
+    "check_post_ln_block",
+    "check_pre_ln_block",
     "check_repeat_kv",
     "check_ring_causal_mask",
     "check_ring_merge",
