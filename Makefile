@@ -1,11 +1,14 @@
 # One entry point for readers, students, instructors and CI.
+#   make setup    the reader's set-up only: .venv with requirements-reader.txt (no book tools, no browser)
+#   make lab      set-up, then JupyterLab on the book's folder
 #   make book     build the HTML book into _build/html (warnings are errors)
 #   make test     unit tests + coverage, nbval over every notebook, browser test of the built book
 #   make outputs  re-execute notebooks in place (NB="book/01_soft_lookup.ipynb" for one)
 #   make bench    run the benchmarks and regenerate benchmarks/README.md
 # Each target creates .venv and installs requirements.txt first, once: re-running installs nothing new.
+# The interpreter: PYTHON=... if given, else the first of python3.11, python3.12, python3.13, python3 that is >= 3.11.
 
-PYTHON ?= python3.11
+include tools/python.mk
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -21,8 +24,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: book test unit nbval browser outputs exercises bench clean
 
-$(STAMP): requirements.txt pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(STAMP): requirements.txt requirements-reader.txt pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
@@ -59,3 +61,32 @@ student-book: $(STAMP)
 	$(BIN)/python tools/student_toc.py
 	$(BIN)/jupyter-book build . --toc _toc_student.yml --path-output _build/student -W -n --keep-going
 	@echo "Student edition built: open file://$(CURDIR)/_build/student/_build/html/index.html"
+
+# Reader set-up (README "Set up"): the venv and requirements-reader.txt only; `make lab` opens JupyterLab on book/
+# with the repository as its root (exercises/ and the package are one folder up). LAB_ARGS: e.g. --no-browser.
+READER_STAMP := $(VENV)/.installed-reader
+LAB_ARGS ?=
+.PHONY: setup lab
+
+# .venv/bin/python: created once, with a clear message when no interpreter fits.
+$(BIN)/python:
+	@if [ -z "$(PYTHON)" ]; then \
+	  echo "No Python >= $(PYTHON_MIN) found (tried: $(PYTHON_CANDIDATES))." >&2; \
+	  echo "Install one (python.org, your package manager), or name it: make setup PYTHON=/path/to/python3.12" >&2; \
+	  exit 1; \
+	fi
+	@$(PYTHON) $(PYTHON_OK) 2>/dev/null || { \
+	  echo "PYTHON=$(PYTHON) is not a Python >= $(PYTHON_MIN) (it reports: $$($(PYTHON) --version 2>&1))." >&2; \
+	  echo "Name another one: make setup PYTHON=/path/to/python3.12" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(READER_STAMP): requirements-reader.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-reader.txt
+	touch $(READER_STAMP)
+
+setup: $(READER_STAMP)
+	@echo "Ready: \`make lab\` opens JupyterLab on book/ (or run $(BIN)/jupyter lab yourself)."
+
+lab: $(READER_STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/book $(LAB_ARGS)
