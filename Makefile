@@ -54,12 +54,16 @@ bench: $(STAMP)
 clean:
 	rm -rf _build
 
-# Student edition: the same book without solutions/ (_toc_student.yml, regenerated here from _toc.yml by
-# tools/student_toc.py), same _config.yml, same execution cache (what `make book` ran is not run again).
+# Student edition: the same book without solutions/ and the instructor guide (_toc_student.yml), and without
+# launch buttons that open the whole repository (_config_student.yml); both regenerated here from _toc.yml and
+# _config.yml by tools/student_toc.py. Same execution cache (what `make book` ran is not run again).
+# STUDENT_BRANCH=name: Binder and live code stay, on that branch (one the instructor keeps without solutions/).
+STUDENT_BRANCH ?=
 .PHONY: student-book
 student-book: $(STAMP)
-	$(BIN)/python tools/student_toc.py
-	$(BIN)/jupyter-book build . --toc _toc_student.yml --path-output _build/student -W -n --keep-going
+	$(BIN)/python tools/student_toc.py $(if $(STUDENT_BRANCH),--branch $(STUDENT_BRANCH))
+	$(BIN)/jupyter-book build . --toc _toc_student.yml --config _config_student.yml --path-output _build/student \
+	  -W -n --keep-going
 	@echo "Student edition built: open file://$(CURDIR)/_build/student/_build/html/index.html"
 
 # Reader set-up (README "Set up"): the venv and requirements-reader.txt only; `make lab` opens JupyterLab on book/
