@@ -70,6 +70,7 @@ student-book: $(STAMP)
 # with the repository as its root (exercises/ and the package are one folder up). LAB_ARGS: e.g. --no-browser.
 READER_STAMP := $(VENV)/.installed-reader
 LAB_ARGS ?=
+LAB_AS_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)  # containers often run as root
 .PHONY: setup lab
 
 # .venv/bin/python: created once, with a clear message when no interpreter fits.
@@ -93,4 +94,11 @@ setup: $(READER_STAMP)
 	@echo "Ready: \`make lab\` opens JupyterLab on book/ (or run $(BIN)/jupyter lab yourself)."
 
 lab: $(READER_STAMP)
-	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/book $(LAB_ARGS)
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/book $(LAB_AS_ROOT) $(LAB_ARGS)
+
+# The whole book as one PDF (_build/pdf/book.pdf): the single-page HTML build printed by Chromium
+# (tools/print_pdf.py says why not jupyter-book's pdfhtml builder). Same execution cache as `make book`.
+.PHONY: pdf
+pdf: $(STAMP) browser
+	$(BIN)/jupyter-book build . --builder singlehtml -n --keep-going
+	$(BIN)/python tools/print_pdf.py _build/singlehtml/index.html _build/pdf/book.pdf
