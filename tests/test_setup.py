@@ -301,7 +301,7 @@ def test_stylesheet_wraps_code_and_is_loaded():
     sheets = [ROOT / static / name for name in sphinx["html_css_files"]]
     assert sheets and all(sheet.is_file() for sheet in sheets)
     css = "\n".join(sheet.read_text(encoding="utf-8") for sheet in sheets)
-    assert re.search(r"div\.highlight pre[^{]*\{[^}]*white-space: pre-wrap", css, re.S)
+    assert re.search(r"\.bd-content pre \{[^}]*white-space: pre-wrap", css, re.S)
     assert re.search(r"code\.literal span\.pre[^{]*\{[^}]*overflow-wrap: anywhere", css, re.S)
     assert re.search(r'html\[data-theme="dark"\][^{]*img[^{]*\{[^}]*background-color', css, re.S)
 
