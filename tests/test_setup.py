@@ -310,3 +310,19 @@ def test_student_toc_has_no_instructor_page_and_no_solutions():
     student = student_toc.toc_docnames(ROOT / "_toc_student.yml")
     assert not [d for d in student if d in student_toc.INSTRUCTOR_PAGES or d.startswith("solutions/")], student
     assert "book/instructor_guide" in student_toc.toc_docnames(ROOT / "_toc.yml")
+
+
+def test_pdf_prints_the_root_page_from_the_build_root(tmp_path):
+    """jupyter-book's singlehtml index.html redirects to book/intro.html, whose links are relative to the build root:
+    tools/print_pdf.py prints a copy of it placed there (the browser part is checked by running `make pdf`)."""
+    import print_pdf
+
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "intro.html").write_text('<link href="_static/styles/theme.css">', encoding="utf-8")
+    (tmp_path / "index.html").write_text('<meta http-equiv="Refresh" content="0; url=book/intro.html" />')
+    page = print_pdf.single_page(tmp_path / "index.html")
+    assert page.parent == tmp_path and page.read_text(encoding="utf-8") == '<link href="_static/styles/theme.css">'
+    plain = tmp_path / "plain.html"
+    plain.write_text("<p>no redirect</p>")
+    assert print_pdf.single_page(plain) == plain
+    assert print_pdf.main([str(tmp_path / "missing.html")]) == 1

@@ -32,6 +32,8 @@ MATHJAX_REQUEST = re.compile(r"/mathjax@3[^/]*/es5/(?P<path>[^?#]+)")
 MATHJAX_DONE = """() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise
   ? window.MathJax.startup.promise.then(() => null, error => String(error)) : null"""
 TIMEOUT_MS = 120_000
+REDIRECT = re.compile(r'<meta http-equiv="Refresh" content="0; url=(?P<url>[^"]+)"', re.I)
+PRINTED_NAME = "book_for_print.html"
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -56,9 +58,22 @@ def answer_mathjax_locally(route) -> None:
     return route.continue_()
 
 
+def single_page(index: Path) -> Path:
+    """The page to print. jupyter-book's singlehtml index.html only redirects to the root document (book/intro.html),
+    whose links (styles, scripts, images) are written relative to the build's root folder: a copy of it in that folder
+    makes them resolve."""
+    redirect = REDIRECT.search(index.read_text(encoding="utf-8"))
+    if redirect is None:
+        return index
+    copy = index.parent / PRINTED_NAME
+    copy.write_text((index.parent / redirect["url"]).read_text(encoding="utf-8"), encoding="utf-8")
+    return copy
+
+
 def print_pdf(page: Path, pdf: Path) -> None:
     from playwright.sync_api import sync_playwright
 
+    page = single_page(page)
     server, base = serve(page.parent)
     pdf.parent.mkdir(parents=True, exist_ok=True)
     chromium = shutil.which("chromium")
