@@ -133,7 +133,7 @@ def test_table(graded):
     assert hint == f"{'':15}hint: {CODES['missing-scale']}"
     assert f"{'':15}hint: the check cell of exercise 5 (tags 'check' and 'exercise-5') is missing" in text
     assert f"{'':15}hint: boom" in lines and not any("hint: [" in line for line in lines)
-    assert all("hint:" not in after for before, after in zip(lines, lines[1:]) if before.endswith("pass"))
+    assert all("hint:" not in after for before, after in zip(lines, lines[1:], strict=False) if before.endswith("pass"))
     assert "  Exercise 5   A query with nothing to attend to           FAIL  [check-missing]" in lines
     assert "misbehaving.ipynb: 1/4  (its own check cells: no reference notebook)" in text
     assert lines[-1].startswith("ERROR ") and lines[-1].endswith("corrupt.ipynb: not a valid notebook (NotJSONError: "

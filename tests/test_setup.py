@@ -59,7 +59,7 @@ def test_reader_requirements_are_the_readers_set_pinned_exactly():
     reader = pins(READER)
     assert READER_PACKAGES <= set(reader), f"missing from {READER.name}: {READER_PACKAGES - set(reader)}"
     assert not MAINTAINER_TOOLS & set(reader), f"maintainers' tools in {READER.name}: {MAINTAINER_TOOLS & set(reader)}"
-    for name, lines in reader.items():
+    for lines in reader.values():
         for line in lines:
             assert re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.+]*(; .+)?", line), f"not pinned exactly: {line}"
     assert "-e ." in requirement_lines(READER), "the reader's set installs the course's package (-e .)"
