@@ -85,9 +85,20 @@ $(BIN)/python:
 	  echo "Name another one: make setup PYTHON=/path/to/python3.12" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
+# torch's CPU build from PyTorch's index when that index answers (PyPI's Linux torch pulls GBs of CUDA libraries);
+# from the package registry alone where it does not (machines that reach only the registry) or with TORCH_INDEX=.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+REACHABLE = -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)'
+
 $(READER_STAMP): requirements-reader.txt pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements-reader.txt
+	@index=""; \
+	if [ -z "$(TORCH_INDEX)" ]; then echo "TORCH_INDEX is empty: installing from the package registry only"; \
+	elif $(BIN)/python $(REACHABLE) "$(TORCH_INDEX)/" 2>/dev/null; then \
+	  echo "torch: the CPU build, from $(TORCH_INDEX)"; index="--extra-index-url $(TORCH_INDEX)"; \
+	else echo "$(TORCH_INDEX) does not answer: installing from the package registry only"; fi; \
+	echo "$(BIN)/python -m pip install --quiet $$index -r requirements-reader.txt"; \
+	$(BIN)/python -m pip install --quiet $$index -r requirements-reader.txt
 	touch $(READER_STAMP)
 
 setup: $(READER_STAMP)

@@ -5,11 +5,13 @@ the book settings for live code, "edit this page", last-updated dates and pages 
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -142,9 +144,40 @@ def test_make_setup_installs_only_the_readers_requirements(project):
     run = _make(["-n", "setup"], project)
     assert run.returncode == 0, run.stderr
     installs = [line for line in run.stdout.splitlines() if "pip install" in line]
-    assert installs[-1].endswith(f"pip install --quiet -r {READER.name}"), run.stdout
+    assert installs[-1].endswith(f"pip install --quiet $index -r {READER.name}"), run.stdout
+    assert f'"{TORCH_CPU_INDEX}/"' in run.stdout, "make setup does not try PyTorch's CPU index:\n" + run.stdout
     assert not re.search(r"-r requirements\.txt|jupyter-book|install_browser|playwright", run.stdout), run.stdout
     assert re.search(r"^python3\.1[1-9]* -m venv \.venv$|^python3 -m venv \.venv$", run.stdout, re.M), run.stdout
+
+
+@pytest.fixture
+def fake_venv(project):
+    """A .venv/bin/python that runs Python but only prints its `-m pip ...` commands (nothing is installed)."""
+    python = project / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ]; then echo "RAN $*"; else exec "{sys.executable}" "$@"; fi\n')
+    python.chmod(0o755)
+    return project
+
+
+@needs_make
+def test_make_setup_uses_torchs_cpu_index_only_when_it_answers(fake_venv):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    answering = f"http://127.0.0.1:{server.server_port}"
+    try:
+        run = _make(["setup", f"TORCH_INDEX={answering}"], fake_venv)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run.returncode == 0, run.stderr
+    assert f"RAN -m pip install --quiet --extra-index-url {answering} -r {READER.name}" in run.stdout, run.stdout
+    for index, why in ((answering, "does not answer"), ("", "TORCH_INDEX is empty")):  # the server is gone now
+        (fake_venv / ".venv" / ".installed-reader").unlink()
+        run = _make(["setup", f"TORCH_INDEX={index}"], fake_venv)
+        assert run.returncode == 0, run.stderr
+        assert f"RAN -m pip install --quiet -r {READER.name}" in " ".join(run.stdout.split()), run.stdout
+        assert why in run.stdout and "installing from the package registry only" in run.stdout
 
 
 @needs_make
