@@ -13,6 +13,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from attention_course import grade
+from attention_course.mistakes import CODES
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_soft_lookup_exercises.ipynb"
@@ -127,6 +128,12 @@ def test_table(graded):
     assert lines[1] == "  Exercise 1   A softmax that does not overflow            pass"
     assert f"planted_{NAME}: 3/5\n" in text
     assert "  Exercise 3   Scaled dot-product attention, vectorised    FAIL  [missing-scale]" in lines
+    # under each failure, the hint: the catalogue's description of the code, else the check's message
+    hint = lines[lines.index("  Exercise 3   Scaled dot-product attention, vectorised    FAIL  [missing-scale]") + 1]
+    assert hint == f"{'':15}hint: {CODES['missing-scale']}"
+    assert f"{'':15}hint: the check cell of exercise 5 (tags 'check' and 'exercise-5') is missing" in text
+    assert f"{'':15}hint: boom" in lines and not any("hint: [" in line for line in lines)
+    assert all("hint:" not in after for before, after in zip(lines, lines[1:], strict=False) if before.endswith("pass"))
     assert "  Exercise 5   A query with nothing to attend to           FAIL  [check-missing]" in lines
     assert "misbehaving.ipynb: 1/4  (its own check cells: no reference notebook)" in text
     assert lines[-1].startswith("ERROR ") and lines[-1].endswith("corrupt.ipynb: not a valid notebook (NotJSONError: "
@@ -143,9 +150,11 @@ def test_json_and_csv_parse(graded):
     assert data["notebooks"][2]["reference"] is None
     assert data["notebooks"][1]["exercises"][2]["code"] == "missing-scale"
     rows = list(csv.DictReader(io.StringIO(grade.format_csv(results))))
-    assert len(rows) == 11
-    assert rows[7]["exercise"] == "3" and rows[7]["passed"] == "0" and rows[7]["code"] == "missing-scale"
-    assert rows[9]["exercise"] == "5" and rows[9]["code"] == "check-missing"
+    assert len(rows) == 13  # 5 exercises and a total per graded notebook, one error row
+    assert rows[8]["exercise"] == "3" and rows[8]["passed"] == "0" and rows[8]["code"] == "missing-scale"
+    assert rows[10]["exercise"] == "5" and rows[10]["code"] == "check-missing"
+    totals = [(r["notebook"].rsplit("/", 1)[-1], r["passed"], r["message"]) for r in rows if r["exercise"] == "total"]
+    assert totals == [(f"solution_{NAME}", "5", "5/5"), (f"planted_{NAME}", "3", "3/5")]
     assert rows[-1]["code"] == "error" and rows[-1]["message"] == "no such file"
 
 
@@ -215,3 +224,14 @@ def test_canonical_check_sources_replace_the_submissions(tmp_path):
     r = grade.grade_notebook(tmp_path / "none_left.ipynb", reference=tmp_path / "ref.ipynb")
     assert [(e.exercise, e.title, e.passed, e.code) for e in r.exercises] == [(1, "One", False, "check-missing"),
                                                                               (2, "Two", False, "check-missing")]
+
+
+def test_kernel_warnings_are_not_shown(tmp_path, capfd):
+    """ipykernel warns on stderr that it runs over TCP without encryption, once per kernel: not the grader's news."""
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(_submission(new_markdown_cell("## Exercise 1 (warm-up): One"),
+                               _tag(new_code_cell("print('ok')"), "check", "exercise-1")), path)
+    assert grade.main([str(path), "--no-reference"]) == 0
+    out, err = capfd.readouterr()
+    assert out.startswith(f"{path}: 1/1")
+    assert "WARNING" not in err and "without encryption" not in err, err

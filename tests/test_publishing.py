@@ -157,7 +157,7 @@ def test_launch_download_and_repository_settings():
     assert launch["binderhub_url"] == "https://mybinder.org"
     assert launch["colab_url"] == "https://colab.research.google.com"
     assert launch["notebook_interface"] in ("classic", "jupyterlab")
-    assert (ROOT / "requirements.txt").is_file(), "Binder installs requirements.txt from the repository root"
+    assert (ROOT / "binder" / "requirements.txt").is_file(), "Binder installs binder/requirements.txt"
     assert "book_html_fixes" in config["sphinx"]["local_extensions"]
     assert (ROOT / config["sphinx"]["local_extensions"]["book_html_fixes"] / "book_html_fixes.py").is_file()
 
@@ -172,7 +172,7 @@ def built_pages():
     return parse_pages(HTML)
 
 
-def test_every_notebook_page_has_launch_download_and_repository_buttons(built_pages):
+def test_every_notebook_page_has_launch_download_repository_and_edit_buttons_and_the_licence(built_pages):
     config = load_yaml(ROOT / "_config.yml")
     repo_url, branch = config["repository"]["url"], config["repository"]["branch"]
     repo = urlsplit(repo_url).path.strip("/")
@@ -182,7 +182,9 @@ def test_every_notebook_page_has_launch_download_and_repository_buttons(built_pa
         page = f"{docname}.html"
         assert page in built_pages, f"{page} is missing from _build/html (built before _toc.yml changed? `make book`)"
         links = {url for _, _, url in built_pages[page].links}
-        expected = {"repository button": repo_url}
+        suffix = ".ipynb" if (ROOT / f"{docname}.ipynb").is_file() else ".md"
+        expected = {"repository button": repo_url, "edit this page": f"{repo_url}/edit/{branch}/{docname}{suffix}",
+                    "licence (footer)": "https://creativecommons.org/licenses/by/4.0/"}
         if (ROOT / f"{docname}.ipynb").is_file():
             notebook_pages += 1
             depth = "../" * docname.count("/")
@@ -192,6 +194,8 @@ def test_every_notebook_page_has_launch_download_and_repository_buttons(built_pa
                 "download .ipynb": f"{depth}_sources/{docname}.ipynb",
             }
         problems += [f"{page}: no {what} ({url})" for what, url in expected.items() if url not in links]
+        if suffix == ".ipynb" and "initThebeSBT()" not in (HTML / page).read_text(encoding="utf-8"):
+            problems.append(f"{page}: no live-code (Thebe) button")
     assert notebook_pages, "no notebook in _toc.yml"
     assert not problems, "\n".join(problems)
 

@@ -25,7 +25,11 @@ or its tags removed) fails with the code ``check-missing``; it still counts in t
 (``--no-reference``, no matching name, or no solutions folder) the notebook's own check cells are graded, and the
 table says so.
 
-Output: a table per notebook with a total such as ``3/5``; ``--json`` or ``--csv`` for machine-readable results.
+Output: a table per notebook with a total such as ``3/5`` and, under each failed exercise, the hint for its code
+(the catalogue's description of the mistake, else the check's message); ``--json`` or ``--csv`` for machine-readable
+results (the CSV has one row per exercise and, per notebook, a row ``total`` whose ``passed`` is the number passed
+and whose ``message`` is ``passed/total``). The kernels' own warnings (e.g. ipykernel's about TCP without
+encryption) are not shown; their errors are.
 A notebook that cannot be read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still
 graded. Exit status: 0 whenever grading ran (results, including unreadable notebooks, are in the output); 2 for
 a command-line usage error (including a ``--reference`` path that does not exist).
@@ -46,11 +50,14 @@ from pathlib import Path
 import nbformat
 
 from .exercises import CHECK_TAG, KERNEL_ENV, exercise_number, parse_heading
+from .mistakes import CODES
 
 DEFAULT_TIMEOUT_S = 60
 CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")
 AUTO = "auto"  # reference=AUTO: the repository's solutions/ folder, if there is one
 CHECK_MISSING = "check-missing"
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]  # no "running over TCP without encryption" warning per notebook
+TOTAL = "total"  # the `exercise` of a notebook's total row in the CSV
 
 
 @dataclass
@@ -198,7 +205,8 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S,
         for key, value in KERNEL_ENV.items():
             os.environ.setdefault(key, value)
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                                interrupt_on_timeout=True, resources={"metadata": {"path": str(path.parent.resolve())}})
+                                interrupt_on_timeout=True, extra_arguments=KERNEL_ARGS,
+                                resources={"metadata": {"path": str(path.parent.resolve())}})
         try:
             client.execute()
         except DeadKernelError:
@@ -219,6 +227,13 @@ def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None 
     return [grade_notebook(p, timeout, reference) for p in paths]
 
 
+def hint(result: ExerciseResult) -> str:
+    """What a failed exercise's code means: the catalogue's description, else the check's own message."""
+    if result.code in CODES:
+        return CODES[result.code]
+    return CODE.sub("", result.message or "").strip()
+
+
 def format_table(results: list[NotebookResult]) -> str:
     lines = []
     for r in results:
@@ -232,6 +247,8 @@ def format_table(results: list[NotebookResult]) -> str:
             status = "pass" if e.passed else "FAIL"
             code = f"  [{e.code}]" if e.code else ""
             lines.append(f"  Exercise {e.exercise:<3} {e.title:<{width}}  {status}{code}".rstrip())
+            if not e.passed and hint(e):
+                lines.append(f"{'':15}hint: {hint(e)}")
     return "\n".join(lines)
 
 
@@ -248,6 +265,8 @@ def format_csv(results: list[NotebookResult]) -> str:
             writer.writerow([r.notebook, "", "", "", "", "error", r.error])
         for e in r.exercises:
             writer.writerow([r.notebook, e.exercise, e.title, e.level, int(e.passed), e.code or "", e.message or ""])
+        if not r.error:
+            writer.writerow([r.notebook, TOTAL, "", "", r.passed, "", f"{r.passed}/{r.total}"])
     return buf.getvalue()
 
 
