@@ -28,6 +28,7 @@ The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (na
 
 from ..mistakes import CODES
 from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
+from .field_guide import check_additive_mask, check_layers_created_once
 from .heads import check_merge_heads, check_split_heads
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .masks import check_causal_mask, check_padding_mask
@@ -45,6 +46,7 @@ __all__ = [
     "CODES",
     "DEFAULT_TIMEOUT",
     "CheckFailed",
+    "check_additive_mask",
     "check_attention_one_query",
     "check_causal_mask",
     "check_choice",
@@ -52,6 +54,7 @@ __all__ = [
     "check_grouped_query_attention",
     "check_keras_attention",
     "check_kv_cache_bytes",
+    "check_layers_created_once",
     "check_merge_heads",
     "check_multi_head_attention",
     "check_number",
