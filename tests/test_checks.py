@@ -652,7 +652,7 @@ def test_mistakes_get_their_code(check, impl, code, capsys):
 
 
 def test_every_code_is_produced_somewhere():
-    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
+    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
     codes = {c[2] for c in CASES} | {b.code for b in zoo} | planted_elsewhere
     assert codes == set(checks.CODES)
