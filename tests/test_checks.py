@@ -652,7 +652,7 @@ def test_mistakes_get_their_code(check, impl, code, capsys):
 
 
 def test_every_code_is_produced_somewhere():
-    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
+    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(10)}  # tests/test_checks_positions.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(11)}  # tests/test_checks_blocks.py

@@ -221,7 +221,8 @@ mistake("masked-row-not-zero", "a fully masked query row gives uniform weights i
 mistake("causal-top-left-aligned", "causal mask aligned top-left when Tq < Tk (should be bottom-right)",
         "For Tq < Tk your causal mask is aligned top-left (query i sees keys 0..i). In this course the queries are "
         "the LAST Tq positions: query i may attend key j iff j <= i + (Tk - Tq), e.g. tril with diagonal=Tk - Tq.",
-        chapter=4, topic="masks", examples=[("causal_mask_top_left", "check_causal_mask")])
+        chapter=4, topic="masks", examples=[("causal_mask_top_left", "check_causal_mask"),
+                                            ("causal_mask_buffer_sliced", "check_causal_mask")])
 mistake("causal-excludes-diagonal", "causal mask hides each position from itself",
         "Your causal mask hides each position from itself: query i must be able to attend key i (the diagonal is "
         "True).",
@@ -264,6 +265,24 @@ mistake("cache-missing-factor",
         "Your cache size leaves out {detail}.",
         chapter=8, topic="kv_cache", examples=[("kv_cache_bytes_in_numbers", "check_kv_cache_bytes"),
                                                ("kv_cache_bytes_one_sequence", "check_kv_cache_bytes")])
+
+# ==================================================================================================================
+# Chapter 7: the field guide's own bugs (a layer created in forward, a float mask that is not additive)
+# ==================================================================================================================
+
+mistake("layer-created-in-forward",
+        "a layer (e.g. nn.Linear) created inside forward(): new random weights on every call, never trained or saved",
+        "Your module is not a fixed function: {detail}. A layer created inside forward() draws new random weights on "
+        "every call; they are not among the module's parameters, so the optimiser never trains them and the "
+        "state_dict never saves them. Create every layer once, in __init__, and only call it in forward().",
+        chapter=7, topic="field_guide", examples=[("MHALinearInForward", "check_layers_created_once")])
+mistake("float-mask-not-additive",
+        "a boolean mask cast to float (1 = may attend, 0 = hidden) used as an additive float mask",
+        "Your float mask is the boolean mask cast to numbers ({detail}). A float attn_mask is ADDED to the scores, so "
+        "0/1 entries hide nothing: they only add 1 to the allowed scores. An additive mask is 0 where attending is "
+        "allowed and -inf (or a large negative number) where it is not, e.g. "
+        "torch.zeros(mask.shape).masked_fill(~mask, float('-inf')).",
+        chapter=7, topic="field_guide", examples=[("additive_mask_cast", "check_additive_mask")])
 
 # ==================================================================================================================
 # Chapter 10: positions (append this chapter's mistakes here)

@@ -23,7 +23,8 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`, :mod:`.positions`, :mod:`.blocks`, :mod:`.distributed`) and :mod:`.questions` (checked letter and number
+:mod:`.kv_cache`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.distributed`) and :mod:`.questions` (checked
+letter and number
 questions).
 """
 
@@ -31,6 +32,7 @@ from ..mistakes import CODES
 from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block, check_pre_ln_block
 from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
 from .distributed import check_ring_causal_mask, check_ring_merge, check_row_parallel_output
+from .field_guide import check_additive_mask, check_layers_created_once
 from .heads import check_merge_heads, check_split_heads
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .masks import check_causal_mask, check_padding_mask
@@ -49,6 +51,7 @@ __all__ = [
     "CODES",
     "DEFAULT_TIMEOUT",
     "CheckFailed",
+    "check_additive_mask",
     "check_alibi_slopes",
     "check_attention_one_query",
     "check_causal_mask",
@@ -59,6 +62,7 @@ __all__ = [
     "check_grouped_query_attention",
     "check_keras_attention",
     "check_kv_cache_bytes",
+    "check_layers_created_once",
     "check_merge_heads",
     "check_multi_head_attention",
     "check_number",
