@@ -25,9 +25,10 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from attention_course.functional import sdpa_fast
-from attention_course.heads import merge_heads, split_heads
-from attention_course.validation import check_heads, check_mha_params, check_rank
+from .functional import sdpa_fast
+from .heads import merge_heads, split_heads
+from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
+from .validation import check_heads, check_rank
 
 
 def cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype=torch.float32) -> int:
@@ -233,13 +234,7 @@ class CausalSelfAttention(nn.Module):
         ``numpy_ref.multi_head_attention(x, x, x, params, H, causal_mask)`` reproduces the layer.
         """
         mha = self.as_multi_head()
-        zeros = torch.zeros(self.d_model, dtype=torch.float64)
-        params = {}
-        for name in "qkvo":
-            linear = getattr(mha, f"w_{name}")
-            params[f"w_{name}"] = linear.weight.detach().double().T.contiguous().numpy()
-            params[f"b_{name}"] = (zeros if linear.bias is None else linear.bias.detach().double()).numpy()
-        return params
+        return linear_params({name: getattr(mha, f"w_{name}") for name in "qkvo"})
 
     @torch.no_grad()
     def load_numpy_params(self, params: dict) -> None:
@@ -248,22 +243,14 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(
                 f"load_numpy_params needs num_kv_heads == num_heads, got {self.num_kv_heads} and {self.num_heads}"
             )
-        has_bias = self.w_o.bias is not None
-        check_mha_params(params, self.d_model, self.d_model, self.d_model, bias=has_bias)
-        dtype = self.w_o.weight.dtype
-        t = {name: torch.as_tensor(params[name], dtype=dtype) for name in params}
+        check_params(params, self.d_model, bias=self.w_o.bias is not None)
+        tensors = as_tensors(params, like=self.w_o.weight)
         if self.fused_qkv:
-            self.qkv.weight.copy_(torch.cat([t["w_q"].T, t["w_k"].T, t["w_v"].T]))
-            if has_bias:
-                self.qkv.bias.copy_(torch.cat([t["b_q"], t["b_k"], t["b_v"]]))
+            load_fused_qkv(self.qkv, tensors)
         else:
             for name in "qkv":
-                getattr(self, f"w_{name}").weight.copy_(t[f"w_{name}"].T)
-                if has_bias:
-                    getattr(self, f"w_{name}").bias.copy_(t[f"b_{name}"])
-        self.w_o.weight.copy_(t["w_o"].T)
-        if has_bias:
-            self.w_o.bias.copy_(t["b_o"])
+                load_linear(getattr(self, f"w_{name}"), tensors[f"w_{name}"], tensors[f"b_{name}"])
+        load_linear(self.w_o, tensors["w_o"], tensors["b_o"])
 
 
 class DecoderBlock(nn.Module):

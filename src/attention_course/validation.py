@@ -7,7 +7,7 @@ such as "query feature size 8 != key feature size 6" instead of deep inside a ma
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -107,22 +107,3 @@ def check_lengths(lengths: Tensor, t: int) -> None:
         raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
     if lengths.numel() and (lengths.min() < 0 or lengths.max() > t):
         raise ValueError(f"lengths must lie in [0, t={t}], got {lengths.tolist()}")
-
-
-def check_mha_params(params: dict, d_model: int, kdim: int, vdim: int, bias: bool = True) -> None:
-    """Check a ``x @ W + b`` parameter dict (see numpy_ref.init_mha_params) against a module's sizes."""
-    expected = {"w_q": (d_model, d_model), "w_k": (kdim, d_model), "w_v": (vdim, d_model), "w_o": (d_model, d_model)}
-    expected |= {f"b_{name}": (d_model,) for name in "qkvo"}
-    for name, shape in expected.items():
-        if name not in params:
-            raise ValueError(f"params is missing {name!r} (expected keys {sorted(expected)})")
-        if tuple(params[name].shape) != shape:
-            raise ValueError(f"params[{name!r}] has shape {tuple(params[name].shape)}, expected {shape}")
-        if not bias and name.startswith("b_") and torch.as_tensor(params[name]).any():
-            raise ValueError(f"the module has bias=False, but params[{name!r}] is not zero")
-
-
-def check_plain_torch_mha(m: nn.MultiheadAttention) -> None:
-    """Raise ValueError for nn.MultiheadAttention options that have no counterpart in our modules."""
-    if m.bias_k is not None or m.add_zero_attn:
-        raise ValueError("nn.MultiheadAttention with add_bias_kv=True or add_zero_attn=True is not supported")
