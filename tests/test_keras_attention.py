@@ -245,7 +245,8 @@ def test_keras_fills_mask_from_an_upstream_padding_mask():
     "kwargs,error,match",
     [
         (dict(d_model=10, num_heads=3), ValueError, r"d_model=10 is not divisible by num_heads=3"),
-        (dict(d_model=8, num_heads=0), ValueError, r"positive integers, got d_model=8, num_heads=0"),
+        (dict(d_model=8, num_heads=0), ValueError, r"num_heads must be >= 1, got num_heads=0"),
+        (dict(d_model=8, num_heads=2.0), TypeError, r"num_heads must be an int, got float 2.0"),
         (dict(d_model=8, num_heads=2, dropout=1.0), ValueError, r"dropout must be in \[0, 1\), got dropout=1.0"),
     ],
 )

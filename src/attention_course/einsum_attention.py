@@ -24,6 +24,7 @@ from .validation import (
     check_heads,
     check_mask,
     check_module_inputs,
+    per_example_mask,
 )
 
 # Each ``x @ W + b`` tensor's layout (left) and its per-head layout (right): D = (h k) is H heads of Dh features.
@@ -95,12 +96,14 @@ class EinsumMultiHeadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """query (B, Tq, D), key (B, Tk, kdim), value (B, Tk, vdim) -> out (B, Tq, D) [, weights (B, H, Tq, Tk)].
 
-        key defaults to query (self-attention) and value to key. ``mask`` broadcasts to (B, H, Tq, Tk), True =
-        may attend; ``is_causal=True`` also hides future keys (bottom-right aligned when Tq != Tk).
+        key defaults to query (self-attention) and value to key. ``mask``, True = may attend: (Tq, Tk) for all,
+        (B, Tq, Tk) per example, (B, H, Tq, Tk) per head; ``is_causal=True`` also hides future keys (bottom-right
+        aligned when Tq != Tk).
         """
         key = query if key is None else key
         value = key if value is None else value
-        check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim))
+        check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim), self.w_q.dtype)
+        mask = per_example_mask(mask, query.size(0), self.num_heads)  # 3-D (B, Tq, Tk) -> (B, 1, Tq, Tk)
         if is_causal:
             mask = combine_masks(mask, causal_mask(query.size(1), key.size(1), device=query.device))
         q = project_heads(query, self.w_q, self.b_q)  # (B, H, Tq, Dh)
@@ -165,6 +168,7 @@ def multi_head_attention_loop(
     p = as_tensors(params, like=query)
     check_heads(d_model, num_heads)
     head_dim = d_model // num_heads
+    mask = per_example_mask(mask, query.size(0), num_heads)  # 3-D (B, Tq, Tk) -> (B, 1, Tq, Tk)
     if mask is not None:
         scores_shape = (query.size(0), num_heads, query.size(1), key.size(1))
         check_mask(mask, scores_shape)

@@ -38,7 +38,12 @@ from .params import (
     load_fused_qkv,
     load_linear,
 )
-from .validation import check_dropout, check_heads, check_rank
+from .validation import (
+    check_dropout,
+    check_heads,
+    check_module_inputs,
+    per_example_mask,
+)
 
 
 class FusedSelfAttention(nn.Module):
@@ -71,16 +76,16 @@ class FusedSelfAttention(nn.Module):
 
         Args:
             x: (B, T, D) input.
-            mask: optional boolean, broadcastable to (B, H, T, T); True = may attend. Slower than ``is_causal``.
+            mask: optional boolean, True = may attend: (T, T), (B, T, T) per example or (B, H, T, T) per head.
+                Slower than ``is_causal``.
             is_causal: causal self-attention (each position sees itself and the past); combined with ``mask``.
 
         Returns:
             (B, T, D) output. Query rows that may attend no key give ``b_o`` (zero attention output).
         """
-        check_rank(x, "query", 3, "(B, T, D)")
+        check_module_inputs(x, x, x, (self.d_model,) * 3, self.qkv.weight.dtype)
         b, t, d = x.shape
-        if d != self.d_model:
-            raise ValueError(f"query has {d} features, but d_model={self.d_model}")
+        mask = per_example_mask(mask, b, self.num_heads)  # 3-D (B, T, T) -> (B, 1, T, T)
         # (B, T, 3D) -> (B, T, 3, H, Dh) -> (3, B, H, T, Dh): views, no copy
         q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         dropout_p = self.dropout if self.training else 0.0

@@ -24,6 +24,7 @@ import numpy as np
 from keras import ops
 
 from .params import check_params, keras_mha_params
+from .validation import check_dropout, check_heads
 
 _params_from_keras = keras_mha_params  # the name chapter 6 imports and displays
 
@@ -53,7 +54,8 @@ class KerasMultiHeadAttention(keras.layers.Layer):
 
     def __init__(self, d_model, num_heads, dropout=0.0, use_bias=True, kdim=None, vdim=None, **kwargs):
         super().__init__(**kwargs)
-        _check_config(d_model, num_heads, dropout)
+        check_heads(d_model, num_heads)
+        check_dropout(dropout)
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
         self.dropout, self.use_bias = dropout, use_bias
         self.kdim = d_model if kdim is None else kdim
@@ -180,15 +182,6 @@ class KerasMultiHeadAttention(keras.layers.Layer):
         names = ("d_model", "num_heads", "dropout", "use_bias", "kdim", "vdim")
         config.update({name: getattr(self, name) for name in names})
         return config
-
-
-def _check_config(d_model, num_heads, dropout):
-    if not (isinstance(d_model, int) and d_model > 0 and isinstance(num_heads, int) and num_heads > 0):
-        raise ValueError(f"d_model and num_heads must be positive integers, got {d_model=}, {num_heads=}")
-    if d_model % num_heads:
-        raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got dropout={dropout}")
 
 
 def _same_size(a, b):

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from .functional import sdpa_fast
 from .heads import merge_heads, split_heads
 from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
-from .validation import check_heads, check_rank
+from .validation import check_heads, check_int, check_module_inputs, check_rank
 
 
 def cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype=torch.float32) -> int:
@@ -44,8 +44,7 @@ def cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dty
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype or its name, got {type(dtype).__name__}")
     for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+        check_int(value, name)
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
@@ -56,6 +55,8 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     heads of one group share one key/value head. ``expand`` makes the repeat a view; the final reshape copies
     (PyTorch's SDPA needs equal head counts; fused GPU kernels avoid even that copy).
     """
+    check_rank(x, "x", 4, "(B, H_kv, T, Dh)")
+    check_int(n_rep, "n_rep")
     if n_rep == 1:
         return x
     b, h_kv, t, dh = x.shape
@@ -148,12 +149,13 @@ class CausalSelfAttention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = False
+        self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = True
     ):
         super().__init__()
         check_heads(d_model, num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_kv_heads < 1 or num_heads % num_kv_heads:
+        check_int(num_kv_heads, "num_kv_heads")
+        if num_heads % num_kv_heads:
             raise ValueError(f"num_kv_heads={num_kv_heads} must be >= 1 and divide num_heads={num_heads}")
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.head_dim = d_model // num_heads
@@ -181,7 +183,7 @@ class CausalSelfAttention(nn.Module):
         With a cache, x holds only the *new* positions (the last Tq of the sequence); their keys/values are
         added to ``cache`` (slot ``layer``). Returns (B, Tq, D).
         """
-        check_rank(x, "query", 3, "(B, T, D)")
+        check_module_inputs(x, x, x, (self.d_model,) * 3, self.w_o.weight.dtype)
         q, k, v = self.project(x)  # (B, H, Tq, Dh), (B, H_kv, Tq, Dh) x 2
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh), Tk = cached + Tq
@@ -260,7 +262,7 @@ class DecoderBlock(nn.Module):
                  fused_qkv: bool = True):  # fmt: skip
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads, fused_qkv=fused_qkv)
+        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads, fused_qkv=fused_qkv, bias=False)  # GPT-style
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(
             nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)

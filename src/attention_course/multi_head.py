@@ -1,7 +1,8 @@
 """Multi-head attention as a PyTorch module, weight-compatible with ``torch.nn.MultiheadAttention``.
 
 Always batch-first: query (B, Tq, D), key (B, Tk, kdim), value (B, Tk, vdim) -> (B, Tq, D).
-Masks are boolean, broadcastable to (B, H, Tq, Tk), True = may attend (nn.MultiheadAttention: True = NOT allowed).
+Masks are boolean, True = may attend (nn.MultiheadAttention: True = NOT allowed): (Tq, Tk), (B, Tq, Tk) per
+example (nn.MultiheadAttention reads 3-D as (B * H, Tq, Tk)), or (B, H, Tq, Tk) per head.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from .params import (
     store_torch_mha,
     torch_mha_projections,  # noqa: F401  (chapter 3 displays it next to from_torch)
 )
-from .validation import check_dropout, check_heads, check_module_inputs
+from .validation import (
+    check_dropout,
+    check_heads,
+    check_module_inputs,
+    per_example_mask,
+)
 
 
 class MultiHeadAttention(nn.Module):
@@ -70,12 +76,14 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """query (B, Tq, D), key (B, Tk, kdim), value (B, Tk, vdim) -> out (B, Tq, D) [, weights (B, H, Tq, Tk)].
 
-        key defaults to query (self-attention) and value to key. ``mask`` broadcasts to (B, H, Tq, Tk), True =
-        may attend; ``is_causal=True`` also hides future keys (bottom-right aligned when Tq != Tk).
+        key defaults to query (self-attention) and value to key. ``mask``, True = may attend: (Tq, Tk) for all,
+        (B, Tq, Tk) per example, (B, H, Tq, Tk) per head; ``is_causal=True`` also hides future keys (bottom-right
+        aligned when Tq != Tk).
         """
         key = query if key is None else key
         value = key if value is None else value
-        check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim))
+        check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim), self.w_q.weight.dtype)
+        mask = per_example_mask(mask, query.size(0), self.num_heads)  # 3-D (B, Tq, Tk) -> (B, 1, Tq, Tk)
         q = split_heads(self.w_q(query), self.num_heads)  # (B, H, Tq, Dh)
         k = split_heads(self.w_k(key), self.num_heads)  # (B, H, Tk, Dh)
         v = split_heads(self.w_v(value), self.num_heads)  # (B, H, Tk, Dh)
