@@ -18,8 +18,9 @@ STAMP := $(VENV)/.installed
 NOTEBOOK_DIRS := book exercises solutions
 NB ?= $(wildcard $(addsuffix /*.ipynb,$(NOTEBOOK_DIRS)))
 
-# Kernels started by nbval, the book build and `make outputs` inherit these: no TensorFlow C++ log lines
-# in stderr, and no oneDNN reordering of float sums (which changes results in the last digits).
+# Kernels started by nbval and the book build inherit these: no TensorFlow C++ log lines in stderr, and no
+# oneDNN reordering of float sums (which changes results in the last digits). The one list is KERNEL_ENV in
+# src/attention_course/course/kernel.py (tests/test_course_kernel.py keeps these exports equal to it).
 export TF_CPP_MIN_LOG_LEVEL := 3
 export TF_ENABLE_ONEDNN_OPTS := 0
 export PYTHONHASHSEED := 0

@@ -25,10 +25,12 @@ from pathlib import Path
 # torch's OpenMP threads busy-wait at every barrier; on a shared 2-core machine a descheduled spinning
 # thread turns a 2 ms step into 100 ms. Passive waiting keeps timings sane (set before torch loads).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import torch
+
+from attention_course.course.kernel import use_kernel_environment  # noqa: E402
+
+use_kernel_environment()  # the notebooks' settings (TensorFlow quiet and without oneDNN), before Keras loads
 
 THREADS = 2
 _STARTED = time.perf_counter()

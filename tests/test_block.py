@@ -203,7 +203,7 @@ def test_rms_norm_matches_torch():
         ({"num_heads": 0}, ValueError, "num_heads must be >= 1"),
         ({"activation": "tanh"}, ValueError, "activation must be one of"),
         ({"activation": F.relu}, TypeError, "activation must be a string"),
-        ({"dropout": 1.5}, ValueError, "dropout probability"),
+        ({"dropout": 1.5}, ValueError, r"dropout must be in \[0, 1\)"),
     ],
 )
 @pytest.mark.parametrize("cls", [EncoderBlock, DecoderBlock])

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from attention_course import exercises
+from attention_course.course import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -249,7 +249,7 @@ def test_generate_refuses_bad_executions(tmp_path, monkeypatch):
     def failing(nb, cwd, timeout=0):
         raise CellExecutionError("traceback", "NameError", "name 'x' is not defined")
 
-    monkeypatch.setattr(exercises, "execute", failing)
+    monkeypatch.setattr(exercises, "execute_notebook", failing)
     with pytest.raises(exercises.ExerciseError, match="a cell without the raises-exception tag failed"):
         exercises.generate(solution)
 
@@ -257,7 +257,7 @@ def test_generate_refuses_bad_executions(tmp_path, monkeypatch):
         nb.cells[3].outputs = [new_output("stream", name="stdout", text="/work/main/x.py\n")]
         return nb
 
-    monkeypatch.setattr(exercises, "execute", passing_check)
+    monkeypatch.setattr(exercises, "execute_notebook", passing_check)
     with pytest.raises(exercises.ExerciseError, match=r"should fail with \[not-implemented\].*got no error"):
         exercises.generate(solution)
 
@@ -266,7 +266,7 @@ def test_generate_refuses_bad_executions(tmp_path, monkeypatch):
                                           traceback=["File /work/main/src/attention_course/checks.py:3"])]
         return nb
 
-    monkeypatch.setattr(exercises, "execute", path_in_output)
+    monkeypatch.setattr(exercises, "execute_notebook", path_in_output)
     with pytest.raises(exercises.ExerciseError, match=r"machine paths \(cell 3: /work/\)"):
         exercises.generate(solution)
     assert exercises.main(["--root", str(tmp_path)]) == 1

@@ -146,7 +146,7 @@ def test_errors(data):
     m = make(params)
     with pytest.raises(ValueError, match=r"query must be 3-D \(B, T, D\), got shape \(7, 12\)"):
         m(torch.from_numpy(x[0]))
-    with pytest.raises(ValueError, match="query has 8 features, but d_model=12"):
+    with pytest.raises(ValueError, match="query has 8 features, but the query projection expects 12"):
         m(torch.zeros(2, 7, 8, dtype=torch.float64))
     with pytest.raises(TypeError, match="mask must be boolean"):
         m(torch.from_numpy(x), mask=torch.ones(7, 7, dtype=torch.float64))

@@ -166,7 +166,7 @@ def test_no_table_no_length_limit(positions):
         ({"vocab_size": 2.0}, TypeError, "vocab_size must be an int"),
         ({"positions": "alibi"}, ValueError, "positions must be one of"),
         ({"positions": "rope", "d_model": 12, "num_heads": 4}, ValueError, "even head size"),
-        ({"dropout": -0.1}, ValueError, "dropout probability"),
+        ({"dropout": -0.1}, ValueError, r"dropout must be in \[0, 1\)"),
     ],
 )
 def test_bad_sizes(kwargs, error, match):

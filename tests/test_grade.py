@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from attention_course import grade
+from attention_course.course import grade
 from attention_course.mistakes import CODES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,8 +168,9 @@ def test_command_line(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[0] == "notebook,exercise,title,level,passed,code,message"
     assert grade.main([str(tmp_path / "gone.ipynb")]) == 0
     assert capsys.readouterr().out == f"ERROR {tmp_path / 'gone.ipynb'}: no such file\n"
-    for usage_error in (["--json", "--csv", str(bad)], ["--reference", str(tmp_path / "nowhere"), str(bad)],
-                        ["--reference", str(tmp_path), "--no-reference", str(bad)]):
+    for usage_error in (["--json", "--csv", str(bad)], ["--solutions", str(tmp_path / "nowhere"), str(bad)],
+                        ["--reference", str(tmp_path / "nowhere"), str(bad)],
+                        ["--solutions", str(tmp_path), "--no-reference", str(bad)]):
         with pytest.raises(SystemExit) as info:
             grade.main(usage_error)
         assert info.value.code == 2
@@ -195,8 +196,17 @@ def test_reference_notebooks_are_found_by_name(tmp_path):
     assert find("adamasking_exercises.ipynb", refs) is None  # no separator
     assert find("anything.ipynb", refs / "other.ipynb") == refs / "other.ipynb"  # one file: every submission
     assert find(f"x_{NAME}", None) is None
-    assert find(f"x_{NAME}") == ROOT / "solutions" / NAME  # AUTO: the repository's solutions/
-    assert grade.default_reference() == ROOT / "solutions"
+
+
+
+def test_default_reference_is_the_solutions_folder_of_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert grade.default_reference() == Path("solutions").resolve()
+    assert grade.find_reference(f"x_{NAME}") == Path("solutions").resolve() / NAME  # AUTO
+    monkeypatch.chdir(tmp_path)  # e.g. an installed package, run where there are no solutions
+    assert grade.default_reference() is None and grade.find_reference(f"x_{NAME}") is None
+    (tmp_path / "solutions").mkdir()
+    assert grade.default_reference() == tmp_path / "solutions"
 
 
 def test_canonical_check_sources_replace_the_submissions(tmp_path):

@@ -245,7 +245,8 @@ def test_keras_fills_mask_from_an_upstream_padding_mask():
     "kwargs,error,match",
     [
         (dict(d_model=10, num_heads=3), ValueError, r"d_model=10 is not divisible by num_heads=3"),
-        (dict(d_model=8, num_heads=0), ValueError, r"positive integers, got d_model=8, num_heads=0"),
+        (dict(d_model=8, num_heads=0), ValueError, r"num_heads must be >= 1, got num_heads=0"),
+        (dict(d_model=8, num_heads=2.0), TypeError, r"num_heads must be an int, got float 2.0"),
         (dict(d_model=8, num_heads=2, dropout=1.0), ValueError, r"dropout must be in \[0, 1\), got dropout=1.0"),
     ],
 )
@@ -305,9 +306,9 @@ def test_from_keras_rejects_variants(kwargs):
 
 def test_load_numpy_params_errors():
     params = numpy_ref.init_mha_params(D, kdim=6)
-    with pytest.raises(KeyError, match=r"params is missing \['b_o'\]"):
+    with pytest.raises(ValueError, match=r"params is missing 'b_o'"):
         KerasMultiHeadAttention(D, 2, kdim=6).load_numpy_params({k: v for k, v in params.items() if k != "b_o"})
-    with pytest.raises(ValueError, match=r"w_k has shape \(6, 8\), expected \(8, 8\)"):
+    with pytest.raises(ValueError, match=r"params\['w_k'\] has shape \(6, 8\), expected \(8, 8\)"):
         KerasMultiHeadAttention(D, 2).load_numpy_params(params)
-    with pytest.raises(ValueError, match=r"cannot load a nonzero b_q into a layer built with use_bias=False"):
+    with pytest.raises(ValueError, match=r"the module has bias=False, but params\['b_q'\] is not zero"):
         KerasMultiHeadAttention(D, 2, use_bias=False, kdim=6).load_numpy_params(params)

@@ -28,14 +28,15 @@ from pathlib import Path
 
 import torch
 
-from attention_course.online_softmax import safe_max
-from attention_course.validation import check_attention_inputs
+from .masks import causal_mask, combine_masks
+from .online_softmax import safe_max
+from .validation import broadcast_shape, check_attention_inputs
 
 
 def _batch_shape(q, k, v, mask) -> tuple[int, ...]:
     """Validate the inputs (clear errors naming the shapes) and return the broadcast batch shape (...)."""
     check_attention_inputs(q, k, v, mask)
-    return tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+    return broadcast_shape(q.shape[:-2], k.shape[:-2], v.shape[:-2])
 
 
 def causal_block_range(q_start: int, q_stop: int, t_q: int, t_k: int) -> tuple[int, int]:
@@ -133,11 +134,9 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None
     Same semantics as :func:`blockwise_attention` (bottom-right causal mask, fully masked rows -> 0).
     """
     _batch_shape(q, k, v, mask)
-    t_q, t_k = q.shape[-2], k.shape[-2]
     scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # (..., Tq, Tk)
     if is_causal:
-        causal = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril_(t_k - t_q)
-        mask = causal if mask is None else mask & causal
+        mask = combine_masks(mask, causal_mask(q.shape[-2], k.shape[-2], device=q.device))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)

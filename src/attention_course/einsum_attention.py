@@ -16,13 +16,15 @@ from torch import Tensor, nn
 
 from .functional import masked_softmax, scaled_dot_product_attention
 from .masks import causal_mask, combine_masks
+from .numpy_ref import MHA_PARAM_NAMES
+from .params import as_tensors, check_params, sizes_of
 from .validation import (
     check_attention_inputs,
     check_dropout,
     check_heads,
     check_mask,
-    check_mha_params,
     check_module_inputs,
+    per_example_mask,
 )
 
 # Each ``x @ W + b`` tensor's layout (left) and its per-head layout (right): D = (h k) is H heads of Dh features.
@@ -94,12 +96,14 @@ class EinsumMultiHeadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """query (B, Tq, D), key (B, Tk, kdim), value (B, Tk, vdim) -> out (B, Tq, D) [, weights (B, H, Tq, Tk)].
 
-        key defaults to query (self-attention) and value to key. ``mask`` broadcasts to (B, H, Tq, Tk), True =
-        may attend; ``is_causal=True`` also hides future keys (bottom-right aligned when Tq != Tk).
+        key defaults to query (self-attention) and value to key. ``mask``, True = may attend: (Tq, Tk) for all,
+        (B, Tq, Tk) per example, (B, H, Tq, Tk) per head; ``is_causal=True`` also hides future keys (bottom-right
+        aligned when Tq != Tk).
         """
         key = query if key is None else key
         value = key if value is None else value
-        check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim))
+        check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim), self.w_q.dtype)
+        mask = per_example_mask(mask, query.size(0), self.num_heads)  # 3-D (B, Tq, Tk) -> (B, 1, Tq, Tk)
         if is_causal:
             mask = combine_masks(mask, causal_mask(query.size(1), key.size(1), device=query.device))
         q = project_heads(query, self.w_q, self.b_q)  # (B, H, Tq, Dh)
@@ -119,14 +123,15 @@ class EinsumMultiHeadAttention(nn.Module):
 
     def load_numpy_params(self, params: dict) -> None:
         """Load a ``y = x @ W + b`` dict (see numpy_ref.init_mha_params): head h owns columns h*Dh .. (h+1)*Dh - 1."""
-        check_mha_params(params, self.d_model, self.kdim, self.vdim, bias=self.b_o is not None)
+        check_params(params, self.d_model, self.kdim, self.vdim, bias=self.b_o is not None)
+        tensors = as_tensors(params, like=self.w_q)
         with torch.no_grad():
             for name, (flat, per_head) in PER_HEAD_LAYOUT.items():
                 param = getattr(self, name)
                 if param is not None:  # biases are None when bias=False
-                    param.copy_(rearrange(torch.as_tensor(params[name]), f"{flat} -> {per_head}", h=self.num_heads))
+                    param.copy_(rearrange(tensors[name], f"{flat} -> {per_head}", h=self.num_heads))
             if self.b_o is not None:
-                self.b_o.copy_(torch.as_tensor(params["b_o"]))
+                self.b_o.copy_(tensors["b_o"])
 
     def numpy_params(self) -> dict:
         """The weights as a float64 ``y = x @ W + b`` dict, W (d_in, d_out); zero biases if bias=False."""
@@ -136,7 +141,7 @@ class EinsumMultiHeadAttention(nn.Module):
             param = getattr(self, name)
             params[name] = zeros if param is None else rearrange(param.detach(), f"{per_head} -> {flat}")
         params["b_o"] = zeros if self.b_o is None else self.b_o.detach()
-        return {name: x.double().cpu().numpy() for name, x in params.items()}
+        return {name: params[name].double().cpu().numpy() for name in MHA_PARAM_NAMES}
 
 
 def multi_head_attention_loop(
@@ -157,11 +162,13 @@ def multi_head_attention_loop(
     Returns:
         out (B, Tq, D) and weights (B, H, Tq, Tk).
     """
-    p = {name: torch.as_tensor(x, dtype=query.dtype, device=query.device) for name, x in params.items()}
-    check_module_inputs(query, key, value, (p["w_q"].size(0), p["w_k"].size(0), p["w_v"].size(0)))
-    d_model = p["w_q"].size(1)
+    d_model, kdim, vdim = sizes_of(params)
+    check_params(params, d_model, kdim, vdim)
+    check_module_inputs(query, key, value, (d_model, kdim, vdim))
+    p = as_tensors(params, like=query)
     check_heads(d_model, num_heads)
     head_dim = d_model // num_heads
+    mask = per_example_mask(mask, query.size(0), num_heads)  # 3-D (B, Tq, Tk) -> (B, 1, Tq, Tk)
     if mask is not None:
         scores_shape = (query.size(0), num_heads, query.size(1), key.size(1))
         check_mask(mask, scores_shape)

@@ -25,15 +25,25 @@ Weights can be exchanged with the float64 reference (:mod:`attention_course.nump
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attention_course.functional import sdpa_fast
-from attention_course.numpy_ref import MHA_PARAM_NAMES
-from attention_course.validation import check_dropout, check_heads, check_mha_params, check_rank
+from .functional import sdpa_fast
+from .params import (
+    as_tensors,
+    check_params,
+    fused_qkv_params,
+    load_fused_qkv,
+    load_linear,
+)
+from .validation import (
+    check_dropout,
+    check_heads,
+    check_module_inputs,
+    per_example_mask,
+)
 
 
 class FusedSelfAttention(nn.Module):
@@ -66,16 +76,16 @@ class FusedSelfAttention(nn.Module):
 
         Args:
             x: (B, T, D) input.
-            mask: optional boolean, broadcastable to (B, H, T, T); True = may attend. Slower than ``is_causal``.
+            mask: optional boolean, True = may attend: (T, T), (B, T, T) per example or (B, H, T, T) per head.
+                Slower than ``is_causal``.
             is_causal: causal self-attention (each position sees itself and the past); combined with ``mask``.
 
         Returns:
             (B, T, D) output. Query rows that may attend no key give ``b_o`` (zero attention output).
         """
-        check_rank(x, "query", 3, "(B, T, D)")
+        check_module_inputs(x, x, x, (self.d_model,) * 3, self.qkv.weight.dtype)
         b, t, d = x.shape
-        if d != self.d_model:
-            raise ValueError(f"query has {d} features, but d_model={self.d_model}")
+        mask = per_example_mask(mask, b, self.num_heads)  # 3-D (B, T, T) -> (B, 1, T, T)
         # (B, T, 3D) -> (B, T, 3, H, Dh) -> (3, B, H, T, Dh): views, no copy
         q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         dropout_p = self.dropout if self.training else 0.0
@@ -86,36 +96,16 @@ class FusedSelfAttention(nn.Module):
         # (B, H, T, Dh) -> (B, T, H, Dh) -> (B, T, D); the fused kernel's output is already laid out this way
         return self.w_o(heads.transpose(1, 2).reshape(b, t, d))
 
-    @torch.no_grad()
     def load_numpy_params(self, params: dict) -> None:
         """Copy weights from a :func:`attention_course.numpy_ref.init_mha_params` dict (``y = x @ W + b``)."""
-        has_bias = self.qkv.bias is not None
-        check_mha_params(params, self.d_model, self.d_model, self.d_model, bias=has_bias)
-        dtype = self.qkv.weight.dtype
+        check_params(params, self.d_model, bias=self.qkv.bias is not None)
+        tensors = as_tensors(params, like=self.qkv.weight)
+        load_fused_qkv(self.qkv, tensors)
+        load_linear(self.w_o, tensors["w_o"], tensors["b_o"])
 
-        def t(name):
-            return torch.as_tensor(np.asarray(params[name]), dtype=dtype)
-
-        # nn.Linear stores W^T (d_out, d_in); stacking the transposed (D, D) blocks gives the (3D, D) weight
-        self.qkv.weight.copy_(torch.cat([t("w_q").T, t("w_k").T, t("w_v").T], dim=0))
-        self.w_o.weight.copy_(t("w_o").T)
-        if has_bias:
-            self.qkv.bias.copy_(torch.cat([t("b_q"), t("b_k"), t("b_v")]))
-            self.w_o.bias.copy_(t("b_o"))
-
-    @torch.no_grad()
     def numpy_params(self) -> dict:
         """The weights as a float64 ``numpy_ref`` dict (zeros for biases when ``bias=False``)."""
-        d = self.d_model
-        w_q, w_k, w_v = self.qkv.weight.detach().double().split(d, dim=0)  # each (D, D) = W^T
-        zeros = torch.zeros(d, dtype=torch.float64)
-        b_q, b_k, b_v = self.qkv.bias.detach().double().split(d) if self.qkv.bias is not None else (zeros,) * 3
-        b_o = self.w_o.bias.detach().double() if self.w_o.bias is not None else zeros
-        tensors = {
-            "w_q": w_q.T, "b_q": b_q, "w_k": w_k.T, "b_k": b_k, "w_v": w_v.T, "b_v": b_v,
-            "w_o": self.w_o.weight.detach().double().T, "b_o": b_o,
-        }  # fmt: skip
-        return {name: tensors[name].contiguous().numpy().copy() for name in MHA_PARAM_NAMES}
+        return fused_qkv_params(self.qkv, self.w_o)
 
 
 class _RecordOps(TorchDispatchMode):

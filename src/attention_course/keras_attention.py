@@ -23,7 +23,10 @@ import keras
 import numpy as np
 from keras import ops
 
-from attention_course.numpy_ref import MHA_PARAM_NAMES
+from .params import check_params, keras_mha_params
+from .validation import check_dropout, check_heads
+
+_params_from_keras = keras_mha_params  # the name chapter 6 imports and displays
 
 _LARGE_NEGATIVE = -1e9  # finite "minus infinity": a fully masked row stays NaN-free through softmax
 
@@ -51,7 +54,8 @@ class KerasMultiHeadAttention(keras.layers.Layer):
 
     def __init__(self, d_model, num_heads, dropout=0.0, use_bias=True, kdim=None, vdim=None, **kwargs):
         super().__init__(**kwargs)
-        _check_config(d_model, num_heads, dropout)
+        check_heads(d_model, num_heads)
+        check_dropout(dropout)
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
         self.dropout, self.use_bias = dropout, use_bias
         self.kdim = d_model if kdim is None else kdim
@@ -145,7 +149,7 @@ class KerasMultiHeadAttention(keras.layers.Layer):
         the columns of our (d_in, D) kernel are ordered head by head. Requires key_dim * num_heads == query
         feature size == output size, and value_dim == key_dim.
         """
-        params = _params_from_keras(layer)
+        params = keras_mha_params(layer)
         d_model = params["w_q"].shape[0]
         kdim, vdim = params["w_k"].shape[0], params["w_v"].shape[0]
         ours = cls(d_model, layer.num_heads, layer.dropout, layer.use_bias, kdim, vdim, dtype=layer.dtype_policy)
@@ -162,32 +166,22 @@ class KerasMultiHeadAttention(keras.layers.Layer):
         return params
 
     def load_numpy_params(self, params):
-        """Copy a numpy_ref dict (w_* (d_in, D), b_* (D,), ``y = x @ W + b``) into the Dense layers."""
-        missing = [name for name in MHA_PARAM_NAMES if name not in params]
-        if missing:
-            raise KeyError(f"params is missing {missing}")
+        """Copy a numpy_ref dict (w_* (d_in, D), b_* (D,), ``y = x @ W + b``) into the Dense layers.
+
+        A Dense kernel is already the (d_in, D) matrix W, so nothing is transposed or reshaped.
+        """
+        check_params(params, self.d_model, self.kdim, self.vdim, bias=self.use_bias)
         for name in "qkvo":
             dense = getattr(self, f"w_{name}")
-            _assign(dense.kernel, params[f"w_{name}"], f"w_{name}")
+            dense.kernel.assign(np.asarray(params[f"w_{name}"]).astype(dense.kernel.dtype))
             if self.use_bias:
-                _assign(dense.bias, params[f"b_{name}"], f"b_{name}")
-            elif np.any(params[f"b_{name}"]):
-                raise ValueError(f"cannot load a nonzero b_{name} into a layer built with use_bias=False")
+                dense.bias.assign(np.asarray(params[f"b_{name}"]).astype(dense.bias.dtype))
 
     def get_config(self):
         config = super().get_config()
         names = ("d_model", "num_heads", "dropout", "use_bias", "kdim", "vdim")
         config.update({name: getattr(self, name) for name in names})
         return config
-
-
-def _check_config(d_model, num_heads, dropout):
-    if not (isinstance(d_model, int) and d_model > 0 and isinstance(num_heads, int) and num_heads > 0):
-        raise ValueError(f"d_model and num_heads must be positive integers, got {d_model=}, {num_heads=}")
-    if d_model % num_heads:
-        raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got dropout={dropout}")
 
 
 def _same_size(a, b):
@@ -208,36 +202,3 @@ def _prepare_mask(mask, scores_shape):
     if len(mask.shape) > 4 or not all(m == 1 or _same_size(m, s) for m, s in zip(padded, scores_shape)):
         raise ValueError(f"mask of shape {shape} does not broadcast to attention scores {scores_shape}")
     return mask
-
-
-def _assign(variable, value, name):
-    value = np.asarray(value)
-    if value.shape != tuple(variable.shape):
-        raise ValueError(f"{name} has shape {value.shape}, expected {tuple(variable.shape)}")
-    variable.assign(value.astype(variable.dtype))
-
-
-def _params_from_keras(layer):
-    """numpy_ref dict from the per-head kernels of a built ``keras.layers.MultiHeadAttention``."""
-    if not isinstance(layer, keras.layers.MultiHeadAttention):
-        raise TypeError(f"expected a keras.layers.MultiHeadAttention, got {type(layer).__name__}")
-    if not layer.built:
-        raise ValueError("the Keras layer has no weights yet: call it once or layer.build(query_shape, value_shape)")
-    d_model, num_heads, key_dim = layer.query_dense.kernel.shape  # (D, H, Dh)
-    if key_dim * num_heads != d_model:
-        raise ValueError(f"key_dim * num_heads = {key_dim} * {num_heads} != query feature size {d_model}")
-    if layer.value_dim != key_dim:
-        raise ValueError(f"value_dim={layer.value_dim} != key_dim={key_dim}")
-    output_shape = tuple(layer.output_dense.kernel.shape)
-    if output_shape != (num_heads, key_dim, d_model):
-        raise ValueError(f"output kernel {output_shape} does not map back to d_model={d_model} (output_shape set?)")
-    default = layer.attention_axes in (None, (1,), (-2,)) and not getattr(layer, "_use_gate", False)
-    if not default or getattr(layer, "_sliding_window", None):
-        raise ValueError("only the default layer is supported: attention over axis 1, no gate, no sliding window")
-    params = {}
-    for ours, theirs in zip("qkvo", (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)):
-        kernel = np.asarray(theirs.kernel, np.float64)  # (d_in, H, Dh); output (H, Dh, D)
-        params[f"w_{ours}"] = kernel.reshape(-1, d_model)  # (d_in, H * Dh = D); output (H * Dh = D, D)
-        bias = np.asarray(theirs.bias, np.float64) if layer.use_bias else np.zeros(d_model)
-        params[f"b_{ours}"] = bias.reshape(d_model)  # (H, Dh) or (D,) -> (D,)
-    return params

@@ -25,10 +25,11 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from attention_course.functional import sdpa_fast
-from attention_course.heads import merge_heads, split_heads
-from attention_course.positions import apply_rope, check_base
-from attention_course.validation import check_heads, check_mha_params, check_rank
+from .functional import sdpa_fast
+from .heads import merge_heads, split_heads
+from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
+from .positions import apply_rope, check_base
+from .validation import check_heads, check_int, check_module_inputs, check_rank
 
 
 def cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype=torch.float32) -> int:
@@ -44,8 +45,7 @@ def cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dty
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype or its name, got {type(dtype).__name__}")
     for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+        check_int(value, name)
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
@@ -56,6 +56,8 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     heads of one group share one key/value head. ``expand`` makes the repeat a view; the final reshape copies
     (PyTorch's SDPA needs equal head counts; fused GPU kernels avoid even that copy).
     """
+    check_rank(x, "x", 4, "(B, H_kv, T, Dh)")
+    check_int(n_rep, "n_rep")
     if n_rep == 1:
         return x
     b, h_kv, t, dh = x.shape
@@ -151,9 +153,9 @@ class CausalSelfAttention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = False,
+        self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = True,
         rope: bool = False, rope_base: float = 10000.0,
-    ):  # fmt: skip
+    ):
         super().__init__()
         check_heads(d_model, num_heads)
         check_base(rope_base)
@@ -161,7 +163,8 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(f"rope needs an even head dimension, got {d_model // num_heads}")
         self.rope, self.rope_base = rope, rope_base
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_kv_heads < 1 or num_heads % num_kv_heads:
+        check_int(num_kv_heads, "num_kv_heads")
+        if num_heads % num_kv_heads:
             raise ValueError(f"num_kv_heads={num_kv_heads} must be >= 1 and divide num_heads={num_heads}")
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.head_dim = d_model // num_heads
@@ -189,7 +192,7 @@ class CausalSelfAttention(nn.Module):
         With a cache, x holds only the *new* positions (the last Tq of the sequence); their keys/values are
         added to ``cache`` (slot ``layer``). Returns (B, Tq, D).
         """
-        check_rank(x, "query", 3, "(B, T, D)")
+        check_module_inputs(x, x, x, (self.d_model,) * 3, self.w_o.weight.dtype)
         q, k, v = self.project(x)  # (B, H, Tq, Dh), (B, H_kv, Tq, Dh) x 2
         if self.rope:
             start = 0 if cache is None else cache.lengths[layer]  # the new tokens follow the cached ones
@@ -249,13 +252,7 @@ class CausalSelfAttention(nn.Module):
         which the NumPy reference does not have).
         """
         mha = self.as_multi_head()
-        zeros = torch.zeros(self.d_model, dtype=torch.float64)
-        params = {}
-        for name in "qkvo":
-            linear = getattr(mha, f"w_{name}")
-            params[f"w_{name}"] = linear.weight.detach().double().T.contiguous().numpy()
-            params[f"b_{name}"] = (zeros if linear.bias is None else linear.bias.detach().double()).numpy()
-        return params
+        return linear_params({name: getattr(mha, f"w_{name}") for name in "qkvo"})
 
     @torch.no_grad()
     def load_numpy_params(self, params: dict) -> None:
@@ -264,22 +261,14 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(
                 f"load_numpy_params needs num_kv_heads == num_heads, got {self.num_kv_heads} and {self.num_heads}"
             )
-        has_bias = self.w_o.bias is not None
-        check_mha_params(params, self.d_model, self.d_model, self.d_model, bias=has_bias)
-        dtype = self.w_o.weight.dtype
-        t = {name: torch.as_tensor(params[name], dtype=dtype) for name in params}
+        check_params(params, self.d_model, bias=self.w_o.bias is not None)
+        tensors = as_tensors(params, like=self.w_o.weight)
         if self.fused_qkv:
-            self.qkv.weight.copy_(torch.cat([t["w_q"].T, t["w_k"].T, t["w_v"].T]))
-            if has_bias:
-                self.qkv.bias.copy_(torch.cat([t["b_q"], t["b_k"], t["b_v"]]))
+            load_fused_qkv(self.qkv, tensors)
         else:
             for name in "qkv":
-                getattr(self, f"w_{name}").weight.copy_(t[f"w_{name}"].T)
-                if has_bias:
-                    getattr(self, f"w_{name}").bias.copy_(t[f"b_{name}"])
-        self.w_o.weight.copy_(t["w_o"].T)
-        if has_bias:
-            self.w_o.bias.copy_(t["b_o"])
+                load_linear(getattr(self, f"w_{name}"), tensors[f"w_{name}"], tensors[f"b_{name}"])
+        load_linear(self.w_o, tensors["w_o"], tensors["b_o"])
 
 
 class DecoderBlock(nn.Module):
@@ -289,7 +278,8 @@ class DecoderBlock(nn.Module):
                  fused_qkv: bool = True, rope: bool = False):  # fmt: skip
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads, fused_qkv=fused_qkv, rope=rope)
+        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads, fused_qkv=fused_qkv, bias=False,  # GPT-style
+                                        rope=rope)
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(
             nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)

@@ -1,6 +1,9 @@
 """Boolean attention masks. One convention throughout the package: True = may attend.
 
 A mask broadcasts to the attention scores (..., Tq, Tk): entry [i, j] says whether query i may look at key j.
+Functions on (..., Tq, Tk) scores broadcast masks as PyTorch does. Multi-head modules read a mask by its rank:
+(Tq, Tk) for every example and head, (B, Tq, Tk) per example and the same for every head (as Keras), (B, H, Tq, Tk)
+per example and head (``nn.MultiheadAttention`` reads a 3-D mask as (B * H, Tq, Tk) instead).
 ``torch.nn.MultiheadAttention``'s ``attn_mask`` and ``key_padding_mask`` use the opposite convention
 (True = NOT allowed): pass them ``~mask``.
 """

@@ -1,7 +1,8 @@
 """Multi-head attention as a PyTorch module, weight-compatible with ``torch.nn.MultiheadAttention``.
 
 Always batch-first: query (B, Tq, D), key (B, Tk, kdim), value (B, Tk, vdim) -> (B, Tq, D).
-Masks are boolean, broadcastable to (B, H, Tq, Tk), True = may attend (nn.MultiheadAttention: True = NOT allowed).
+Masks are boolean, True = may attend (nn.MultiheadAttention: True = NOT allowed): (Tq, Tk), (B, Tq, Tk) per
+example (nn.MultiheadAttention reads 3-D as (B * H, Tq, Tk)), or (B, H, Tq, Tk) per head.
 """
 
 from __future__ import annotations
@@ -13,7 +14,20 @@ from .functional import scaled_dot_product_attention, sdpa_fast
 from .heads import merge_heads, split_heads
 from .masks import causal_mask, combine_masks
 from .positions import apply_rope, check_base, check_pairing
-from .validation import check_dropout, check_heads, check_mha_params, check_module_inputs, check_plain_torch_mha
+from .params import (
+    check_params,
+    linear_params,
+    load_linears,
+    load_torch_mha,
+    store_torch_mha,
+    torch_mha_projections,  # noqa: F401  (chapter 3 displays it next to from_torch)
+)
+from .validation import (
+    check_dropout,
+    check_heads,
+    check_module_inputs,
+    per_example_mask,
+)
 
 
 class MultiHeadAttention(nn.Module):
@@ -75,12 +89,14 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """query (B, Tq, D), key (B, Tk, kdim), value (B, Tk, vdim) -> out (B, Tq, D) [, weights (B, H, Tq, Tk)].
 
-        key defaults to query (self-attention) and value to key. ``mask`` broadcasts to (B, H, Tq, Tk), True =
-        may attend; ``is_causal=True`` also hides future keys (bottom-right aligned when Tq != Tk).
+        key defaults to query (self-attention) and value to key. ``mask``, True = may attend: (Tq, Tk) for all,
+        (B, Tq, Tk) per example, (B, H, Tq, Tk) per head; ``is_causal=True`` also hides future keys (bottom-right
+        aligned when Tq != Tk).
         """
         key = query if key is None else key
         value = key if value is None else value
-        check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim))
+        check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim), self.w_q.weight.dtype)
+        mask = per_example_mask(mask, query.size(0), self.num_heads)  # 3-D (B, Tq, Tk) -> (B, 1, Tq, Tk)
         q = split_heads(self.w_q(query), self.num_heads)  # (B, H, Tq, Dh)
         k = split_heads(self.w_k(key), self.num_heads)  # (B, H, Tk, Dh)
         v = split_heads(self.w_v(value), self.num_heads)  # (B, H, Tk, Dh)
@@ -124,15 +140,10 @@ class MultiHeadAttention(nn.Module):
         kdim or vdim differ from embed_dim), with or without biases. Our module is batch-first whatever
         ``m.batch_first`` is; with sequence-first inputs, transpose them to (B, T, D).
         """
-        check_plain_torch_mha(m)
         has_bias = m.in_proj_bias is not None
         ours = cls(m.embed_dim, m.num_heads, dropout=m.dropout, bias=has_bias, kdim=m.kdim, vdim=m.vdim)
         ours = ours.to(m.out_proj.weight)  # same dtype and device
-        with torch.no_grad():
-            for linear, (weight, bias) in zip(ours.projections().values(), torch_mha_projections(m)):
-                linear.weight.copy_(weight)
-                if bias is not None:
-                    linear.bias.copy_(bias)
+        load_torch_mha(ours.projections(), m)  # see torch_mha_projections: where m keeps each projection
         return ours
 
     def to_torch(self, batch_first: bool = True) -> nn.MultiheadAttention:
@@ -151,40 +162,15 @@ class MultiHeadAttention(nn.Module):
             vdim=self.vdim,
             batch_first=batch_first,
         ).to(self.w_q.weight)
-        with torch.no_grad():
-            for linear, (weight, bias) in zip(self.projections().values(), torch_mha_projections(m)):
-                weight.copy_(linear.weight)  # weight is a view of m's parameter: this writes into m
-                if bias is not None:
-                    bias.copy_(linear.bias)
+        store_torch_mha(self.projections(), m)
         return m
 
     def load_numpy_params(self, params: dict) -> None:
         """Load a ``y = x @ W + b`` dict (see numpy_ref.init_mha_params): W (d_in, d_out) is Linear's weight.T."""
-        check_mha_params(params, self.d_model, self.kdim, self.vdim, bias=self.w_q.bias is not None)
-        with torch.no_grad():
-            for name, linear in self.projections().items():
-                linear.weight.copy_(torch.as_tensor(params[f"w_{name}"]).T)  # (d_in, d_out) -> (d_out, d_in)
-                if linear.bias is not None:
-                    linear.bias.copy_(torch.as_tensor(params[f"b_{name}"]))
+        check_params(params, self.d_model, self.kdim, self.vdim, bias=self.w_q.bias is not None)
+        load_linears(self.projections(), params)
 
     def numpy_params(self) -> dict:
         """The weights as a float64 ``y = x @ W + b`` dict, W (d_in, d_out); zero biases if bias=False."""
-        params = {}
-        for name, linear in self.projections().items():
-            params[f"w_{name}"] = linear.weight.detach().T.double().cpu().numpy()
-            bias = torch.zeros(self.d_model) if linear.bias is None else linear.bias.detach()
-            params[f"b_{name}"] = bias.double().cpu().numpy()
-        return params
+        return linear_params(self.projections())
 
-
-def torch_mha_projections(m: nn.MultiheadAttention) -> list[tuple[Tensor, Tensor | None]]:
-    """(weight (d_out, d_in), bias) of the q, k, v and output projections of an ``nn.MultiheadAttention``.
-
-    The tensors are views of m's parameters: reading them reads m, copying into them writes into m.
-    """
-    if m.in_proj_weight is not None:  # kdim == vdim == embed_dim: q, k, v stacked in one (3D, D) matrix
-        in_weights = m.in_proj_weight.chunk(3)
-    else:
-        in_weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
-    in_biases = (None, None, None) if m.in_proj_bias is None else m.in_proj_bias.chunk(3)
-    return [*zip(in_weights, in_biases), (m.out_proj.weight, m.out_proj.bias)]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .validation import check_floating, check_int
+
 
 @dataclass
 class OnlineSoftmaxState:
@@ -69,8 +71,8 @@ def update(state: OnlineSoftmaxState, block: torch.Tensor) -> tuple[OnlineSoftma
 
 def online_softmax_stats(x: torch.Tensor, block_size: int) -> OnlineSoftmaxState:
     """Row maximum and row sum of ``exp(x - max)`` of x (..., N), reading x in blocks of ``block_size`` columns."""
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    check_floating(x, "x")
+    check_int(block_size, "block_size")
     state = init_state(x.shape[:-1], dtype=x.dtype, device=x.device)
     for start in range(0, x.shape[-1], block_size):
         state, _, _ = update(state, x[..., start : start + block_size])
@@ -97,10 +99,10 @@ def online_softmax_trace(x: torch.Tensor, block_size: int) -> list[dict]:
     Returns a list with one dict per block: ``block`` (start, stop), ``block_max``, ``running_max``,
     ``rescale`` (= exp(old_max - new_max)), ``running_sum`` — all Python floats.
     """
+    check_floating(x, "x")
     if x.dim() != 1:
         raise ValueError(f"online_softmax_trace expects a 1-D tensor, got shape {tuple(x.shape)}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    check_int(block_size, "block_size")
     state = init_state((), dtype=x.dtype, device=x.device)
     rows = []
     for start in range(0, x.shape[0], block_size):

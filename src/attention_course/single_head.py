@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .functional import scaled_dot_product_attention
-from .validation import check_dropout, check_module_inputs
+from .validation import check_dropout, check_int, check_module_inputs
 
 
 class SingleHeadAttention(nn.Module):
@@ -18,8 +18,10 @@ class SingleHeadAttention(nn.Module):
         dropout: probability of dropping attention weights, in ``.train()`` mode only.
     """
 
-    def __init__(self, d_in: int, d_out: int, bias: bool = False, dropout: float = 0.0):
+    def __init__(self, d_in: int, d_out: int, bias: bool = True, dropout: float = 0.0):
         super().__init__()
+        check_int(d_in, "d_in")
+        check_int(d_out, "d_out")
         check_dropout(dropout)
         self.d_in, self.d_out, self.dropout = d_in, d_out, dropout
         self.w_q = nn.Linear(d_in, d_out, bias=bias)
@@ -41,7 +43,7 @@ class SingleHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        check_module_inputs(query, key, value, (self.d_in, self.d_in, self.d_in))
+        check_module_inputs(query, key, value, (self.d_in, self.d_in, self.d_in), self.w_q.weight.dtype)
         q = self.w_q(query)  # (B, Tq, d_out)
         k = self.w_k(key)  # (B, Tk, d_out)
         v = self.w_v(value)  # (B, Tk, d_out)

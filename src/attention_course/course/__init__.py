@@ -1,0 +1,10 @@
+"""The course's own tooling, apart from the attention library: notebook kernels, exercise generation, grading.
+
+* :mod:`~attention_course.course.kernel`: the environment notebook kernels run in, and one function that
+  executes a notebook (used by tools/execute_notebooks.py, the exercise generator, the grader, the benchmarks);
+* :mod:`~attention_course.course.exercises`: exercise notebooks generated from the solution notebooks
+  (``python -m attention_course.exercises``);
+* :mod:`~attention_course.course.grade`: grading submitted exercise notebooks (``python -m attention_course.grade``).
+
+Needs the ``course`` extra (``pip install attention_course[course]``: nbformat, nbclient, ipykernel).
+"""

@@ -1,0 +1,290 @@
+"""Grade submitted exercise notebooks: run each one, report which exercises pass and why the others fail.
+
+Usage::
+
+    python -m attention_course.grade NOTEBOOK... [--json | --csv] [--timeout SECONDS]
+                                                 [--solutions PATH | --no-reference]
+
+Each notebook runs top to bottom in its own fresh kernel (nbclient, in the notebook's folder), with errors
+allowed so that a broken exercise does not stop the later ones, and a time limit per cell (``--timeout``,
+default 60 s; a cell that runs longer is interrupted). An exercise is found by its check cell (tags ``check`` and
+``exercise-N``; see CONTRIBUTING.md, "Adding an exercise"): it passes when that cell runs without an error. A
+failing check's diagnosis code (``[missing-scale]``, ...) is read from the start of its error message; other errors are reported
+by exception name (e.g. ``NameError``), a cell stopped by the time limit as ``timeout``, and a check cell that never
+ran (the kernel died) as ``not-run``.
+
+Canonical check cells: a submission is graded against the check cells of its **reference** notebook, not its own,
+so that deleting or editing a check cell (e.g. to ``pass``) gains nothing. The reference is the solution notebook
+of the same name in the reference folder (``--solutions DIR``, also spelled ``--reference DIR``; default: the
+``solutions/`` folder of the current directory, when there is one); a name with a prefix also matches, e.g.
+``ada_lovelace_04_masking_exercises.ipynb`` is graded against ``04_masking_exercises.ipynb``. ``--solutions FILE``
+grades every submission against that one solution notebook (for renamed files). Before the run, the source of
+each check cell tagged ``exercise-N`` is replaced by the reference's check cell of exercise N; the exercises,
+their titles and levels are the reference's. An exercise whose check cell the submission no longer has (deleted,
+or its tags removed) fails with the code ``check-missing``; it still counts in the total. Without a reference
+(``--no-reference``, no matching name, or no solutions folder) the notebook's own check cells are graded, and the
+table says so.
+
+Output: a table per notebook with a total such as ``3/5`` and, under each failed exercise, the hint for its code
+(the catalogue's description of the mistake, else the check's message); ``--json`` or ``--csv`` for machine-readable
+results (the CSV has one row per exercise and, per notebook, a row ``total`` whose ``passed`` is the number passed
+and whose ``message`` is ``passed/total``). The kernels' own warnings (e.g. ipykernel's about TCP without
+encryption) are not shown; their errors are.
+A notebook that cannot be read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still
+graded. Exit status: 0 whenever grading ran (results, including unreadable notebooks, are in the output); 2 for
+a command-line usage error (including a ``--solutions`` path that does not exist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .exercises import CHECK_TAG, exercise_number, parse_heading
+from ..mistakes import CODES
+from .kernel import execute_notebook
+
+DEFAULT_TIMEOUT_S = 60
+CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")
+AUTO = "auto"  # reference=AUTO: the solutions/ folder of the current directory, if there is one
+CHECK_MISSING = "check-missing"
+TOTAL = "total"  # the `exercise` of a notebook's total row in the CSV
+
+
+@dataclass
+class ExerciseResult:
+    exercise: int
+    title: str
+    level: str
+    passed: bool
+    code: str | None = None
+    message: str | None = None
+
+
+@dataclass
+class NotebookResult:
+    notebook: str
+    exercises: list[ExerciseResult] = field(default_factory=list)
+    error: str | None = None
+    reference: str | None = None  # the solution notebook whose check cells were used; None: the notebook's own
+
+    @property
+    def passed(self) -> int:
+        return sum(e.passed for e in self.exercises)
+
+    @property
+    def total(self) -> int:
+        return len(self.exercises)
+
+    def as_dict(self) -> dict:
+        return {"notebook": self.notebook, "passed": self.passed, "total": self.total, "error": self.error,
+                "reference": self.reference, "exercises": [asdict(e) for e in self.exercises]}
+
+
+def _check_cells(nb) -> list[tuple[int, int, str, str]]:
+    """(cell index, exercise number, title, level) of each check cell, in order."""
+    found, heading, count = [], None, 0
+    for i, cell in enumerate(nb.cells):
+        h = parse_heading(cell)
+        if h is not None:
+            heading = h
+            continue
+        if cell.cell_type == "code" and CHECK_TAG in cell.get("metadata", {}).get("tags", []):
+            count += 1
+            number = exercise_number(cell) or (heading.number if heading else count)
+            title = heading.title if heading and heading.number == number else ""
+            level = heading.level if heading and heading.number == number else ""
+            found.append((i, number, title, level))
+    return found
+
+
+def _outcome(cell) -> tuple[bool, str | None, str | None]:
+    if cell.get("execution_count") is None:
+        return False, "not-run", "the cell did not run (the kernel stopped before it)"
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            ename, evalue = out.get("ename", "Error"), str(out.get("evalue", ""))
+            if ename == "KeyboardInterrupt":
+                return False, "timeout", "the cell was interrupted: it ran longer than the time limit"
+            m = CODE.match(evalue)
+            return False, (m.group(1) if m else ename), (evalue.splitlines()[0] if evalue else ename)
+    return True, None, None
+
+
+def default_reference() -> Path | None:
+    """The ``solutions/`` folder of the current directory (the course's root, where instructors grade), or None."""
+    folder = Path.cwd() / "solutions"
+    return folder if folder.is_dir() else None
+
+
+def find_reference(notebook: str | Path, reference: str | Path | None = AUTO) -> Path | None:
+    """The solution notebook whose check cells grade ``notebook``, or None.
+
+    ``reference`` is a solution notebook (used for every submission), a folder of them (the one with the
+    submission's name, or whose name the submission's name ends with after ``_``, ``-``, ``.`` or a space; the
+    longest such match), ``AUTO`` (the ``solutions/`` folder of the current directory, if any) or None.
+    """
+    if reference == AUTO:
+        reference = default_reference()
+    if reference is None:
+        return None
+    reference = Path(reference)
+    if reference.is_file():
+        return reference
+    name = Path(notebook).name
+    matches = [p for p in reference.glob("*.ipynb")
+               if name == p.name or (name.endswith(p.name) and name[-len(p.name) - 1] in "_-. ")]
+    return max(matches, key=lambda p: len(p.name), default=None)
+
+
+def _read(path: Path):
+    """(notebook, None) or (None, the reason it cannot be graded)."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except FileNotFoundError:
+        return None, "no such file"
+    except (OSError, UnicodeDecodeError) as err:
+        return None, f"cannot read the file ({type(err).__name__})"
+    except Exception as err:  # noqa: BLE001 - nbformat raises several kinds of errors for non-notebooks
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return None, f"not a valid notebook ({type(err).__name__}: {first[:120]})"
+    return nb, None
+
+
+def _plan(nb, ref_nb):
+    """[(exercise number, title, level, indices of its check cells in nb)]: the reference's exercises with the
+    reference's check sources put into ``nb``, or, without a reference, ``nb``'s own check cells."""
+    own = _check_cells(nb)
+    if ref_nb is None:
+        return [(number, title, level, [index]) for index, number, title, level in own]
+    plan = []
+    for ref_index, number, title, level in _check_cells(ref_nb):
+        indices = [index for index, n, _, _ in own if n == number]
+        for index in indices:
+            nb.cells[index].source = ref_nb.cells[ref_index].source
+        plan.append((number, title, level, indices))
+    return plan
+
+
+def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S,
+                   reference: str | Path | None = AUTO) -> NotebookResult:
+    """Run one notebook in a fresh kernel and grade its check cells (the reference's, see the module docstring)."""
+    from nbclient.exceptions import DeadKernelError
+
+    result = NotebookResult(str(path))
+    path = Path(path)
+    nb, result.error = _read(path)
+    if nb is None:
+        return result
+    ref_path, ref_nb = find_reference(path, reference), None
+    if ref_path is not None:
+        ref_nb, problem = _read(ref_path)
+        if ref_nb is None or not _check_cells(ref_nb):
+            result.error = f"reference notebook {ref_path}: {problem or 'no check cells'}"
+            return result
+        result.reference = str(ref_path)
+    plan = _plan(nb, ref_nb)
+    if not plan:
+        result.error = "no check cells (cells tagged 'check') found"
+        return result
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    if any(indices for *_, indices in plan):
+        try:
+            execute_notebook(nb, path.parent.resolve(), timeout, allow_errors=True, interrupt_on_timeout=True)
+        except DeadKernelError:
+            pass  # the check cells that did not run are graded 'not-run'
+    for number, title, level, indices in plan:
+        if not indices:
+            result.exercises.append(ExerciseResult(
+                number, title, level, False, CHECK_MISSING, f"the check cell of exercise {number} (tags 'check' and "
+                f"'exercise-{number}') is missing from the notebook: restore it from the exercise notebook"))
+            continue
+        outcomes = [_outcome(nb.cells[index]) for index in indices]  # several copies: all must pass
+        passed, code, message = next((o for o in outcomes if not o[0]), outcomes[0])
+        result.exercises.append(ExerciseResult(number, title, level, passed, code, message))
+    return result
+
+
+def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO) -> list[NotebookResult]:
+    return [grade_notebook(p, timeout, reference) for p in paths]
+
+
+def hint(result: ExerciseResult) -> str:
+    """What a failed exercise's code means: the catalogue's description, else the check's own message."""
+    if result.code in CODES:
+        return CODES[result.code]
+    return CODE.sub("", result.message or "").strip()
+
+
+def format_table(results: list[NotebookResult]) -> str:
+    lines = []
+    for r in results:
+        if r.error:
+            lines.append(f"ERROR {r.notebook}: {r.error}")
+            continue
+        own = "" if r.reference else "  (its own check cells: no reference notebook)"
+        lines.append(f"{r.notebook}: {r.passed}/{r.total}{own}")
+        width = max((len(e.title) for e in r.exercises), default=0)
+        for e in r.exercises:
+            status = "pass" if e.passed else "FAIL"
+            code = f"  [{e.code}]" if e.code else ""
+            lines.append(f"  Exercise {e.exercise:<3} {e.title:<{width}}  {status}{code}".rstrip())
+            if not e.passed and hint(e):
+                lines.append(f"{'':15}hint: {hint(e)}")
+    return "\n".join(lines)
+
+
+def format_json(results: list[NotebookResult]) -> str:
+    return json.dumps({"notebooks": [r.as_dict() for r in results]}, indent=2, ensure_ascii=False)
+
+
+def format_csv(results: list[NotebookResult]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["notebook", "exercise", "title", "level", "passed", "code", "message"])
+    for r in results:
+        if r.error:
+            writer.writerow([r.notebook, "", "", "", "", "error", r.error])
+        for e in r.exercises:
+            writer.writerow([r.notebook, e.exercise, e.title, e.level, int(e.passed), e.code or "", e.message or ""])
+        if not r.error:
+            writer.writerow([r.notebook, TOTAL, "", "", r.passed, "", f"{r.passed}/{r.total}"])
+    return buf.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attention_course.grade",
+                                     description="Run exercise notebooks and report which exercises pass.")
+    parser.add_argument("notebooks", nargs="+", help="submitted .ipynb files")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument("--csv", action="store_true", help="print CSV (one row per exercise)")
+    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
+    ref = parser.add_mutually_exclusive_group()
+    ref.add_argument("--solutions", "--reference", dest="reference", metavar="PATH", default=AUTO,
+                     help="folder of solution notebooks (matched by name) or one solution notebook whose check cells "
+                     "grade the submissions (default: ./solutions, if there is one)")
+    ref.add_argument("--no-reference", dest="reference", action="store_const", const=None,
+                     help="grade each notebook with its own check cells")
+    args = parser.parse_args(argv)
+    if args.reference not in (AUTO, None) and not Path(args.reference).exists():
+        parser.error(f"--solutions {args.reference}: no such file or folder")
+    results = grade(args.notebooks, args.timeout, args.reference)
+    print(format_json(results) if args.json else format_csv(results).rstrip("\n") if args.csv else
+          format_table(results))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - tested through main()
+    sys.exit(main())
