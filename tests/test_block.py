@@ -17,6 +17,7 @@ from attention_course.block import (
     RMSNorm,
     SwiGLU,
     block_stack,
+    depth_statistics,
     layer_gradient_norms,
     residual,
     residual_stream_norms,
@@ -237,3 +238,18 @@ def test_depth_experiment_shows_the_difference():
     assert len(post_grads) == 8
     assert post_grads[-1] > post_grads[0]
     assert post_grads[-1] > 2 * pre_grads[-1]
+
+
+def test_depth_statistics_averages_over_stacks():
+    post = depth_statistics(norm_first=False, depth=3, d_model=16, num_seeds=2, seq_len=4)
+    pre = depth_statistics(norm_first=True, depth=3, d_model=16, num_seeds=2, seq_len=4)
+    assert sorted(post) == ["gradient", "stream"] and all(len(v) == 3 for v in post.values())
+    assert max(abs(n - 4.0) for n in post["stream"]) < 0.05  # LayerNorm output: norm sqrt(16)
+    assert pre["stream"][-1] > pre["stream"][0]
+    stack = block_stack(3, 16, 4, 64, norm_first=False, seed=1)
+    x, target = torch.randn(2, 2, 4, 16, generator=torch.Generator().manual_seed(1))
+    single = layer_gradient_norms(stack, x, target)
+    one_seed = depth_statistics(norm_first=False, depth=3, d_model=16, num_seeds=1, seq_len=4)
+    assert one_seed["gradient"] != single  # seed 0 differs from seed 1: the seeds are used
+    with pytest.raises(ValueError, match="num_seeds must be >= 1"):
+        depth_statistics(norm_first=True, num_seeds=0)

@@ -289,3 +289,18 @@ def layer_gradient_norms(stack: nn.Sequential, x: Tensor, target: Tensor) -> lis
             squares = sum(p.grad.pow(2).sum() for p in block.parameters())
             norms.append(squares.sqrt().item())
     return norms
+
+
+def depth_statistics(norm_first: bool, depth: int = 12, d_model: int = 64, num_heads: int = 4, num_seeds: int = 4,
+                     batch: int = 2, seq_len: int = 16) -> dict[str, list[float]]:
+    """Per-block gradient norms and residual-stream norms at initialisation, averaged over ``num_seeds`` stacks
+    (each with its own weights, input and target): ``{"gradient": [...], "stream": [...]}``, input side first."""
+    check_size("num_seeds", num_seeds)
+    totals = {"gradient": torch.zeros(depth, dtype=torch.float64), "stream": torch.zeros(depth, dtype=torch.float64)}
+    for seed in range(num_seeds):
+        stack = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed)
+        generator = torch.Generator().manual_seed(seed)
+        x, target = torch.randn(2, batch, seq_len, d_model, generator=generator)  # (B, T, D) each
+        totals["gradient"] += torch.tensor(layer_gradient_norms(stack, x, target), dtype=torch.float64)
+        totals["stream"] += torch.tensor(residual_stream_norms(stack, x), dtype=torch.float64)
+    return {name: (total / num_seeds).tolist() for name, total in totals.items()}
