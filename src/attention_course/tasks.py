@@ -13,7 +13,7 @@ Each generator takes a ``torch.Generator`` so a seed fixes every batch, and retu
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .block import check_size
 
@@ -78,3 +78,16 @@ def repeated_segment_batch(batch_size: int, seq_len: int, vocab_size: int, gener
     ids = torch.where(in_copy, ids.gather(1, source), ids)
     copy_target = (t >= copy_start) & (t < copy_end - 1)  # (B, T) predictor and next token both in the copy
     return ids, copy_target
+
+
+def position_blind_accuracy(digits: Tensor, targets: Tensor, num_digits: int = 10) -> float:
+    """Best expected token accuracy on reversal of a model that cannot tell positions apart.
+
+    A bidirectional model without positions is permutation-equivariant: position i knows its own digit and
+    how many of each digit the sequence holds, not where anything is. Its best answer is the most common digit
+    among the *others* (the target sits at another position). It can count, so it beats chance (1 / num_digits).
+    """
+    counts = nn.functional.one_hot(digits, num_digits).sum(dim=1, keepdim=True)  # (B, 1, num_digits)
+    others = counts - nn.functional.one_hot(digits, num_digits)  # (B, T, num_digits): without the own digit
+    guess = others.argmax(dim=-1)  # (B, T)
+    return (targets == guess).float().mean().item()
