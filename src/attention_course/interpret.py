@@ -69,12 +69,12 @@ def prefix_matching_score(weights: Tensor, ids: Tensor, query_mask: Tensor | Non
     if weights.shape[1] != ids.shape[0] or weights.shape[-1] != ids.shape[1]:
         raise ValueError(f"weights {tuple(weights.shape)} do not match ids {tuple(ids.shape)} (B, T)")
     on_target = (weights * targets[None, :, None]).sum(dim=-1)  # (L, B, H, T)
-    counts = targets.any(dim=-1)  # (B, T) queries with something to find
+    queries = targets.any(dim=-1)  # (B, T) queries with something to find
     if query_mask is not None:
-        counts = counts & query_mask
-    if not counts.any():
+        queries = queries & query_mask
+    if not queries.any():
         raise ValueError("no query has an earlier occurrence of its token: the score is undefined")
-    return on_target[:, counts].mean(dim=1)  # (L, B, H, T) -> (L, N, H) -> (L, H)
+    return on_target.transpose(2, 3)[:, queries].mean(dim=1)  # (L, B, T, H) -> (L, N, H) -> (L, H)
 
 
 def ablation_mask(num_layers: int, num_heads: int, *heads: tuple[int, int]) -> Tensor:
