@@ -23,12 +23,13 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.kv_cache`, :mod:`.interpret`) and :mod:`.questions` (checked letter and number questions).
 """
 
 from ..mistakes import CODES
 from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
 from .heads import check_merge_heads, check_split_heads
+from .interpret import check_find_induction_head, check_prefix_matching_score
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .masks import check_causal_mask, check_padding_mask
 from .modules import (
@@ -49,6 +50,7 @@ __all__ = [
     "check_causal_mask",
     "check_choice",
     "check_einsum_attention",
+    "check_find_induction_head",
     "check_grouped_query_attention",
     "check_keras_attention",
     "check_kv_cache_bytes",
@@ -58,6 +60,7 @@ __all__ = [
     "check_numpy_attention",
     "check_padding_mask",
     "check_parameter_count",
+    "check_prefix_matching_score",
     "check_repeat_kv",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
