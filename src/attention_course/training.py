@@ -100,6 +100,11 @@ def _evaluate(model: nn.Module, eval_fn: Callable, step: int, history: History) 
 
 
 def _progress_bar(steps: int):
-    from tqdm.auto import tqdm  # only needed when asked for
+    """A tqdm bar: Jupyter's widget where ipywidgets is installed, else the text bar (which Jupyter shows too)."""
+    try:
+        import ipywidgets  # noqa: F401  tqdm.auto needs it for the widget, and warns without it
+        from tqdm.auto import tqdm
+    except ImportError:
+        from tqdm import tqdm
 
     return tqdm(total=steps, desc="training", unit="step")
