@@ -7,8 +7,15 @@ import torch.nn.functional as F
 
 from attention_course.gpt import TinyGPT
 from attention_course.heads import merge_heads, split_heads
-from attention_course.interpret import (ablation_mask, attention_maps, copy_accuracy, head_ablation_table,
-                                        induction_targets, prefix_matching_score, previous_token_score)
+from attention_course.interpret import (
+    ablation_mask,
+    attention_maps,
+    copy_accuracy,
+    head_ablation_table,
+    induction_targets,
+    prefix_matching_score,
+    previous_token_score,
+)
 from attention_course.tasks import repeated_segment_batch
 
 

@@ -15,12 +15,12 @@ choice_question(
     why="output i needs input (i + 3) mod 12: some head attends from each query to the key 3 places to its right, "
         "and the last 3 queries wrap around to keys 0, 1, 2.",
     wrong={
-        "A": ("predicted-reversal-pattern", "the anti-diagonal serves reversal, where output i needs input 11 - i; "
-              "here output i needs input i + 3."),
-        "B": ("predicted-identity-pattern", "the main diagonal would copy each digit to its own place; the target "
-              "at i is the digit 3 places further on."),
-        "D": ("predicted-uniform-pattern", "uniform attention averages all digits, which cannot name one of them; "
-              "with positions, the model can and does look up exactly one key."),
+        "A": ("predicted-reversal-pattern", ("the anti-diagonal serves reversal, where output i needs input "
+                                             "11 - i; here output i needs input i + 3.")),
+        "B": ("predicted-identity-pattern", ("the main diagonal would copy each digit to its own place; the "
+                                             "target at i is the digit 3 places further on.")),
+        "D": ("predicted-uniform-pattern", ("uniform attention averages all digits, which cannot name one of "
+                                            "them; with positions, the model can and does look up exactly one key.")),
     },
 )
 
