@@ -91,7 +91,7 @@ def test_captured_weights_equal_a_recomputation(positions):
     torch.testing.assert_close(logits, model(ids))
     assert len(weights) == 3 and all(w.shape == (2, 4, 9, 9) for w in weights)
     x = model.tok_emb(ids) + (model.pos_emb(torch.arange(9)) if positions == "learned" else 0)
-    for block, captured in zip(model.blocks, weights):
+    for block, captured in zip(model.blocks, weights, strict=True):
         h = block.norm1(x).double()
         attn = block.attn
         q = (h @ attn.w_q.weight.double().T + attn.w_q.bias.double()).view(2, 9, 4, 4).transpose(1, 2)

@@ -20,17 +20,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .multi_head import MultiHeadAttention
+from .positions import check_size
 from .validation import check_dropout, check_heads
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
-
-
-def check_size(name: str, value: int) -> None:
-    """Raise TypeError unless value is an int, ValueError unless it is >= 1; the message names the argument."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {name}={value}")
 
 
 def check_activation(activation: str) -> None:
@@ -43,9 +36,9 @@ def check_activation(activation: str) -> None:
 
 def check_block_sizes(d_model: int, num_heads: int, d_ff: int, dropout: float, activation: str) -> None:
     """The argument checks shared by every block."""
-    check_size("d_model", d_model)
-    check_size("num_heads", num_heads)
-    check_size("d_ff", d_ff)
+    check_size(d_model, "d_model")
+    check_size(num_heads, "num_heads")
+    check_size(d_ff, "d_ff")
     check_heads(d_model, num_heads)
     check_dropout(dropout)
     check_activation(activation)
@@ -60,8 +53,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        check_size("d_model", d_model)
-        check_size("d_ff", d_ff)
+        check_size(d_model, "d_model")
+        check_size(d_ff, "d_ff")
         check_activation(activation)
         check_dropout(dropout)
         self.activation = activation
@@ -84,8 +77,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, bias: bool = False):
         super().__init__()
-        check_size("d_model", d_model)
-        check_size("d_ff", d_ff)
+        check_size(d_model, "d_model")
+        check_size(d_ff, "d_ff")
         self.gate = nn.Linear(d_model, d_ff, bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
@@ -103,7 +96,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-6):
         super().__init__()
-        check_size("d_model", d_model)
+        check_size(d_model, "d_model")
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))
 
@@ -252,7 +245,7 @@ def block_stack(depth: int, d_model: int, num_heads: int, d_ff: int, norm_first:
 
     Every weight matrix is drawn Xavier-uniform, as ``nn.Transformer`` and the original paper initialise them.
     """
-    check_size("depth", depth)
+    check_size(depth, "depth")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         blocks = [EncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first) for _ in range(depth)]
@@ -295,7 +288,7 @@ def depth_statistics(norm_first: bool, depth: int = 12, d_model: int = 64, num_h
                      batch: int = 2, seq_len: int = 16) -> dict[str, list[float]]:
     """Per-block gradient norms and residual-stream norms at initialisation, averaged over ``num_seeds`` stacks
     (each with its own weights, input and target): ``{"gradient": [...], "stream": [...]}``, input side first."""
-    check_size("num_seeds", num_seeds)
+    check_size(num_seeds, "num_seeds")
     totals = {"gradient": torch.zeros(depth, dtype=torch.float64), "stream": torch.zeros(depth, dtype=torch.float64)}
     for seed in range(num_seeds):
         stack = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed)

@@ -269,10 +269,72 @@ mistake("cache-missing-factor",
 # Chapter 10: positions (append this chapter's mistakes here)
 # ==================================================================================================================
 
+mistake("sinusoid-wrong-exponent", "sinusoidal encodings with the wrong frequencies: not 10000^(-2i/D) for pair i",
+        "Your encodings turn at the wrong speeds: {detail}. Pair i (features 2i and 2i + 1) uses the frequency "
+        "theta_i = 10000^(-2i/D): both features of a pair share it, and it falls from 1 to about 1/10000.",
+        chapter=10, topic="positions")
+mistake("sin-cos-swapped", "sinusoidal encodings with cos on the even features and sin on the odd ones",
+        "Your sines and cosines are swapped: PE[p, 2i] = sin(p theta_i) goes on the even features and "
+        "PE[p, 2i + 1] = cos(p theta_i) on the odd ones (position 0 is then 0, 1, 0, 1, ...).",
+        chapter=10, topic="positions")
+mistake("rope-wrong-pairing", "RoPE rotating the pairs (x_i, x_i+D/2) where (x_2i, x_2i+1) were asked (or back)",
+        "Your rotation pairs the wrong features: {detail}. Both pairings exist (LLaMA's reference code uses "
+        "neighbours, GPT-NeoX and Hugging Face use halves), but weights trained with one are wrong with the other.",
+        chapter=10, topic="positions")
+mistake("rope-wrong-frequencies", "RoPE with the wrong angles: not m * base^(-2i/Dh) for pair i at position m",
+        "Your rotation angles are wrong: {detail}. Pair i at position m turns by m * theta_i, with "
+        "theta_i = base^(-2i/Dh) and i counting pairs (0 .. Dh/2 - 1), not features.",
+        chapter=10, topic="positions")
+mistake("alibi-wrong-slopes", "ALiBi head slopes that are not the paper's geometric sequence",
+        "Your slopes are not those of Press et al.: {detail}.", chapter=10, topic="positions")
+mistake("rope-position-not-offset", "a decoded token rotated by the wrong position (0, not the cache length)",
+        "Your new token is rotated as if it were at position {detail}. With a cache of T tokens (positions "
+        "0 .. T-1) the new token is at position T: rotate its query and key by T.",
+        chapter=10, topic="positions")
+mistake("rope-rotates-values", "RoPE applied to the values as well as the queries and keys",
+        "You rotate the values too. RoPE rotates queries and keys only, so that their scores depend on the "
+        "distance; the values carry the content that is averaged and are never rotated.",
+        chapter=10, topic="positions")
+mistake("rope-cache-rotated-twice", "cached keys, already rotated, rotated again when a token is decoded",
+        "Your cached keys are rotated a second time. The cache stores keys already rotated at their own "
+        "positions: rotate only the new key (at position T) and append it.",
+        chapter=10, topic="positions")
+
 
 # ==================================================================================================================
 # Chapter 11: the transformer block (append this chapter's mistakes here)
 # ==================================================================================================================
+
+mistake("residual-missing", "a residual connection is missing: the sub-layer's input is not added back",
+        "Your block drops a residual connection ({detail}): the sub-layer's input x must be added to the branch's "
+        "output, x + drop(branch(...)). Without it the stream carries only the branch's output and the direct path "
+        "for the gradient is gone.",
+        chapter=11, topic="blocks")
+mistake("residual-twice", "the residual is added twice (2 x + branch)",
+        "Your block adds the input twice ({detail}): the result is 2 x + branch, e.g. from h = x + branch(...) "
+        "followed by x = x + h. Add the input once: x = x + drop(branch(...)).",
+        chapter=11, topic="blocks")
+mistake("norm-wrong-place", "the LayerNorm is applied in the wrong place for the block's order",
+        "Your LayerNorm is in the wrong place: {detail}. Pre-LN: x + drop(branch(norm(x))); post-LN: "
+        "norm(x + drop(branch(x))).",
+        chapter=11, topic="blocks")
+mistake("norm-on-residual-stream", "pre-LN block that normalises the residual stream itself (x = norm(x))",
+        "Your pre-LN block normalises the residual stream itself ({detail}): with x = norm(x) followed by "
+        "x = x + branch(x), the un-normalised input never reaches the output. Only the branch's input is "
+        "normalised: x = x + drop(branch(norm(x))).",
+        chapter=11, topic="blocks")
+mistake("ffn-activation-missing", "the feed-forward network has no activation between its two linear layers",
+        "Your feed-forward network has no nonlinearity between linear1 and linear2{detail}: two linear layers in a "
+        "row are one linear layer. Apply the activation to the hidden layer: linear2(drop(relu(linear1(x)))).",
+        chapter=11, topic="blocks")
+mistake("decoder-not-causal", "the decoder's self-attention is not causal (positions see the future)",
+        "Your decoder's self-attention is not causal: each target position can see the tokens after it, which are "
+        "the ones it must predict. Pass is_causal=True (or a causal mask) to the self-attention.",
+        chapter=11, topic="blocks")
+mistake("cross-attention-keys-from-decoder", "cross-attention keys and values taken from the decoder, not the memory",
+        "Your cross-attention takes its keys and values from {detail} instead of the encoder's output: queries come "
+        "from the decoder, keys and values from the memory, self.cross_attn(norm2(x), memory, mask=memory_mask).",
+        chapter=11, topic="blocks")
 
 
 # ==================================================================================================================

@@ -23,10 +23,12 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`, :mod:`.interpret`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.kv_cache`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`) and :mod:`.questions` (checked letter and
+number questions).
 """
 
 from ..mistakes import CODES
+from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block, check_pre_ln_block
 from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
 from .heads import check_merge_heads, check_split_heads
 from .interpret import check_find_induction_head, check_prefix_matching_score
@@ -39,6 +41,7 @@ from .modules import (
     check_parameter_count,
     check_single_head_attention,
 )
+from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
 
@@ -46,10 +49,13 @@ __all__ = [
     "CODES",
     "DEFAULT_TIMEOUT",
     "CheckFailed",
+    "check_alibi_slopes",
     "check_attention_one_query",
     "check_causal_mask",
     "check_choice",
+    "check_decoder_block",
     "check_einsum_attention",
+    "check_feed_forward",
     "check_find_induction_head",
     "check_grouped_query_attention",
     "check_keras_attention",
@@ -60,10 +66,15 @@ __all__ = [
     "check_numpy_attention",
     "check_padding_mask",
     "check_parameter_count",
+    "check_post_ln_block",
+    "check_pre_ln_block",
     "check_prefix_matching_score",
     "check_repeat_kv",
+    "check_rope",
+    "check_rope_decode_step",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
+    "check_sinusoidal_positions",
     "check_softmax",
     "check_split_heads",
 ]
