@@ -92,13 +92,15 @@ def time_once(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def interleaved(candidates: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+def interleaved(candidates: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
+                inference: bool = True) -> dict[str, list[float]]:
     """Run every candidate ``warmup`` times, then ``repeats`` rounds of one run each (rotating order).
 
+    Under ``torch.inference_mode()`` unless ``inference`` is False (training steps need autograd).
     Returns {name: [seconds of each timed run]}.
     """
     names = list(candidates)
-    with torch.inference_mode():
+    with torch.inference_mode(inference):
         for _ in range(warmup):
             for name in names:
                 candidates[name]()

@@ -357,6 +357,48 @@ mistake("cross-attention-keys-from-decoder", "cross-attention keys and values ta
 
 
 # ==================================================================================================================
+# Chapter 12: watch attention learn (induction heads)
+# ==================================================================================================================
+
+mistake("induction-off-by-one",
+        "prefix-matching score taken on the earlier occurrence of the token, not the token after it",
+        "Your score measures attention on the earlier occurrence of the query's token itself (key j - 1), which is "
+        "what a duplicate-token head does. An induction head at token A attends to the token that FOLLOWED the "
+        "earlier A (key j with ids[j - 1] == ids[t]): that is the token it copies.",
+        chapter=12, topic="interpret")
+mistake("induction-all-queries",
+        "prefix-matching score averaged over every query, also those with nothing to find",
+        "Your score averages over every query, also those whose token never occurred before: they have no target, "
+        "add 0 and dilute the score. Average only over the queries with at least one earlier occurrence.",
+        chapter=12, topic="interpret")
+mistake("induction-mean-over-targets", "prefix-matching score averaged over a query's targets instead of summed",
+        "Your score averages the weights over a query's targets; where the token occurred several times, a head "
+        "that splits its attention over all the right keys should still score 1. Sum over the targets.",
+        chapter=12, topic="interpret")
+mistake("induction-includes-self", "prefix-matching score counts the query's own position as a target",
+        "Your score counts the query's own position as a target when the token before it is the same token. "
+        "Targets are strictly earlier keys: j < t.",
+        chapter=12, topic="interpret")
+mistake("induction-ignores-query-mask", "prefix-matching score ignores query_mask",
+        "Your score ignores query_mask: average only over the queries where it is True (and that have a target).",
+        chapter=12, topic="interpret")
+mistake("found-previous-token-head", "the previous-token head taken for the induction head",
+        "You picked the previous-token head (it attends from t to t - 1). It is half of the circuit; the induction "
+        "head is the one with the highest prefix-matching score.",
+        chapter=12, topic="interpret")
+mistake("found-duplicate-token-head", "a duplicate-token head taken for the induction head",
+        "You picked a head that attends to the earlier occurrence of the current token itself, a duplicate-token "
+        "head. The induction head attends one position further, to the token that followed it.",
+        chapter=12, topic="interpret")
+mistake("predicted-reversal-pattern", "predicted the anti-diagonal for a task that is not reversal",
+        chapter=12, topic="interpret")
+mistake("predicted-identity-pattern", "predicted the main diagonal for a shifted copy",
+        chapter=12, topic="interpret")
+mistake("predicted-uniform-pattern", "predicted uniform attention for a task that needs one key per query",
+        chapter=12, topic="interpret")
+
+
+# ==================================================================================================================
 # Chapter 13: distributed attention (append this chapter's mistakes here)
 # ==================================================================================================================
 

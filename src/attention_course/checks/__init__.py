@@ -23,8 +23,8 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.distributed`) and
-:mod:`.questions` (checked letter and number questions).
+:mod:`.kv_cache`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
+:mod:`.distributed`) and :mod:`.questions` (checked letter and number questions).
 """
 
 from ..mistakes import CODES
@@ -33,6 +33,7 @@ from .core import check_attention_one_query, check_numpy_attention, check_scaled
 from .distributed import check_ring_causal_mask, check_ring_merge, check_row_parallel_output
 from .field_guide import check_additive_mask, check_layers_created_once
 from .heads import check_merge_heads, check_split_heads
+from .interpret import check_find_induction_head, check_prefix_matching_score
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .masks import check_causal_mask, check_padding_mask
 from .modules import (
@@ -58,6 +59,7 @@ __all__ = [
     "check_decoder_block",
     "check_einsum_attention",
     "check_feed_forward",
+    "check_find_induction_head",
     "check_grouped_query_attention",
     "check_keras_attention",
     "check_kv_cache_bytes",
@@ -70,6 +72,7 @@ __all__ = [
     "check_parameter_count",
     "check_post_ln_block",
     "check_pre_ln_block",
+    "check_prefix_matching_score",
     "check_repeat_kv",
     "check_ring_causal_mask",
     "check_ring_merge",
