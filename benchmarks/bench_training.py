@@ -55,7 +55,7 @@ def copy_weights(ours: TinyGPT, theirs: TorchGPT) -> None:
     ours.tok_emb.weight.copy_(theirs.tok_emb.weight)
     next(ours.pos_emb.parameters()).copy_(theirs.pos_emb.weight)
     ours.norm.load_state_dict(theirs.norm.state_dict())
-    for block, layer in zip(ours.blocks, theirs.encoder.layers):
+    for block, layer in zip(ours.blocks, theirs.encoder.layers, strict=True):
         block.attn = MultiHeadAttention.from_torch(layer.self_attn)
         block.norm1.load_state_dict(layer.norm1.state_dict())
         block.norm2.load_state_dict(layer.norm2.state_dict())

@@ -36,7 +36,7 @@ def test_shift_reads_position_i_plus_shift():
 def reference_copy(ids, copy_target):
     """For each example, find the copy from the mask and check it in plain Python; return the offsets."""
     offsets = []
-    for row, mask in zip(ids.tolist(), copy_target.tolist()):
+    for row, mask in zip(ids.tolist(), copy_target.tolist(), strict=True):
         where = [t for t, m in enumerate(mask) if m]
         first, last = where[0], where[-1] + 1  # the copy is ids[first : last + 1]
         length = last - first + 1

@@ -380,7 +380,7 @@ class MHAWeightNotTransposed(ZooMultiHeadAttention):
 
     def forward(self, query, key, value, mask=None):
         # BUG: nn.Linear stores weight as (d_out, d_in): x @ w.weight.T + w.bias, or simply self.w_q(query)
-        projections = zip((query, key, value), (self.w_q, self.w_k, self.w_v))
+        projections = zip((query, key, value), (self.w_q, self.w_k, self.w_v), strict=True)
         q, k, v = (self.split(x @ w.weight + w.bias) for x, w in projections)
         return self.w_o(self.merge(self.attend(q, k, v, mask)))
 

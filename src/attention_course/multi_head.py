@@ -13,7 +13,6 @@ from torch import Tensor, nn
 from .functional import scaled_dot_product_attention, sdpa_fast
 from .heads import merge_heads, split_heads
 from .masks import causal_mask, combine_masks
-from .positions import apply_rope, check_base, check_pairing
 from .params import (
     check_params,
     linear_params,
@@ -22,6 +21,7 @@ from .params import (
     store_torch_mha,
     torch_mha_projections,  # noqa: F401  (chapter 3 displays it next to from_torch)
 )
+from .positions import apply_rope, check_base, check_pairing
 from .validation import (
     check_dropout,
     check_heads,

@@ -63,7 +63,8 @@ def check_numpy_attention(fn, *, fully_masked_rows: bool = False, timeout: float
     """Chapter 1: check ``fn(q, k, v, mask=None)`` on NumPy float64 arrays (same contract as
     :func:`check_scaled_dot_product_attention`). Fully masked rows are only tested if ``fully_masked_rows``."""
     label = "attention (NumPy)"
-    run_check(lambda: sdpa_check_body(fn, "numpy", fully_masked_rows, label, 1e-8, 1e-6, display_name(fn, label)), timeout)
+    name = display_name(fn, label)
+    run_check(lambda: sdpa_check_body(fn, "numpy", fully_masked_rows, label, 1e-8, 1e-6, name), timeout)
 
 
 def check_attention_one_query(fn, *, timeout: float = DEFAULT_TIMEOUT):
@@ -75,7 +76,8 @@ def check_attention_one_query(fn, *, timeout: float = DEFAULT_TIMEOUT):
         shapes = [(4, 6, 6), (1, 3, 3), (5, 8, 3), (7, 4, 10), (3, 16, 16), (9, 2, 5)]
         for i, (tk, dk, dv) in enumerate(shapes, 1):
             q, k, v = rng.standard_normal(dk), rng.standard_normal((tk, dk)), rng.standard_normal((tk, dv))
-            case = f"case {i} of {len(shapes)}: q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}"
+            shapes_text = f"q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}"
+            case = f"case {i} of {len(shapes)}: {shapes_text}"
             result = call(fn, {"q": q.copy(), "k": k.copy(), "v": v.copy()}, "attention_one_query")
             out_s, w_s = split_result(result, case)
             out_s = as_array(out_s, "output" if w_s is not None else "result", case)
@@ -136,7 +138,7 @@ def check_softmax(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 candidates.append(("softmax-wrong-axis", f"you normalised along axis {axis} (no max subtraction)",
                                    lambda x=x, axis=axis: (numpy_ref.softmax_unstable(x, axis=axis), None)))
             diagnose(out_s, None, candidates, case, ref, None, what="result", atol=1e-8, rtol=1e-6)
-        return (f"✓ {display_name(fn, 'softmax')}: {len(xs)} random cases (1-D to 3-D, large values, -inf entries) match "
-                "the reference; the input is left unchanged")
+        return (f"✓ {display_name(fn, 'softmax')}: {len(xs)} random cases (1-D to 3-D, large values, -inf entries) "
+                "match the reference; the input is left unchanged")
 
     run_check(body, timeout)

@@ -43,9 +43,9 @@ def _row_parallel_variants(heads: list[np.ndarray], w_o: np.ndarray, b_o: np.nda
                   p > 1 else "")
         out.append(("allreduce-before-output-projection", detail, lambda r=r: (summed @ w_o[:, cols[r]].T + b_o,
                                                                                None)))
-    right = sum(h @ w_o[:, c].T for h, c in zip(heads, cols))
+    right = sum(h @ w_o[:, c].T for h, c in zip(heads, cols, strict=True))
     out.append(("tp-bias-per-rank", str(p), lambda: (right + p * b_o, None)))
-    wrong_slice = sum(h @ w_o[c, :] for h, c in zip(heads, cols))  # rows of weight: OUTPUT features of W_o
+    wrong_slice = sum(h @ w_o[c, :] for h, c in zip(heads, cols, strict=True))  # rows of weight: OUTPUT features of W_o
     out.append(("row-parallel-wrong-slice", "", lambda: (wrong_slice + b_o, None)))
     return out
 
@@ -153,7 +153,7 @@ def check_ring_merge(fn, *, timeout: float = DEFAULT_TIMEOUT):
         result = call(fn, args, label)
         if not isinstance(result, (tuple, list)) or len(result) != 3:
             raise fail("wrong-type", "Return the three updated statistics as a tuple (m, l, acc).")
-        return tuple(as_array(x, name, label) for x, name in zip(result, ("m", "l", "acc")))
+        return tuple(as_array(x, name, label) for x, name in zip(result, ("m", "l", "acc"), strict=True))
 
     def body():
         rng = np.random.default_rng(31)

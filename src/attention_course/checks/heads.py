@@ -30,8 +30,8 @@ def check_split_heads(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 ("heads-split-without-transpose", "", lambda x=x, h=h: (x.reshape(b, t, h, d // h), None)),
             ]
             diagnose(out, None, candidates, case, ref, None, what="result", atol=1e-6, rtol=1e-6)
-        return (f"✓ {display_name(fn, 'split_heads')}: {len(_HEAD_SHAPES)} random cases ((B, T, D) -> (B, H, T, Dh)) match "
-                "the reference")
+        return (f"✓ {display_name(fn, 'split_heads')}: {len(_HEAD_SHAPES)} random cases ((B, T, D) -> (B, H, T, Dh)) "
+                "match the reference")
 
     run_check(body, timeout)
 
@@ -53,7 +53,7 @@ def check_merge_heads(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 ("merge-heads-wrong-order", "", lambda x=x: (x.transpose(0, 2, 3, 1).reshape(b, t, d), None)),
             ]
             diagnose(out, None, candidates, case, ref, None, what="result", atol=1e-6, rtol=1e-6)
-        return (f"✓ {display_name(fn, 'merge_heads')}: {len(_HEAD_SHAPES)} random cases ((B, H, T, Dh) -> (B, T, D)) match "
-                "the reference")
+        return (f"✓ {display_name(fn, 'merge_heads')}: {len(_HEAD_SHAPES)} random cases ((B, H, T, Dh) -> (B, T, D)) "
+                "match the reference")
 
     run_check(body, timeout)

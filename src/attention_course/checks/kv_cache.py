@@ -109,14 +109,14 @@ def check_kv_cache_bytes(fn, *, timeout: float = DEFAULT_TIMEOUT):
                             "(an int).", case=case)
             answers.append((number, case))
         expected = [math.prod((2,) + args) for args in full]
-        wrong = [i for i, ((got, _), want) in enumerate(zip(answers, expected)) if got != want]
+        wrong = [i for i, ((got, _), want) in enumerate(zip(answers, expected, strict=True)) if got != want]
         if not wrong:
             return (f"✓ {display_name(fn, label)}: {len(_CACHE_CASES)} model sizes (MHA, GQA and MQA; with and without "
                     "batch_size and bytes_per_element) are right")
         case = answers[wrong[0]][1]
         got = [a for a, _ in answers]
         for code, message, values in _cache_known_mistakes(full):
-            if all(math.isclose(g, v, rel_tol=1e-6) for g, v in zip(got, values)):
+            if all(math.isclose(g, v, rel_tol=1e-6) for g, v in zip(got, values, strict=True)):
                 raise fail(code, message, case=case)
         raise fail("wrong-value", f"{got[wrong[0]]:,} is not the number of bytes of this cache, and it matches none "
                     "of the mistakes this checker knows. Which numbers does the cache hold, and how many bytes does "
@@ -164,8 +164,8 @@ def check_repeat_kv(fn, *, timeout: float = DEFAULT_TIMEOUT):
                       f"groups they would be {_head_sources(h_kv, n_rep, tiled=False)}")
             candidates = [("kv-heads-tiled", detail, lambda x=x, n_rep=n_rep: (np.tile(x, (1, n_rep, 1, 1)), None))]
             diagnose(out, None, candidates, case, ref, None, what="result", atol=1e-6, rtol=1e-6)
-        return (f"✓ {display_name(fn, label)}: {len(_REPEAT_KV_CASES)} random cases (H_kv from 1 to 3, n_rep from 1 to 4; "
-                "(B, H_kv, T, Dh) -> (B, H_kv * n_rep, T, Dh)) match the reference")
+        return (f"✓ {display_name(fn, label)}: {len(_REPEAT_KV_CASES)} random cases (H_kv from 1 to 3, n_rep from 1 "
+                "to 4; (B, H_kv, T, Dh) -> (B, H_kv * n_rep, T, Dh)) match the reference")
 
     run_check(body, timeout)
 
@@ -205,8 +205,8 @@ def _gqa_cases(seed=9):
         else:
             mask, mask_text = make_mask(kind, rng, (b, h), tq, tk)
         heads = "MHA" if h_kv == h else "MQA" if h_kv == 1 else "GQA"
-        desc = (f"{heads}, H={h}, H_kv={h_kv}: q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}, "
-                f"{mask_text}")
+        desc = (f"{heads}, H={h}, H_kv={h_kv}: q {shape_text(q.shape)}, k {shape_text(k.shape)}, "
+                f"v {shape_text(v.shape)}, {mask_text}")
         yield q, k, v, mask, desc
 
 

@@ -270,7 +270,7 @@ def differences(expected, actual) -> list[str]:
     diffs = []
     if len(exp) != len(act):
         diffs.append(f"{len(act)} cells stored, {len(exp)} expected")
-    for i, (e, a) in enumerate(zip(exp, act)):
+    for i, (e, a) in enumerate(zip(exp, act, strict=False)):
         if e[0] != a[0]:
             diffs.append(f"cell {i}: {a[0]} cell stored, {e[0]} expected")
         elif e[1] != a[1]:

@@ -9,9 +9,9 @@ Each notebook runs top to bottom in its own fresh kernel (nbclient, in the noteb
 allowed so that a broken exercise does not stop the later ones, and a time limit per cell (``--timeout``,
 default 60 s; a cell that runs longer is interrupted). An exercise is found by its check cell (tags ``check`` and
 ``exercise-N``; see CONTRIBUTING.md, "Adding an exercise"): it passes when that cell runs without an error. A
-failing check's diagnosis code (``[missing-scale]``, ...) is read from the start of its error message; other errors are reported
-by exception name (e.g. ``NameError``), a cell stopped by the time limit as ``timeout``, and a check cell that never
-ran (the kernel died) as ``not-run``.
+failing check's diagnosis code (``[missing-scale]``, ...) is read from the start of its error message; other errors
+are reported by exception name (e.g. ``NameError``), a cell stopped by the time limit as ``timeout``, and a check cell
+that never ran (the kernel died) as ``not-run``.
 
 Canonical check cells: a submission is graded against the check cells of its **reference** notebook, not its own,
 so that deleting or editing a check cell (e.g. to ``pass``) gains nothing. The reference is the solution notebook
@@ -48,8 +48,8 @@ from pathlib import Path
 
 import nbformat
 
-from .exercises import CHECK_TAG, exercise_number, parse_heading
 from ..mistakes import CODES
+from .exercises import CHECK_TAG, exercise_number, parse_heading
 from .kernel import execute_notebook
 
 DEFAULT_TIMEOUT_S = 60

@@ -70,7 +70,7 @@ def shard_sequence(x: Tensor, chunks: list[tuple[int, int]]) -> Tensor:
 def unshard_sequence(parts: list[Tensor], layout: list[list[tuple[int, int]]]) -> Tensor:
     """The inverse of :func:`shard_sequence` over all ranks: P tensors (..., T / P, F) -> (..., T, F)."""
     pieces = []
-    for part, chunks in zip(parts, layout):
+    for part, chunks in zip(parts, layout, strict=True):
         offset = 0
         for start, stop in chunks:
             pieces.append((start, part[..., offset : offset + stop - start, :]))
@@ -155,9 +155,9 @@ def attend_block(rows: list[RowState], q: Tensor, q_chunks, k: Tensor, v: Tensor
     scale = 1.0 / math.sqrt(q.size(-1))
     q_offsets, k_offsets = _offsets(q_chunks), _offsets(k_chunks)
     out = []
-    for state, (q0, q1), qo in zip(rows, q_chunks, q_offsets):
+    for state, (q0, q1), qo in zip(rows, q_chunks, q_offsets, strict=True):
         q_blk = q[..., qo : qo + q1 - q0, :] * scale  # (..., bq, Dk)
-        for (k0, k1), ko in zip(k_chunks, k_offsets):
+        for (k0, k1), ko in zip(k_chunks, k_offsets, strict=True):
             if causal and k0 >= q1:  # every key after the last query: nothing visible, skip the tile
                 continue
             state = attend_tile(state, q_blk, k[..., ko : ko + k1 - k0, :], v[..., ko : ko + k1 - k0, :], q0, k0,
@@ -179,7 +179,8 @@ def _finish(rows: list[RowState]) -> Tensor:
 
 
 def _init(q: Tensor, q_chunks, d_v: int) -> list[RowState]:
-    return [init_rows(q[..., o : o + stop - start, :], d_v) for (start, stop), o in zip(q_chunks, _offsets(q_chunks))]
+    chunks = zip(q_chunks, _offsets(q_chunks), strict=True)
+    return [init_rows(q[..., o : o + stop - start, :], d_v) for (start, stop), o in chunks]
 
 
 # ------------------------------------------------------------------------------------------------------------
