@@ -53,7 +53,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 600 -q $(addprefix --ignore=,$(BOOK_TESTS)) tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check tests tools benchmarks
+	$(BIN)/ruff check src tests tools benchmarks
 	$(BIN)/python tools/lint_notebooks.py $(NOTEBOOK_DIRS)
 
 nbval: $(STAMP)

@@ -3,8 +3,8 @@
 ``launch(fn, world_size, *args)`` starts P fresh Python processes (forked from a clean server process:
 nothing is shared with the caller), joins them in a gloo process group on a free local port, calls
 ``fn(rank, world_size, *args)`` in each, and returns the P results in rank order. ``fn`` must be importable (a
-function of a module, not of a notebook): every rank imports it by name. As with any ``multiprocessing`` program, a script calls ``launch`` under
-``if __name__ == "__main__":``.
+function of a module, not of a notebook): every rank imports it by name. As with any ``multiprocessing`` program,
+a script calls ``launch`` under ``if __name__ == "__main__":``.
 
 Distributed code hangs instead of failing: a rank that never reaches a collective leaves the others waiting.
 Two timeouts turn a hang into an error: the process group's own (a collective that waits longer raises in the
