@@ -12,7 +12,7 @@ from .. import numpy_ref
 from ..mistakes import hint
 from .cases import make_mask, mixed_mask, to_framework
 from .diagnosis import core_variants, diagnose, sdpa_variant
-from .questions import choice_question, number_question
+from .questions import number_question
 from .runner import (
     DEFAULT_TIMEOUT,
     CheckFailed,
