@@ -150,10 +150,10 @@ def check_softmax(fn, *, timeout: float = DEFAULT_TIMEOUT):
 # ----------------------------------------------------------------------------------------------------------------
 
 def scale_mystery(d_k: int = 64, t: int = 8, seed: int = 1) -> np.ndarray:
-    """Chapter 1, read-the-plot: the (t, t) self-attention weights of random q = k rows of width ``d_k``, with the
-    scores scaled in a way question ``1.which-scale`` asks about."""
-    x = np.random.default_rng(seed).standard_normal((t, d_k))
-    return numpy_ref.softmax(x @ x.T)  # the hidden choice: no scaling at all
+    """Chapter 1, read-the-plot: the (t, t) attention weights of random queries and keys of width ``d_k`` (entries
+    of mean 0, variance 1), with the scores scaled in a way question ``1.which-scale`` asks about."""
+    q, k = np.random.default_rng(seed).standard_normal((2, t, d_k))
+    return numpy_ref.softmax(q @ k.T)  # the hidden choice: no scaling at all
 
 
 def bug_mystery(t: int = 6, seed: int = 7) -> np.ndarray:
