@@ -18,7 +18,7 @@ from .. import numpy_ref
 from .cases import mha_cases, mha_cross_dim_cases, single_head_cases, single_head_params, to_framework, to_tf
 from .core import sdpa_check_body
 from .diagnosis import diagnose, mha_candidates, single_head_candidates
-from .questions import choice_question
+from .questions import choice_question, number_question
 from .runner import (
     DEFAULT_TIMEOUT,
     CheckFailed,
@@ -528,4 +528,16 @@ choice_question(
         "C": "Keras takes boolean or 0/1 masks and turns them into large negative scores itself; adding -inf is "
              "what PyTorch's float attn_mask expects.",
     },
+)
+number_question(
+    "5.score-macs",
+    answer=2 * 8 * 128 * 128 * 64,
+    why="einsum does one multiply-add per combination of ALL its letters: b h t s k = 2 x 8 x 128 x 128 x 64; "
+        "the summed letter k multiplies the count like the others.",
+    known={
+        2 * 8 * 128 * 128: "that is the number of scores (the output's letters b h t s); each is a sum of 64 "
+                           "products over k.",
+        2 * 8 * 128 * 64: "that is the size of q (b h t k); every query meets every one of the 128 keys.",
+    },
+    hint="Multiply the sizes of every distinct letter of the spec, kept or summed.",
 )
