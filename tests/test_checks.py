@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import attention_course as ac
-from attention_course import bug_zoo, checks, kv_cache, numpy_ref
+from attention_course import bug_zoo, checks, kv_cache, mistakes, numpy_ref
 from attention_course.checks import diagnosis, runner
 from attention_course.checks import modules as check_modules
 
@@ -654,6 +654,7 @@ def test_mistakes_get_their_code(check, impl, code, capsys):
 def test_every_code_is_produced_somewhere():
     zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
+    planted_elsewhere |= {m.code for m in mistakes.in_chapter(10)}  # tests/test_checks_positions.py
     codes = {c[2] for c in CASES} | {b.code for b in zoo} | planted_elsewhere
     assert codes == set(checks.CODES)
 

@@ -269,6 +269,37 @@ mistake("cache-missing-factor",
 # Chapter 10: positions (append this chapter's mistakes here)
 # ==================================================================================================================
 
+mistake("sinusoid-wrong-exponent", "sinusoidal encodings with the wrong frequencies: not 10000^(-2i/D) for pair i",
+        "Your encodings turn at the wrong speeds: {detail}. Pair i (features 2i and 2i + 1) uses the frequency "
+        "theta_i = 10000^(-2i/D): both features of a pair share it, and it falls from 1 to about 1/10000.",
+        chapter=10, topic="positions")
+mistake("sin-cos-swapped", "sinusoidal encodings with cos on the even features and sin on the odd ones",
+        "Your sines and cosines are swapped: PE[p, 2i] = sin(p theta_i) goes on the even features and "
+        "PE[p, 2i + 1] = cos(p theta_i) on the odd ones (position 0 is then 0, 1, 0, 1, ...).",
+        chapter=10, topic="positions")
+mistake("rope-wrong-pairing", "RoPE rotating the pairs (x_i, x_i+D/2) where (x_2i, x_2i+1) were asked (or back)",
+        "Your rotation pairs the wrong features: {detail}. Both pairings exist (LLaMA's reference code uses "
+        "neighbours, GPT-NeoX and Hugging Face use halves), but weights trained with one are wrong with the other.",
+        chapter=10, topic="positions")
+mistake("rope-wrong-frequencies", "RoPE with the wrong angles: not m * base^(-2i/Dh) for pair i at position m",
+        "Your rotation angles are wrong: {detail}. Pair i at position m turns by m * theta_i, with "
+        "theta_i = base^(-2i/Dh) and i counting pairs (0 .. Dh/2 - 1), not features.",
+        chapter=10, topic="positions")
+mistake("alibi-wrong-slopes", "ALiBi head slopes that are not the paper's geometric sequence",
+        "Your slopes are not those of Press et al.: {detail}.", chapter=10, topic="positions")
+mistake("rope-position-not-offset", "a decoded token rotated by the wrong position (0, not the cache length)",
+        "Your new token is rotated as if it were at position {detail}. With a cache of T tokens (positions "
+        "0 .. T-1) the new token is at position T: rotate its query and key by T.",
+        chapter=10, topic="positions")
+mistake("rope-rotates-values", "RoPE applied to the values as well as the queries and keys",
+        "You rotate the values too. RoPE rotates queries and keys only, so that their scores depend on the "
+        "distance; the values carry the content that is averaged and are never rotated.",
+        chapter=10, topic="positions")
+mistake("rope-cache-rotated-twice", "cached keys, already rotated, rotated again when a token is decoded",
+        "Your cached keys are rotated a second time. The cache stores keys already rotated at their own "
+        "positions: rotate only the new key (at position T) and append it.",
+        chapter=10, topic="positions")
+
 
 # ==================================================================================================================
 # Chapter 11: the transformer block (append this chapter's mistakes here)

@@ -23,7 +23,7 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.kv_cache`, :mod:`.positions`) and :mod:`.questions` (checked letter and number questions).
 """
 
 from ..mistakes import CODES
@@ -38,6 +38,7 @@ from .modules import (
     check_parameter_count,
     check_single_head_attention,
 )
+from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
 
@@ -45,6 +46,7 @@ __all__ = [
     "CODES",
     "DEFAULT_TIMEOUT",
     "CheckFailed",
+    "check_alibi_slopes",
     "check_attention_one_query",
     "check_causal_mask",
     "check_choice",
@@ -59,8 +61,11 @@ __all__ = [
     "check_padding_mask",
     "check_parameter_count",
     "check_repeat_kv",
+    "check_rope",
+    "check_rope_decode_step",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
+    "check_sinusoidal_positions",
     "check_softmax",
     "check_split_heads",
 ]
