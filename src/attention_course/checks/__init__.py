@@ -27,6 +27,7 @@ The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (na
 """
 
 from ..mistakes import CODES
+from .capstone import check_rope_cached_attention
 from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
 from .heads import check_merge_heads, check_split_heads
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
@@ -61,6 +62,7 @@ __all__ = [
     "check_padding_mask",
     "check_parameter_count",
     "check_repeat_kv",
+    "check_rope_cached_attention",
     "check_rope",
     "check_rope_decode_step",
     "check_scaled_dot_product_attention",
