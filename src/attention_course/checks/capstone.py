@@ -14,7 +14,7 @@ import torch
 from .. import numpy_ref
 from .diagnosis import diagnose
 from .positions import rope_variant
-from .questions import choice_question
+from .questions import choice_question, number_question
 from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, fail, run_check, shape_text
 
 # (d_model, num_heads, chunk lengths): a prompt alone, a prompt then single tokens, chunks of several tokens
@@ -149,9 +149,21 @@ choice_question(
     why="a key's rotation depends only on its own position, which never changes: rotate it once, when it is "
         "computed, and cache it rotated; each new query is rotated at its own position.",
     wrong={
-        "B": ("rope-cache-rotated-twice", "keys in the cache are already rotated; rotating the whole cache at "
-                                          "every step turns the old keys again."),
+        "B": ("rope-cache-rotated-twice", "the cached keys are already rotated: rotating the whole cache by "
+                                          "0 .. T-1 at every step turns the old keys a second time."),
         "C": ("rope-rotates-values", "values are never rotated: RoPE acts on queries and keys only, so that their "
                                      "scores depend on the distance."),
     },
+)
+number_question(
+    "14.cache-numbers",
+    answer=2 * 2 * 4 * 8 * 8,
+    why="keys and values (2) x batch 2 x 4 heads x 8 tokens x Dh = 32 / 4 = 8 features = 1024 numbers.",
+    known={
+        2 * 4 * 8 * 8: ("cache-keys-only", "that counts the keys only (or the values only): the cache holds both."),
+        2 * 2 * 4 * 3 * 8: ("cache-missing-factor", "that counts the 3 decoded tokens only: the prompt's 5 tokens "
+                                                    "are cached too."),
+        2 * 2 * 4 * 8 * 32: "that gives every head d_model = 32 features; each head caches Dh = 32 / 4 = 8.",
+    },
+    hint="Count keys and values, batch, heads, tokens (prompt and decoded) and features per head.",
 )
