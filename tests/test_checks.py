@@ -655,6 +655,7 @@ def test_every_code_is_produced_somewhere():
     zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(10)}  # tests/test_checks_positions.py
+    planted_elsewhere |= {m.code for m in mistakes.in_chapter(14)}  # tests/test_checks_capstone.py
     codes = {c[2] for c in CASES} | {b.code for b in zoo} | planted_elsewhere
     assert codes == set(checks.CODES)
 
