@@ -321,6 +321,16 @@ mistake("rope-cache-rotated-twice", "cached keys, already rotated, rotated again
 
 
 # ==================================================================================================================
+# Chapter 14: the capstone (causal multi-head attention with RoPE and a KV cache, end to end)
+# ==================================================================================================================
+
+mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
+        "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
+        "queries and the keys of every head by their positions before the scores.",
+        chapter=14, topic="capstone")
+
+
+# ==================================================================================================================
 # Chapter 11: the transformer block (append this chapter's mistakes here)
 # ==================================================================================================================
 

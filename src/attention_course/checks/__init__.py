@@ -29,6 +29,7 @@ The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (na
 
 from ..mistakes import CODES
 from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block, check_pre_ln_block
+from .capstone import check_rope_cached_attention
 from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
 from .distributed import check_ring_causal_mask, check_ring_merge, check_row_parallel_output
 from .field_guide import check_additive_mask, check_layers_created_once
@@ -76,6 +77,7 @@ __all__ = [
     "check_repeat_kv",
     "check_ring_causal_mask",
     "check_ring_merge",
+    "check_rope_cached_attention",
     "check_rope",
     "check_rope_decode_step",
     "check_row_parallel_output",

@@ -12,6 +12,7 @@ from .. import numpy_ref
 from ..mistakes import hint
 from .cases import make_mask, mixed_mask, to_framework
 from .diagnosis import core_variants, diagnose, sdpa_variant
+from .questions import number_question
 from .runner import (
     DEFAULT_TIMEOUT,
     CheckFailed,
@@ -270,3 +271,41 @@ def check_grouped_query_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 "Tq = 1, Tq != Tk, causal and padding masks, fully masked rows) match the reference")
 
     run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checked questions of chapter 8 (see .questions)
+# ----------------------------------------------------------------------------------------------------------------
+
+number_question(
+    "8.cache-gib",
+    answer=2.0,
+    rtol=1e-3,
+    why="2 (K and V) x 32 layers x 32 heads x 128 features x 2 bytes = 512 KiB per token; x 4096 tokens = 2 GiB.",
+    known={
+        1.0: ("cache-keys-only", "1 GiB counts the keys only: the cache holds keys AND values."),
+        4.0: ("cache-missing-factor", "4 GiB is float32 (4 bytes per number); the model stores float16."),
+        0.5: ("cache-missing-factor", "0.5 GiB is what grouped-query attention with 8 key/value heads would need; "
+                                      "this model caches all 32 heads."),
+    },
+    hint="Multiply: 2 (keys and values) x layers x heads x head size x bytes x tokens, then divide by 2^30.",
+)
+number_question(
+    "8.gqa-saving",
+    answer=4,
+    why="the cache holds H_kv = 8 key/value heads instead of H = 32: it is H / H_kv = 4 times smaller.",
+    known={
+        8: "8 is H_kv, the number of key/value heads; the saving is H / H_kv.",
+        32: "32 is what multi-query attention (H_kv = 1) saves.",
+    },
+    hint="How many key/value heads does each layer cache, with MHA and with GQA?",
+)
+number_question(
+    "8.kv-head-of",
+    answer=1,
+    why="with H = 6 and H_kv = 2, n = 3 query heads share each key/value head: heads 0-2 use 0, heads 3-5 use 1; "
+        "4 // 3 = 1.",
+    known={0: ("kv-heads-tiled", "0 = 4 % 2 is the tiled order (0, 1, 0, 1, ...): query heads are grouped, "
+                                 "h // n, not h % H_kv.")},
+    hint="Query head h uses key/value head h // (H / H_kv).",
+)

@@ -197,7 +197,7 @@ def check_number(qid: str, value, *, timeout: float = DEFAULT_TIMEOUT) -> None:
 
 
 def _shown(number: float) -> str:
-    """A number as the student would write it: whole numbers in full (469762048, not 4.69762e+08)."""
+    """A number as the student would write it: whole numbers in full (2362368, not 2.36237e+06), others with %g."""
     return str(int(number)) if float(number).is_integer() and abs(number) < 1e15 else f"{number:g}"
 
 
