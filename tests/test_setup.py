@@ -359,3 +359,22 @@ def test_pdf_prints_the_root_page_from_the_build_root(tmp_path):
     plain.write_text("<p>no redirect</p>")
     assert print_pdf.single_page(plain) == plain
     assert print_pdf.main([str(tmp_path / "missing.html")]) == 1
+
+
+# --- solutions presented as solutions (append to tests/test_setup.py after running migrate_solutions.py) -----------
+
+
+@pytest.mark.parametrize("solution", sorted((ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.name)
+def test_solutions_are_titled_solutions_and_name_no_solution_path_to_students(solution):
+    """The chapter map lists each title once; the exercise notebooks (the student edition) never say where the
+    solutions are; the students' instructions are hidden from the solution page (exercise-only + remove-cell)."""
+    cells = json.loads(solution.read_text(encoding="utf-8"))["cells"]
+    first = "".join(cells[0]["source"])
+    assert first.startswith("# Solutions: "), f"{solution.name}: title it '# Solutions: <title>'"
+    exercise = ROOT / "exercises" / solution.name
+    text = "".join("".join(c["source"]) for c in json.loads(exercise.read_text(encoding="utf-8"))["cells"])
+    assert "".join(json.loads(exercise.read_text(encoding="utf-8"))["cells"][0]["source"]).startswith(
+        "# Exercises: " + first.removeprefix("# Solutions: ").split("\n", 1)[0])
+    assert not re.search(r"solutions/\w", text), f"{exercise.name} names a solution path"
+    how_to = [c for c in cells if "**How to work.**" in "".join(c["source"])]
+    assert how_to and all({"exercise-only", "remove-cell"} <= set(c["metadata"].get("tags", [])) for c in how_to)
