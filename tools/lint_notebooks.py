@@ -15,8 +15,8 @@ prints. Float rounding differs across CPUs, SIMD kernels and thread counts, henc
 * ``stray-error``: an error output in a cell not tagged ``raises-exception``.
 * ``address``: a ``<... at 0x...>`` repr (end plot lines with ``;``).
 * ``tf-log``: TensorFlow C++ log lines stored in stderr (start kernels with TF_CPP_MIN_LOG_LEVEL=3).
-* ``ignored-output``: ``nbval-ignore-output`` on a cell that neither times nor measures memory nor prints
-  versions (only such cells may hide their output).
+* ``ignored-output``: ``nbval-ignore-output`` on a cell that neither times, measures memory, shows a progress bar
+  nor prints versions (only such cells may hide their output).
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ E_NUMBER = re.compile(
 )
 ADDRESS = re.compile(r" at 0x[0-9a-fA-F]{6,}>")
 TF_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |oneDNN custom operations are on", re.M)
-# What a cell whose output may be ignored does: time something, measure memory, or report versions or progress.
+# What a cell whose output may be ignored does: time something, measure memory, or report versions or progress
+# (a progress bar stores elapsed times and rates).
 VARIABLE_OUTPUT = re.compile(
-    r"time\.|perf_counter|timeit|measure_peak_memory|__version__|version\(|tqdm|benchmark|platform\."
+    r"time\.|perf_counter|timeit|measure_peak_memory|__version__|version\(|tqdm|progress=True|benchmark|platform\."
 )
 
 
