@@ -103,6 +103,10 @@ mistake("returned-none", "the function returned None (missing return statement)"
 mistake("not-implemented", "the function still raises NotImplementedError")
 mistake("raised-exception", "the function raised an exception")
 mistake("timeout", "the function did not return within the time limit")
+mistake("calls-reference", "the implementation calls the reference (the library, SDPA, nn.MultiheadAttention, "
+        "Keras MultiHeadAttention) or hides or inspects what it calls (grader only)")
+mistake("sandbox-ended", "the submission's process stopped answering while its function was checked (grader only)")
+mistake("not-run", "the check cell never ran: the notebook stopped before it (grader only)")
 mistake("mutates-input", "the function modified one of its input arrays in place",
         "Your function changed its input `{detail}` in place (e.g. with `x -= ...` or `x /= ...`). Compute new arrays "
         "instead of modifying the arguments: the caller still needs them.",

@@ -38,16 +38,24 @@ import csv
 import io
 import json
 import re
+import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
 
+from . import judge, references
 from .exercises import CHECK_TAG, exercise_number, parse_heading
-from .kernel import execute_notebook
+from .sandbox import Limits, Sandbox, SandboxError
 
 DEFAULT_TIMEOUT_S = 60
+DEFAULT_NOTEBOOK_TIMEOUT_S = 300
+GRACE_S = 30  # a notebook's child process is killed this long after the notebook's time limit
+RESULT_PREFIX = "attention-grade-result "
 CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")
 AUTO = "auto"  # reference=AUTO: the solutions/ folder of the current directory, if there is one
 CHECK_MISSING = "check-missing"
@@ -169,11 +177,74 @@ def _plan(nb, ref_nb):
     return plan
 
 
-def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S,
-                   reference: str | Path | None = AUTO) -> NotebookResult:
-    """Run one notebook in a fresh kernel and grade its check cells (the reference's, see the module docstring)."""
-    from nbclient.exceptions import DeadKernelError
+def _sandbox_cells(nb, plan) -> tuple[list[dict], dict]:
+    """The job for the sandbox (every code cell; at check cells the expressions the check is given) and
+    ``{check cell key: parsed checker calls or None}``."""
+    check_indices = {index for *_, indices in plan for index in indices}
+    cells, parsed = [], {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        entry = {"key": str(index), "source": cell.source, "check": None}
+        if index in check_indices:
+            calls = judge.parse_check(cell.source)
+            parsed[str(index)] = calls
+            entry["check"] = {"exprs": judge.expressions(calls), "run_in_sandbox": calls is None}
+        cells.append(entry)
+    return cells, parsed
 
+
+def _judge_point(event, calls, sandbox, nb, index):
+    """The outcome of one check cell reported by the sandbox."""
+    objects = event.get("objects") or {}
+    if event.get("verdict") is not None or calls is None:
+        return judge.sandbox_verdict(event.get("verdict") or {})
+    for expr in judge.expressions(calls):
+        info = objects.get(expr) or {}
+        name = info.get("name") if info.get("kind") in ("function", "class") else None
+        problem = references.forbidden_use(nb, index, expr, calls[0].checker, name)
+        if problem:
+            return False, "calls-reference", problem
+    return judge.run_checks(calls, sandbox, str(index), objects)
+
+
+def run_in_sandbox(nb, plan, limits: Limits) -> dict:
+    """``{cell index: (passed, code, message)}`` for the check cells that were reached."""
+    cells, parsed = _sandbox_cells(nb, plan)
+    deadline = time.monotonic() + limits.notebook_s
+    outcomes: dict = {}
+    restart = True
+    while restart and time.monotonic() < deadline and len(outcomes) < len(parsed):
+        restart = False
+        with Sandbox(cells, limits, deadline) as sandbox:
+            try:
+                sandbox.start()
+                while True:
+                    event = sandbox.next_event()
+                    if event["op"] == "done":
+                        break
+                    key = str(event.get("key"))
+                    if key in parsed and key not in outcomes:
+                        outcomes[key] = _judge_point(event, parsed[key], sandbox, nb, int(key))
+                    if sandbox.closed:  # a call ran out of time: start again for the checks after this one
+                        restart = True
+                        break
+                    sandbox.resume()
+            except SandboxError:
+                pass
+    late = time.monotonic() >= deadline
+    for key in parsed:
+        if key not in outcomes:
+            outcomes[key] = ((False, "timeout", f"the notebook ran longer than its time limit ({limits.notebook_s:g} s)")
+                             if late else (False, "not-run", "the cell did not run (the submission's process "
+                                           "stopped before it)"))
+    return {int(k): v for k, v in outcomes.items()}
+
+
+def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO,
+                   limits: Limits | None = None) -> NotebookResult:
+    """Run one notebook in a sandbox and grade its check cells (the reference's, see the module docstring)."""
+    limits = limits or Limits(cell_s=timeout, notebook_s=max(DEFAULT_NOTEBOOK_TIMEOUT_S, timeout))
     result = NotebookResult(str(path))
     path = Path(path)
     nb, result.error = _read(path)
@@ -190,28 +261,23 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S,
     if not plan:
         result.error = "no check cells (cells tagged 'check') found"
         return result
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    if any(indices for *_, indices in plan):
-        try:
-            execute_notebook(nb, path.parent.resolve(), timeout, allow_errors=True, interrupt_on_timeout=True)
-        except DeadKernelError:
-            pass  # the check cells that did not run are graded 'not-run'
+    outcomes = run_in_sandbox(nb, plan, limits) if any(indices for *_, indices in plan) else {}
     for number, title, level, indices in plan:
         if not indices:
             result.exercises.append(ExerciseResult(
                 number, title, level, False, CHECK_MISSING, f"the check cell of exercise {number} (tags 'check' and "
                 f"'exercise-{number}') is missing from the notebook: restore it from the exercise notebook"))
             continue
-        outcomes = [_outcome(nb.cells[index]) for index in indices]  # several copies: all must pass
-        passed, code, message = next((o for o in outcomes if not o[0]), outcomes[0])
+        found = [outcomes[index] for index in indices]  # several copies: all must pass
+        passed, code, message = next((o for o in found if not o[0]), found[0])
         result.exercises.append(ExerciseResult(number, title, level, passed, code, message))
     return result
 
 
-def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO) -> list[NotebookResult]:
-    return [grade_notebook(p, timeout, reference) for p in paths]
+def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO,
+          limits: Limits | None = None) -> list[NotebookResult]:
+    """Grade each notebook in this process, one after the other (the command line runs them in parallel)."""
+    return [grade_notebook(p, timeout, reference, limits) for p in paths]
 
 
 def format_table(results: list[NotebookResult]) -> str:
@@ -246,14 +312,75 @@ def format_csv(results: list[NotebookResult]) -> str:
     return buf.getvalue()
 
 
+def _from_dict(data: dict) -> NotebookResult:
+    result = NotebookResult(str(data["notebook"]), error=data.get("error"), reference=data.get("reference"))
+    result.exercises = [ExerciseResult(**e) for e in data.get("exercises", [])]
+    return result
+
+
+def _grade_in_child(path: str, args) -> NotebookResult:
+    """Grade one notebook in a child process of its own: whatever happens to it, this process and the batch go
+    on, and the child is killed at the notebook's time limit plus a grace period."""
+    cmd = [sys.executable, "-m", "attention_course.course.grade", "--one", path, "--timeout", str(args.timeout),
+           "--notebook-timeout", str(args.notebook_timeout), "--memory-mb", str(args.memory_mb)]
+    cmd += ["--no-reference"] if args.reference is None else ["--solutions", str(args.reference)]
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=args.notebook_timeout + GRACE_S, start_new_session=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+        if done.returncode == 0 and len(lines) == 1:
+            return _from_dict(json.loads(lines[0][len(RESULT_PREFIX):]))
+        return NotebookResult(path, error=f"the grader's process for this notebook failed (exit {done.returncode})")
+    except subprocess.TimeoutExpired:
+        return NotebookResult(path, error=f"grading took longer than {args.notebook_timeout + GRACE_S:g} s")
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        return NotebookResult(path, error=f"the grader's process for this notebook failed ({type(err).__name__})")
+
+
+class _Writer:
+    """Writes each result as soon as it is known, in the chosen format (``--json``: one document at the end)."""
+
+    def __init__(self, fmt: str, out=None):
+        self.fmt, self.out, self.lock, self.results = fmt, out or sys.stdout, threading.Lock(), []
+        if fmt == "csv":
+            self._write(format_csv([]).rstrip("\n"))
+
+    def _write(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def add(self, result: NotebookResult) -> None:
+        with self.lock:
+            self.results.append(result)
+            if self.fmt == "jsonl":
+                self._write(json.dumps(result.as_dict(), ensure_ascii=False))
+            elif self.fmt == "csv":
+                rows = format_csv([result]).rstrip("\n").split("\n", 1)
+                if len(rows) > 1:
+                    self._write(rows[1])
+            elif self.fmt == "table":
+                self._write(format_table([result]))
+
+    def finish(self, order: list[str]) -> None:
+        if self.fmt == "json":
+            rank = {p: i for i, p in enumerate(order)}
+            self._write(format_json(sorted(self.results, key=lambda r: rank.get(r.notebook, len(rank)))))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attention_course.grade",
-                                     description="Run exercise notebooks and report which exercises pass.")
-    parser.add_argument("notebooks", nargs="+", help="submitted .ipynb files")
+                                     description="Run exercise notebooks in a sandbox and report which exercises pass.")
+    parser.add_argument("notebooks", nargs="*", help="submitted .ipynb files")
     fmt = parser.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument("--json", action="store_true", help="print one JSON document at the end")
+    fmt.add_argument("--jsonl", action="store_true", help="print one JSON line per notebook as soon as it is graded")
     fmt.add_argument("--csv", action="store_true", help="print CSV (one row per exercise)")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
+    parser.add_argument("--notebook-timeout", type=int, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
+                        help="time limit per notebook, in seconds")
+    parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory limit per notebook")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
+    parser.add_argument("--one", metavar="NOTEBOOK", help=argparse.SUPPRESS)  # the child process of _grade_in_child
     ref = parser.add_mutually_exclusive_group()
     ref.add_argument("--solutions", "--reference", dest="reference", metavar="PATH", default=AUTO,
                      help="folder of solution notebooks (matched by name) or one solution notebook whose check cells "
@@ -263,9 +390,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.reference not in (AUTO, None) and not Path(args.reference).exists():
         parser.error(f"--solutions {args.reference}: no such file or folder")
-    results = grade(args.notebooks, args.timeout, args.reference)
-    print(format_json(results) if args.json else format_csv(results).rstrip("\n") if args.csv else
-          format_table(results))
+    if args.jobs < 1 or args.timeout < 1 or args.notebook_timeout < 1 or args.memory_mb < 64:
+        parser.error("--jobs, --timeout, --notebook-timeout must be positive and --memory-mb at least 64")
+    if args.reference not in (AUTO, None):
+        args.reference = Path(args.reference).resolve()
+    elif args.reference == AUTO:
+        args.reference = default_reference()
+    limits = Limits(cell_s=args.timeout, notebook_s=args.notebook_timeout, memory_mb=args.memory_mb)
+    if args.one:
+        result = grade_notebook(args.one, args.timeout, args.reference, limits)
+        sys.stdout.write(RESULT_PREFIX + json.dumps(result.as_dict(), ensure_ascii=False) + "\n")
+        return 0
+    if not args.notebooks:
+        parser.error("give at least one notebook")
+    writer = _Writer("json" if args.json else "jsonl" if args.jsonl else "csv" if args.csv else "table")
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(_grade_in_child, str(p), args) for p in args.notebooks]
+        for future in as_completed(futures):
+            writer.add(future.result())
+    writer.finish([str(p) for p in args.notebooks])
     return 0
 
 
