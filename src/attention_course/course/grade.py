@@ -1,17 +1,25 @@
-"""Grade submitted exercise notebooks: run each one, report which exercises pass and why the others fail.
+"""Grade submitted exercise notebooks: run each one in a sandbox, judge its exercises in the grader's process.
 
 Usage::
 
-    python -m attention_course.grade NOTEBOOK... [--json | --csv] [--timeout SECONDS]
-                                                 [--solutions PATH | --no-reference]
+    python -m attention_course.grade NOTEBOOK... [--json | --jsonl | --csv] [-j N] [--timeout SECONDS]
+        [--notebook-timeout SECONDS] [--memory-mb MB] [--seed N] [--solutions PATH | --no-reference]
 
-Each notebook runs top to bottom in its own fresh kernel (nbclient, in the notebook's folder), with errors
-allowed so that a broken exercise does not stop the later ones, and a time limit per cell (``--timeout``,
-default 60 s; a cell that runs longer is interrupted). An exercise is found by its check cell (tags ``check`` and
-``exercise-N``; see EXERCISES_HOWTO.md): it passes when that cell runs without an error. A failing check's
-diagnosis code (``[missing-scale]``, ...) is read from the start of its error message; other errors are reported
-by exception name (e.g. ``NameError``), a cell stopped by the time limit as ``timeout``, and a check cell that never
-ran (the kernel died) as ``not-run``.
+Untrusted code only computes; trusted code judges. Each notebook runs in a disposable sandbox
+(:mod:`.sandbox`: bubblewrap, or a weaker rlimit-only fallback), top to bottom, with errors allowed so that a
+broken exercise does not stop the later ones, a time limit per cell (``--timeout``, default 60 s) and per notebook
+(``--notebook-timeout``, default 300 s). An exercise is found by its check cell (tags ``check`` and
+``exercise-N``; see EXERCISES_HOWTO.md). The sandbox does not run a check cell such as
+``checks.check_softmax(softmax)``: it reports what ``softmax`` is, and the checker runs here, in the grader's
+process, calling the student's function through a stand-in that sends the inputs to the sandbox and gets the
+outputs back (:mod:`.judge`). The checkers add hidden cases drawn from ``--seed`` (default: random per run;
+:mod:`attention_course.checks.hidden`). A function that calls the reference implementation fails with
+``calls-reference`` (:mod:`.references`). Checks given a class, and check cells that are not plain
+``checks.check_*(...)`` calls, still run inside the sandbox (see the instructor guide).
+
+A failing check's diagnosis code (``[missing-scale]``, ...) is reported; other errors by exception name (e.g.
+``NameError``), a check stopped by a time limit as ``timeout``, and a check cell that never ran (the submission's
+process died) as ``not-run``.
 
 Canonical check cells: a submission is graded against the check cells of its **reference** notebook, not its own,
 so that deleting or editing a check cell (e.g. to ``pass``) gains nothing. The reference is the solution notebook
@@ -25,10 +33,12 @@ or its tags removed) fails with the code ``check-missing``; it still counts in t
 (``--no-reference``, no matching name, or no solutions folder) the notebook's own check cells are graded, and the
 table says so.
 
-Output: a table per notebook with a total such as ``3/5``; ``--json`` or ``--csv`` for machine-readable results.
-A notebook that cannot be read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still
-graded. Exit status: 0 whenever grading ran (results, including unreadable notebooks, are in the output); 2 for
-a command-line usage error (including a ``--solutions`` path that does not exist).
+Output: each notebook's result is written as soon as it is known (``-j N`` grades N notebooks at once, each in a
+child process of its own, so a crash loses nothing already written and the batch goes on): a table per notebook
+with a total such as ``3/5``, ``--jsonl`` (one JSON object per line), ``--csv`` (header first, then rows), or
+``--json`` (one document at the end). Nothing a submission prints reaches this output. A notebook that cannot be
+read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0
+whenever grading ran; 2 for a command-line usage error (including a ``--solutions`` path that does not exist).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import csv
 import io
 import json
 import re
+import secrets
 import subprocess
 import sys
 import threading
@@ -48,6 +59,7 @@ from pathlib import Path
 
 import nbformat
 
+from ..checks import hidden
 from . import judge, references
 from .exercises import CHECK_TAG, exercise_number, parse_heading
 from .sandbox import Limits, Sandbox, SandboxError
@@ -242,8 +254,10 @@ def run_in_sandbox(nb, plan, limits: Limits) -> dict:
 
 
 def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO,
-                   limits: Limits | None = None) -> NotebookResult:
-    """Run one notebook in a sandbox and grade its check cells (the reference's, see the module docstring)."""
+                   limits: Limits | None = None, seed: int | None = None) -> NotebookResult:
+    """Run one notebook in a sandbox and grade its check cells (the reference's, see the module docstring),
+    with the checkers' hidden cases drawn from ``seed`` (default: a fresh random seed)."""
+    hidden.enable(secrets.randbelow(2**31) if seed is None else seed)
     limits = limits or Limits(cell_s=timeout, notebook_s=max(DEFAULT_NOTEBOOK_TIMEOUT_S, timeout))
     result = NotebookResult(str(path))
     path = Path(path)
@@ -275,9 +289,9 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S, reference
 
 
 def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO,
-          limits: Limits | None = None) -> list[NotebookResult]:
+          limits: Limits | None = None, seed: int | None = None) -> list[NotebookResult]:
     """Grade each notebook in this process, one after the other (the command line runs them in parallel)."""
-    return [grade_notebook(p, timeout, reference, limits) for p in paths]
+    return [grade_notebook(p, timeout, reference, limits, seed) for p in paths]
 
 
 def format_table(results: list[NotebookResult]) -> str:
@@ -322,7 +336,8 @@ def _grade_in_child(path: str, args) -> NotebookResult:
     """Grade one notebook in a child process of its own: whatever happens to it, this process and the batch go
     on, and the child is killed at the notebook's time limit plus a grace period."""
     cmd = [sys.executable, "-m", "attention_course.course.grade", "--one", path, "--timeout", str(args.timeout),
-           "--notebook-timeout", str(args.notebook_timeout), "--memory-mb", str(args.memory_mb)]
+           "--notebook-timeout", str(args.notebook_timeout), "--memory-mb", str(args.memory_mb),
+           "--seed", str(args.seed)]
     cmd += ["--no-reference"] if args.reference is None else ["--solutions", str(args.reference)]
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -379,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebook-timeout", type=int, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
                         help="time limit per notebook, in seconds")
     parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory limit per notebook")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the checkers' hidden cases (default: a random one per run)")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
     parser.add_argument("--one", metavar="NOTEBOOK", help=argparse.SUPPRESS)  # the child process of _grade_in_child
     ref = parser.add_mutually_exclusive_group()
@@ -396,9 +413,12 @@ def main(argv: list[str] | None = None) -> int:
         args.reference = Path(args.reference).resolve()
     elif args.reference == AUTO:
         args.reference = default_reference()
+    args.seed = secrets.randbelow(2**31) if args.seed is None else args.seed
+    if args.seed < 0:
+        parser.error("--seed must be a non-negative integer")
     limits = Limits(cell_s=args.timeout, notebook_s=args.notebook_timeout, memory_mb=args.memory_mb)
     if args.one:
-        result = grade_notebook(args.one, args.timeout, args.reference, limits)
+        result = grade_notebook(args.one, args.timeout, args.reference, limits, args.seed)
         sys.stdout.write(RESULT_PREFIX + json.dumps(result.as_dict(), ensure_ascii=False) + "\n")
         return 0
     if not args.notebooks:
