@@ -49,6 +49,9 @@ from .kernel import KERNEL_ENV
 SANDBOX_DIR = "/sandbox"
 JOB_FILE = "job.json"
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
+# The few files of /etc that Python and its libraries read; the rest of /etc (keys, credentials) stays out.
+ETC = ["/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/nsswitch.conf",
+       "/etc/passwd", "/etc/group", "/etc/alternatives", "/etc/matplotlibrc", "/etc/mime.types"]
 
 
 @dataclass
@@ -91,12 +94,12 @@ def _package_root() -> Path:
 
 def _readonly_paths() -> list[str]:
     """What the sandbox may read: system folders, the Python installation, site-packages, the package."""
-    paths = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", sys.base_prefix, sys.prefix,
+    paths = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", *ETC, sys.base_prefix, sys.prefix,
              str(Path(sys.executable).resolve().parents[1]), str(_package_root())]
     paths += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     unique = []
     for p in paths:
-        if p and os.path.isdir(p) and p not in unique:
+        if p and os.path.exists(p) and p not in unique:
             unique.append(p)
     return unique
 
@@ -199,8 +202,6 @@ class Sandbox:
         self.folder = Path(tempfile.mkdtemp(prefix="attention-grade-"))
         job = {"cells": self.cells, "cell_s": self.limits.cell_s}
         (self.folder / JOB_FILE).write_text(json.dumps(job))
-        if backend() == "bwrap":
-            os.chmod(self.folder, 0o777)  # the sandbox's user may write its folder
         cmd, env = _command(self.folder, _environment(self.limits))
         self.cgroup = _pids_cgroup(self.limits)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
