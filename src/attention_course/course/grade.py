@@ -244,12 +244,12 @@ def run_in_sandbox(nb, plan, limits: Limits) -> dict:
                     sandbox.resume()
             except SandboxError:
                 pass
-    late = time.monotonic() >= deadline
+    if time.monotonic() >= deadline:
+        missing = (False, "timeout", f"the notebook ran longer than its time limit ({limits.notebook_s:g} s)")
+    else:
+        missing = (False, "not-run", "the cell did not run (the submission's process stopped before it)")
     for key in parsed:
-        if key not in outcomes:
-            outcomes[key] = ((False, "timeout", f"the notebook ran longer than its time limit ({limits.notebook_s:g} s)")
-                             if late else (False, "not-run", "the cell did not run (the submission's process "
-                                           "stopped before it)"))
+        outcomes.setdefault(key, missing)
     return {int(k): v for k, v in outcomes.items()}
 
 
@@ -341,7 +341,7 @@ def _grade_in_child(path: str, args) -> NotebookResult:
     cmd += ["--no-reference"] if args.reference is None else ["--solutions", str(args.reference)]
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=args.notebook_timeout + GRACE_S, start_new_session=True)
+                              timeout=args.notebook_timeout + GRACE_S, start_new_session=True, check=False)
         lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
         if done.returncode == 0 and len(lines) == 1:
             return _from_dict(json.loads(lines[0][len(RESULT_PREFIX):]))

@@ -39,7 +39,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,8 +78,9 @@ def backend() -> str:
     if _BACKEND is None:
         _BACKEND = "rlimit"
         if os.environ.get("ATTENTION_COURSE_SANDBOX") != "rlimit" and shutil.which("bwrap"):
-            probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--uid", str(SANDBOX_UID),
-                                    "--die-with-parent", "true"], capture_output=True, timeout=30)
+            command = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--uid", str(SANDBOX_UID),
+                       "--die-with-parent", "true"]
+            probe = subprocess.run(command, capture_output=True, timeout=30, check=False)
             if probe.returncode == 0:
                 _BACKEND = "bwrap"
     return _BACKEND
@@ -203,10 +203,12 @@ class Sandbox:
         job = {"cells": self.cells, "cell_s": self.limits.cell_s}
         (self.folder / JOB_FILE).write_text(json.dumps(job))
         cmd, env = _command(self.folder, _environment(self.limits))
+        # preexec_fn (limits, cgroup) is safe here: the command line grades each notebook in a single-threaded
+        # child process of its own.
         self.cgroup = _pids_cgroup(self.limits)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      cwd=self.folder, env=env, start_new_session=True, close_fds=True,
-                                     preexec_fn=_preexec(self.limits, self.cgroup))
+                                     preexec_fn=_preexec(self.limits, self.cgroup))  # noqa: PLW1509 - see below
 
     def next_event(self) -> dict:
         """The worker's next report: ``{"op": "check", "key": cell index, "objects": {expr: info}, "verdict":
@@ -332,7 +334,7 @@ def _check_point(shell, check: dict, source: str, seconds: float) -> dict:
     objects, report = {}, {}
     for expr in check["exprs"]:
         try:
-            objects[expr] = eval(expr, shell.user_ns)  # noqa: S307 - the submission's own namespace, sandboxed
+            objects[expr] = eval(expr, shell.user_ns)  # the submission's own namespace, in the sandbox
             report[expr] = _describe(objects[expr])
         except BaseException as err:  # noqa: BLE001 - e.g. NameError: the exercise was not done
             report[expr] = {"kind": "error", "etype": type(err).__name__, "message": str(err)[:500]}
