@@ -206,22 +206,35 @@ def _sandbox_cells(nb, plan) -> tuple[list[dict], dict]:
     return cells, parsed
 
 
-def _judge_point(event, calls, sandbox, nb, index):
-    """The outcome of one check cell reported by the sandbox."""
+def reference_uses(ref_nb) -> dict[int, set[str]]:
+    """``{exercise number: the reference-like tokens its solution uses}``: what a submission may use too."""
+    uses: dict[int, set[str]] = {}
+    for index, number, _, _ in _check_cells(ref_nb):
+        for expr in judge.expressions(judge.parse_check(ref_nb.cells[index].source)):
+            uses.setdefault(number, set()).update(references.flagged(ref_nb, index, expr))
+    return uses
+
+
+def _judge_point(event, calls, sandbox, nb, index, allowed):
+    """The outcome of one check cell reported by the sandbox; ``allowed``: what the reference solution uses
+    (None: no reference, no check for calls to the reference)."""
     objects = event.get("objects") or {}
     if event.get("verdict") is not None or calls is None:
         return judge.sandbox_verdict(event.get("verdict") or {})
     for expr in judge.expressions(calls):
         info = objects.get(expr) or {}
         name = info.get("name") if info.get("kind") in ("function", "class") else None
-        problem = references.forbidden_use(nb, index, expr, calls[0].checker, name)
+        problem = None if allowed is None else references.forbidden_use(nb, index, expr, calls[0].checker, name,
+                                                                         allowed)
         if problem:
             return False, "calls-reference", problem
     return judge.run_checks(calls, sandbox, str(index), objects)
 
 
-def run_in_sandbox(nb, plan, limits: Limits) -> dict:
-    """``{cell index: (passed, code, message)}`` for the check cells that were reached."""
+def run_in_sandbox(nb, plan, limits: Limits, uses: dict | None = None) -> dict:
+    """``{cell index: (passed, code, message)}`` for the check cells that were reached; ``uses``: see
+    :func:`reference_uses` (None: calls to the reference are not looked for)."""
+    numbers = {index: number for number, _, _, indices in plan for index in indices}
     cells, parsed = _sandbox_cells(nb, plan)
     deadline = time.monotonic() + limits.notebook_s
     outcomes: dict = {}
@@ -237,7 +250,8 @@ def run_in_sandbox(nb, plan, limits: Limits) -> dict:
                         break
                     key = str(event.get("key"))
                     if key in parsed and key not in outcomes:
-                        outcomes[key] = _judge_point(event, parsed[key], sandbox, nb, int(key))
+                        allowed = None if uses is None else uses.get(numbers[int(key)], set())
+                        outcomes[key] = _judge_point(event, parsed[key], sandbox, nb, int(key), allowed)
                     if sandbox.closed:  # a call ran out of time: start again for the checks after this one
                         restart = True
                         break
@@ -275,7 +289,8 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S, reference
     if not plan:
         result.error = "no check cells (cells tagged 'check') found"
         return result
-    outcomes = run_in_sandbox(nb, plan, limits) if any(indices for *_, indices in plan) else {}
+    uses = reference_uses(ref_nb) if ref_nb is not None else None
+    outcomes = run_in_sandbox(nb, plan, limits, uses) if any(indices for *_, indices in plan) else {}
     for number, title, level, indices in plan:
         if not indices:
             result.exercises.append(ExerciseResult(

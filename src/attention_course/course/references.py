@@ -86,36 +86,48 @@ def _used_names(node) -> list[tuple[str, ast.AST]]:
     return names
 
 
-def forbidden_use(nb, check_index: int, expr: str, checker: str = "", name: str | None = None) -> str | None:
-    """Why the object ``expr`` checked at cell ``check_index`` is not the student's own implementation, or None.
-    Question checks (``check_choice``, ``check_number``) are not implementations and are never rejected."""
-    if checker in ("check_choice", "check_number"):
-        return None
+def flagged(nb, check_index: int, expr: str, name: str | None = None) -> dict[str, tuple[str, str]]:
+    """``{token: (definition, why)}`` for each forbidden token used by the object ``expr`` checked at cell
+    ``check_index`` (its definition and the notebook's functions and classes it uses)."""
     trees = _trees(nb, check_index)
     definitions = _definitions(trees)
     aliases = _library_aliases(trees)
     start = expr if expr in definitions else name
-    if start not in definitions:
-        return None
-    seen, todo = set(), [start]
+    found: dict[str, tuple[str, str]] = {}
+    seen, todo = set(), [start] if start in definitions else []
     while todo:
         current = todo.pop()
-        if current in seen or current not in definitions:
+        if current in seen:
             continue
         seen.add(current)
-        for used, _node in _used_names(definitions[current]):
-            plain = isinstance(_node, ast.Name)
+        for used, node in _used_names(definitions[current]):
+            plain = isinstance(node, ast.Name)
             if used in STACK:
                 why = f"looks at the call stack ({used})"
-            elif used == "importlib" or used in HIDING and plain or used == "getattr" and isinstance(_node, ast.Call):
+            elif used == "importlib" or used in HIDING and plain or used == "getattr" and isinstance(node, ast.Call):
                 why = f"hides what it calls ({used})"
             elif used in REFERENCES or used in aliases and plain:
                 why = f"calls the reference implementation ({used})"
             else:
                 why = None
             if why:
-                return (f"[calls-reference] {current} {why}: the exercise asks for your own implementation; "
-                        "write it with the operations the exercise names.")
+                found.setdefault(used, (current, why))
             if used in definitions and used not in seen:
                 todo.append(used)
+    return found
+
+
+def forbidden_use(nb, check_index: int, expr: str, checker: str = "", name: str | None = None,
+                  allowed=frozenset()) -> str | None:
+    """Why the object ``expr`` checked at cell ``check_index`` is not the student's own implementation, or None.
+
+    ``allowed``: the tokens the reference solution of this exercise uses itself (an exercise that builds on the
+    library may call it; see :func:`flagged`). Question checks (``check_choice``, ``check_number``) are not
+    implementations and are never rejected."""
+    if checker in ("check_choice", "check_number"):
+        return None
+    for token, (definition, why) in flagged(nb, check_index, expr, name).items():
+        if token not in allowed:
+            return (f"[calls-reference] {definition} {why}: the exercise asks for your own implementation; "
+                    "write it with the operations the exercise names.")
     return None
