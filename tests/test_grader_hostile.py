@@ -225,3 +225,15 @@ def test_a_function_that_never_returns_fails_alone(tmp_path):
     nbformat.write(nb, tmp_path / NAME)
     result = grade.grade_notebook(tmp_path / NAME, reference=None, limits=sandbox.Limits(cell_s=60, notebook_s=120))
     assert [(e.passed, e.code) for e in result.exercises] == [(True, None)] * 3 + [(False, "timeout"), (True, None)]
+
+
+def test_the_rlimit_fallback_grades_the_same(tmp_path, monkeypatch):
+    """Without bubblewrap (weaker: see the instructor guide) the same worker judges the same way, under the same
+    resource limits and with a scrubbed environment."""
+    monkeypatch.setattr(sandbox, "_BACKEND", "rlimit")
+    shutil.copy(ROOT / "solutions" / NAME, tmp_path / f"solved_{NAME}")
+    nbformat.write(_with_cell(_attacks(tmp_path, tmp_path / "none.ipynb")["patch_allclose"]), tmp_path / f"x_{NAME}")
+    limits = sandbox.Limits(cell_s=CELL_S, notebook_s=60)
+    solved, attacked = grade.grade([tmp_path / f"solved_{NAME}", tmp_path / f"x_{NAME}"], reference=ROOT / "solutions",
+                                   limits=limits)
+    assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
