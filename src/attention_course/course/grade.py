@@ -47,7 +47,6 @@ import argparse
 import csv
 import io
 import json
-import re
 import secrets
 import subprocess
 import sys
@@ -68,7 +67,6 @@ DEFAULT_TIMEOUT_S = 60
 DEFAULT_NOTEBOOK_TIMEOUT_S = 300
 GRACE_S = 30  # a notebook's child process is killed this long after the notebook's time limit
 RESULT_PREFIX = "attention-grade-result "
-CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")
 AUTO = "auto"  # reference=AUTO: the solutions/ folder of the current directory, if there is one
 CHECK_MISSING = "check-missing"
 
@@ -118,19 +116,6 @@ def _check_cells(nb) -> list[tuple[int, int, str, str]]:
             level = heading.level if heading and heading.number == number else ""
             found.append((i, number, title, level))
     return found
-
-
-def _outcome(cell) -> tuple[bool, str | None, str | None]:
-    if cell.get("execution_count") is None:
-        return False, "not-run", "the cell did not run (the kernel stopped before it)"
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            ename, evalue = out.get("ename", "Error"), str(out.get("evalue", ""))
-            if ename == "KeyboardInterrupt":
-                return False, "timeout", "the cell was interrupted: it ran longer than the time limit"
-            m = CODE.match(evalue)
-            return False, (m.group(1) if m else ename), (evalue.splitlines()[0] if evalue else ename)
-    return True, None, None
 
 
 def default_reference() -> Path | None:
