@@ -156,7 +156,7 @@ def _remove_cgroup(group: Path | None) -> None:
 
 
 def _preexec(limits: Limits, cgroup: Path | None):
-    def apply():  # runs in the child between fork and exec
+    def apply():  # pragma: no cover - runs in the child between fork and exec
         if cgroup is not None:
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
         mb = 2**20
@@ -376,7 +376,7 @@ def _reply_to_call(request: dict, arrays: dict, kept: dict, seconds: float) -> t
 _MISSING = object()
 
 
-def _serve(reply_fd: int, request_fd: int, kept: dict, seconds: float) -> bool:
+def _serve(reply_fd: int, request_fd: int, kept: dict, seconds: float) -> bool:  # pragma: no cover - in the sandbox
     """Answer the grader's calls until it says continue (True) or closes the pipe (False)."""
     while True:
         try:
@@ -395,7 +395,7 @@ def _serve(reply_fd: int, request_fd: int, kept: dict, seconds: float) -> bool:
             wire.write_message(reply_fd, {"ok": False, "etype": "WireError", "message": "unsendable result"})
 
 
-def worker(folder: str) -> int:
+def worker(folder: str) -> int:  # pragma: no cover - runs in the sandbox (tests/test_grader_hostile.py)
     """Run the job in ``folder`` (see :class:`Sandbox`): the cells in order; at each check cell report and
     answer the grader's calls; then report done."""
     reply_fd, request_fd = os.dup(1), os.dup(0)
@@ -422,7 +422,7 @@ def worker(folder: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # pragma: no cover - the sandbox's entry point
     if len(sys.argv) == 3 and sys.argv[1] == "worker":
         sys.exit(worker(sys.argv[2]))
     sys.exit("usage: python -m attention_course.course.sandbox worker FOLDER")
