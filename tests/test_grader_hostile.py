@@ -223,7 +223,7 @@ def test_a_function_that_never_returns_fails_alone(tmp_path):
     check = next(i for i, c in enumerate(nb.cells) if "exercise-4" in c.metadata.get("tags", []))
     nb.cells.insert(check, new_code_cell("def causal_mask(t_q, t_k=None):\n    while True:\n        pass"))
     nbformat.write(nb, tmp_path / NAME)
-    result = grade.grade_notebook(tmp_path / NAME, reference=None, limits=sandbox.Limits(cell_s=60, notebook_s=120))
+    result = grade.grade_notebook(tmp_path / NAME, reference=None, limits=sandbox.Limits(cell_s=8, notebook_s=120))
     assert [(e.passed, e.code) for e in result.exercises] == [(True, None)] * 3 + [(False, "timeout"), (True, None)]
 
 

@@ -213,7 +213,7 @@ def _judge_point(event, calls, sandbox, nb, index, allowed):
                                                                          allowed)
         if problem:
             return False, "calls-reference", problem
-    return judge.run_checks(calls, sandbox, str(index), objects)
+    return judge.run_checks(calls, sandbox, str(index), objects, sandbox.limits.cell_s)
 
 
 def run_in_sandbox(nb, plan, limits: Limits, uses: dict | None = None) -> dict:
