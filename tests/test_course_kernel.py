@@ -59,3 +59,11 @@ def test_entry_modules(command):
     done = subprocess.run([sys.executable, "-m", f"attention_course.{command}", "--help"], capture_output=True,
                           text=True, env=env, timeout=120, check=False)
     assert done.returncode == 0 and f"usage: python -m attention_course.{command}" in done.stdout
+
+
+def test_entry_modules_are_the_course_commands():
+    from attention_course import exercises, grade
+    from attention_course.course import exercises as course_exercises
+    from attention_course.course import grade as course_grade
+
+    assert grade.main is course_grade.main and exercises.main is course_exercises.main

@@ -297,6 +297,12 @@ def test_zero_head_dim_and_mask_device(attend):
         attend(q, q, q, mask=torch.ones(3, 3, dtype=torch.uint8))
 
 
+def test_query_key_value_on_different_devices():
+    q = torch.randn(2, 3, 8)
+    with raises(ValueError, "query, key and value must be on one device, got cpu, meta, cpu"):
+        scaled_dot_product_attention(q, q.to("meta"), q)
+
+
 def test_mask_on_another_device_given_to_a_module():
     with raises(ValueError, "mask is on meta, but query is on cpu"):
         MultiHeadAttention(8, 2)(torch.randn(2, 3, 8), mask=torch.ones(2, 3, 3, dtype=torch.bool, device="meta"))
