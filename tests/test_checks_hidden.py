@@ -125,3 +125,24 @@ def test_the_seed_is_checked():
     with pytest.raises(ValueError, match="seed"):
         hidden.enable(1.5)
     assert not hidden.active()
+
+
+def softmax_keeps_the_input_dtype(x):
+    out = np.empty_like(x)
+    out[...] = numpy_ref.softmax(x)
+    return out
+
+
+def test_an_integer_input_is_among_the_hidden_cases(grading):
+    assert _code(checks.check_softmax, softmax_keeps_the_input_dtype) is None
+    grading(0)
+    assert _code(checks.check_softmax, softmax_keeps_the_input_dtype) == "wrong-output"
+
+
+def test_the_grader_switches_them_on_only_while_it_grades():
+    with hidden.drawn_from(5):
+        assert hidden.active()
+        with hidden.drawn_from(6):
+            assert hidden.active()
+        assert hidden.active()
+    assert not hidden.active()

@@ -216,15 +216,17 @@ def test_calls_to_the_reference_are_rejected():
         assert problem is not None and problem.startswith("[calls-reference]") and why in problem, source
 
 
-def test_a_function_that_never_returns_fails_alone(tmp_path):
-    """Exercise 4's function loops forever: the check's own time limit stops the call, the sandbox is replaced
-    by a fresh one, and exercise 5 is still graded (as are 1 to 3, before it)."""
+@pytest.mark.parametrize("body, code", [("while True:\n        pass", "timeout"),
+                                        ("import os\n    os._exit(1)", "sandbox-ended")], ids=["loops", "exits"])
+def test_a_function_that_never_returns_fails_alone(tmp_path, body, code):
+    """Exercise 4's function loops forever (the check's own time limit stops the call) or ends the submission's
+    process: the sandbox is replaced by a fresh one, and exercise 5 is still graded (as are 1 to 3, before it)."""
     nb = nbformat.read(ROOT / "solutions" / NAME, as_version=4)
     check = next(i for i, c in enumerate(nb.cells) if "exercise-4" in c.metadata.get("tags", []))
-    nb.cells.insert(check, new_code_cell("def causal_mask(t_q, t_k=None):\n    while True:\n        pass"))
+    nb.cells.insert(check, new_code_cell(f"def causal_mask(t_q, t_k=None):\n    {body}"))
     nbformat.write(nb, tmp_path / NAME)
     result = grade.grade_notebook(tmp_path / NAME, reference=None, limits=sandbox.Limits(cell_s=8, notebook_s=120))
-    assert [(e.passed, e.code) for e in result.exercises] == [(True, None)] * 3 + [(False, "timeout"), (True, None)]
+    assert [(e.passed, e.code) for e in result.exercises] == [(True, None)] * 3 + [(False, code), (True, None)]
 
 
 def test_the_rlimit_fallback_grades_the_same(tmp_path, monkeypatch):

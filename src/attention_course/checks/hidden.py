@@ -4,10 +4,12 @@ Students self-check in their notebooks with the fixed public cases only. The gra
 in the submission's) calls :func:`enable` with a seed; from then on the checkers that take them add the cases
 below: larger T and D (code that only works up to some size fails), Tq > Tk and Tq < Tk, batches of 5 and more
 (masks with their own row per example), rows whose maxima are far apart (a softmax that subtracts the global
-maximum gives NaN), and arrays of more than 60 elements. The diagnoses work on them as on the public cases.
+maximum gives NaN), arrays of more than 60 elements, and integer arrays for the softmax. The diagnoses work on them as on the public cases.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -25,6 +27,18 @@ def enable(seed: int) -> None:
 def disable() -> None:
     global _seed
     _seed = None
+
+
+@contextlib.contextmanager
+def drawn_from(seed: int):
+    """Hidden cases on, from ``seed``, inside the ``with`` block; the previous state is restored after it."""
+    global _seed
+    previous = _seed
+    enable(seed)
+    try:
+        yield
+    finally:
+        _seed = previous
 
 
 def active() -> bool:
@@ -65,8 +79,10 @@ def softmax_inputs() -> list[tuple[str, np.ndarray]]:
     t = int(rng.integers(10, 17))
     far = rng.standard_normal((4, t)) + np.array([[0.0], [2000.0], [-1500.0], [900.0]])
     big = rng.standard_normal((int(rng.integers(5, 8)), 3, int(rng.integers(11, 20)))) * 4
+    ints = rng.integers(-6, 7, size=(3, t))
     return [(f"a (4, {t}) matrix whose rows have maxima far apart (0, 2000, -1500, 900)", far),
             (f"a {big.shape} array of {big.size} values", big),
+            (f"a (3, {t}) array of integers (dtype int64)", ints),
             ("[[0, 1], [2000, 2001]]", np.array([[0.0, 1.0], [2000.0, 2001.0]]))]
 
 

@@ -256,8 +256,12 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S, reference
                    limits: Limits | None = None, seed: int | None = None) -> NotebookResult:
     """Run one notebook in a sandbox and grade its check cells (the reference's, see the module docstring),
     with the checkers' hidden cases drawn from ``seed`` (default: a fresh random seed)."""
-    hidden.enable(secrets.randbelow(2**31) if seed is None else seed)
     limits = limits or Limits(cell_s=timeout, notebook_s=max(DEFAULT_NOTEBOOK_TIMEOUT_S, timeout))
+    with hidden.drawn_from(secrets.randbelow(2**31) if seed is None else seed):
+        return _grade_notebook(path, reference, limits)
+
+
+def _grade_notebook(path, reference, limits) -> NotebookResult:
     result = NotebookResult(str(path))
     path = Path(path)
     nb, result.error = _read(path)
