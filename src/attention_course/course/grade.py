@@ -44,6 +44,7 @@ whenever grading ran; 2 for a command-line usage error (including a ``--solution
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import io
 import json
@@ -174,10 +175,23 @@ def _plan(nb, ref_nb):
     return plan
 
 
-def _sandbox_cells(nb, plan) -> tuple[list[dict], dict]:
-    """The job for the sandbox (every code cell; at check cells the expressions the check is given) and
-    ``{check cell key: parsed checker calls or None}``."""
+def class_exercises(ref_nb) -> dict[int, bool]:
+    """``{exercise number: whether its reference solution gives the check a class}``: only those checks may run
+    inside the sandbox (a class handed to a function's check would otherwise let the submission judge itself)."""
+    found = {}
+    for index, number, _, _ in _check_cells(ref_nb):
+        definitions = references.definitions(ref_nb, index)
+        exprs = judge.expressions(judge.parse_check(ref_nb.cells[index].source))
+        found[number] = any(isinstance(definitions.get(e), ast.ClassDef) for e in exprs)
+    return found
+
+
+def _sandbox_cells(nb, plan, classes: dict | None = None) -> tuple[list[dict], dict]:
+    """The job for the sandbox (every code cell; at check cells the expressions the check is given, and whether a
+    class may be checked there: ``classes``, see :func:`class_exercises`; None: always) and ``{check cell key:
+    parsed checker calls or None}``."""
     check_indices = {index for *_, indices in plan for index in indices}
+    numbers = {index: number for number, _, _, indices in plan for index in indices}
     cells, parsed = [], {}
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -186,7 +200,8 @@ def _sandbox_cells(nb, plan) -> tuple[list[dict], dict]:
         if index in check_indices:
             calls = judge.parse_check(cell.source)
             parsed[str(index)] = calls
-            entry["check"] = {"exprs": judge.expressions(calls), "run_in_sandbox": calls is None}
+            entry["check"] = {"exprs": judge.expressions(calls), "run_in_sandbox": calls is None,
+                              "classes": True if classes is None else classes.get(numbers[index], False)}
         cells.append(entry)
     return cells, parsed
 
@@ -208,6 +223,9 @@ def _judge_point(event, calls, sandbox, nb, index, allowed):
         return judge.sandbox_verdict(event.get("verdict") or {})
     for expr in judge.expressions(calls):
         info = objects.get(expr) or {}
+        if info.get("kind") == "class":
+            return False, "wrong-type", (f"[wrong-type] {expr} is a class; this exercise asks for a function "
+                                         f"(see the exercise's instructions)")
         name = info.get("name") if info.get("kind") in ("function", "class") else None
         problem = None if allowed is None else references.forbidden_use(nb, index, expr, calls[0].checker, name,
                                                                          allowed)
@@ -216,11 +234,11 @@ def _judge_point(event, calls, sandbox, nb, index, allowed):
     return judge.run_checks(calls, sandbox, str(index), objects, sandbox.limits.cell_s)
 
 
-def run_in_sandbox(nb, plan, limits: Limits, uses: dict | None = None) -> dict:
+def run_in_sandbox(nb, plan, limits: Limits, uses: dict | None = None, classes: dict | None = None) -> dict:
     """``{cell index: (passed, code, message)}`` for the check cells that were reached; ``uses``: see
     :func:`reference_uses` (None: calls to the reference are not looked for)."""
     numbers = {index: number for number, _, _, indices in plan for index in indices}
-    cells, parsed = _sandbox_cells(nb, plan)
+    cells, parsed = _sandbox_cells(nb, plan, classes)
     deadline = time.monotonic() + limits.notebook_s
     outcomes: dict = {}
     restart = True
@@ -278,8 +296,8 @@ def _grade_notebook(path, reference, limits) -> NotebookResult:
     if not plan:
         result.error = "no check cells (cells tagged 'check') found"
         return result
-    uses = reference_uses(ref_nb) if ref_nb is not None else None
-    outcomes = run_in_sandbox(nb, plan, limits, uses) if any(indices for *_, indices in plan) else {}
+    uses, classes = (reference_uses(ref_nb), class_exercises(ref_nb)) if ref_nb is not None else (None, None)
+    outcomes = run_in_sandbox(nb, plan, limits, uses, classes) if any(indices for *_, indices in plan) else {}
     for number, title, level, indices in plan:
         if not indices:
             result.exercises.append(ExerciseResult(

@@ -69,6 +69,11 @@ def _definitions(trees) -> dict[str, ast.AST]:
     return found
 
 
+def definitions(nb, check_index: int) -> dict[str, ast.AST]:
+    """The notebook's last top-level definition of each name before cell ``check_index``."""
+    return _definitions(_trees(nb, check_index))
+
+
 def _used_names(node) -> list[tuple[str, ast.AST]]:
     names = []
     for sub in ast.walk(node):

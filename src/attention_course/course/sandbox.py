@@ -339,7 +339,8 @@ def _check_point(shell, check: dict, source: str, seconds: float) -> dict:
         except BaseException as err:  # noqa: BLE001 - e.g. NameError: the exercise was not done
             report[expr] = {"kind": "error", "etype": type(err).__name__, "message": str(err)[:500]}
     verdict = None
-    if check.get("run_in_sandbox") or any(r["kind"] == "class" for r in report.values()):
+    classes = check.get("classes", True) and any(r["kind"] == "class" for r in report.values())
+    if check.get("run_in_sandbox") or classes:
         result = _run_cell(shell, source, seconds)
         error = getattr(result, "error_in_exec", None) if result is not None else _CellTimeout()
         verdict = {"passed": result is not None and error is None and getattr(result, "success", False),
