@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -255,3 +256,17 @@ def test_the_rlimit_fallback_grades_the_same(tmp_path, monkeypatch):
     solved, attacked = grade.grade([tmp_path / f"solved_{NAME}", tmp_path / f"x_{NAME}"], reference=ROOT / "solutions",
                                    limits=limits)
     assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
+
+
+def test_a_forged_verdict_from_the_sandbox_does_not_count():
+    """The submission controls its process: it could send a report with a passing verdict for a function's
+    check. The grader takes a verdict from the sandbox only for a check that may take a class."""
+    event = {"op": "check", "objects": {"softmax": {"kind": "error", "etype": "NameError", "message": "x"}},
+             "verdict": {"passed": True}}
+    calls = judge.parse_check("checks.check_softmax(softmax)")
+    nb = nbformat.read(ROOT / "exercises" / NAME, as_version=4)
+    box = types.SimpleNamespace(limits=sandbox.Limits())
+    assert grade._judge_point(event, calls, box, nb, 0, set(), False) == (False, "NameError", "NameError: x")
+    event["objects"]["softmax"] = {"kind": "class", "name": "softmax"}
+    assert grade._judge_point(event, calls, box, nb, 0, set(), True) == (True, None, None)
+    assert grade._judge_point(event, calls, box, nb, 0, set(), False)[:2] == (False, "wrong-type")

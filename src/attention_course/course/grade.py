@@ -215,11 +215,14 @@ def reference_uses(ref_nb) -> dict[int, set[str]]:
     return uses
 
 
-def _judge_point(event, calls, sandbox, nb, index, allowed):
+def _judge_point(event, calls, sandbox, nb, index, allowed, class_allowed):
     """The outcome of one check cell reported by the sandbox; ``allowed``: what the reference solution uses
-    (None: no reference, no check for calls to the reference)."""
+    (None: no reference, no check for calls to the reference); ``class_allowed``: whether this check may take a
+    class, and so run inside the sandbox. A verdict from the sandbox counts only then: the submission could
+    forge the report."""
     objects = event.get("objects") or {}
-    if event.get("verdict") is not None or calls is None:
+    given_class = any(isinstance(o, dict) and o.get("kind") == "class" for o in objects.values())
+    if calls is None or class_allowed and given_class:
         return judge.sandbox_verdict(event.get("verdict") or {})
     for expr in judge.expressions(calls):
         info = objects.get(expr) or {}
@@ -253,8 +256,11 @@ def run_in_sandbox(nb, plan, limits: Limits, uses: dict | None = None, classes: 
                         break
                     key = str(event.get("key"))
                     if key in parsed and key not in outcomes:
-                        allowed = None if uses is None else uses.get(numbers[int(key)], set())
-                        outcomes[key] = _judge_point(event, parsed[key], sandbox, nb, int(key), allowed)
+                        number = numbers[int(key)]
+                        allowed = None if uses is None else uses.get(number, set())
+                        class_allowed = classes is None or classes.get(number, False)
+                        outcomes[key] = _judge_point(event, parsed[key], sandbox, nb, int(key), allowed,
+                                                     class_allowed)
                     if sandbox.closed:  # a call ran out of time: start again for the checks after this one
                         restart = True
                         break
