@@ -1,11 +1,17 @@
 # One entry point for readers, students, instructors and CI.
+#   make setup    the reader's set-up only: .venv with requirements-reader.txt (no book tools, no browser)
+#   make lab      set-up, then JupyterLab on the book's folder
 #   make book     build the HTML book into _build/html (warnings are errors)
-#   make test     unit tests + coverage, nbval over every notebook, browser test of the built book
+#   make test     lint, unit tests + coverage, nbval over every notebook, browser test of the built book
+#   make unit     the library's tests only (no notebooks, no book build): the fast loop, about a minute
+#   make lint     ruff over the Python code, and the notebook lint (outputs that differ between machines)
+#   make portability  nbval over every notebook three times: one thread, default threads, generic CPU kernels
 #   make outputs  re-execute notebooks in place (NB="book/01_soft_lookup.ipynb" for one)
 #   make bench    run the benchmarks and regenerate benchmarks/README.md
 # Each target creates .venv and installs requirements.txt first, once: re-running installs nothing new.
+# The interpreter: PYTHON=... if given, else the first of python3.11, python3.12, python3.13, python3 that is >= 3.11.
 
-PYTHON ?= python3.11
+include tools/python.mk
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -20,10 +26,9 @@ export TF_ENABLE_ONEDNN_OPTS := 0
 export PYTHONHASHSEED := 0
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: book test unit nbval browser outputs exercises bench clean
+.PHONY: book test unit lint nbval portability browser outputs exercises bench clean
 
-$(STAMP): requirements.txt pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(STAMP): requirements.txt requirements-reader.txt pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
@@ -35,11 +40,33 @@ book: $(STAMP)
 browser: $(STAMP)
 	@bash tools/install_browser.sh
 
-test: book student-book browser
+test: lint book student-book browser
 	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 \
 	  --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95 \
-	  --nbval --nbval-sanitize-with tools/nbval_sanitize.cfg \
-	  tests $(NOTEBOOK_DIRS)
+	  $(NBVAL_FLAGS) tests $(NOTEBOOK_DIRS)
+
+NBVAL_FLAGS := --nbval --nbval-sanitize-with tools/nbval_sanitize.cfg
+# Tests that need the built book or a browser; `make unit` leaves them out.
+BOOK_TESTS := tests/test_browser.py tests/test_links.py tests/test_student_edition.py
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 600 -q $(addprefix --ignore=,$(BOOK_TESTS)) tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests tools benchmarks
+	$(BIN)/python tools/lint_notebooks.py $(NOTEBOOK_DIRS)
+
+nbval: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 -q $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
+
+# The same stored outputs must pass on every machine: float rounding changes with the thread count and with the
+# CPU's SIMD kernels (ATEN_CPU_CAPABILITY=default runs PyTorch's generic kernels, a stand-in for another CPU).
+portability: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 -q $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
+	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 -q $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 -q \
+	  $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
+	@git diff --quiet -- $(NOTEBOOK_DIRS) || (echo "portability: a run changed a notebook" && exit 1)
 
 outputs: $(STAMP)
 	$(BIN)/python tools/execute_notebooks.py $(NB)
@@ -53,10 +80,62 @@ bench: $(STAMP)
 clean:
 	rm -rf _build
 
-# Student edition: the same book without solutions/ (_toc_student.yml, regenerated here from _toc.yml by
-# tools/student_toc.py), same _config.yml, same execution cache (what `make book` ran is not run again).
+# Student edition: the same book without solutions/ and the instructor guide (_toc_student.yml), and without
+# launch buttons that open the whole repository (_config_student.yml); both regenerated here from _toc.yml and
+# _config.yml by tools/student_toc.py. Same execution cache (what `make book` ran is not run again).
+# STUDENT_BRANCH=name: Binder and live code stay, on that branch (one the instructor keeps without solutions/).
+STUDENT_BRANCH ?=
 .PHONY: student-book
 student-book: $(STAMP)
-	$(BIN)/python tools/student_toc.py
-	$(BIN)/jupyter-book build . --toc _toc_student.yml --path-output _build/student -W -n --keep-going
+	$(BIN)/python tools/student_toc.py $(if $(STUDENT_BRANCH),--branch $(STUDENT_BRANCH))
+	$(BIN)/jupyter-book build . --toc _toc_student.yml --config _config_student.yml --path-output _build/student \
+	  -W -n --keep-going
 	@echo "Student edition built: open file://$(CURDIR)/_build/student/_build/html/index.html"
+
+# Reader set-up (README "Set up"): the venv and requirements-reader.txt only; `make lab` opens JupyterLab on book/
+# with the repository as its root (exercises/ and the package are one folder up). LAB_ARGS: e.g. --no-browser.
+READER_STAMP := $(VENV)/.installed-reader
+LAB_ARGS ?=
+LAB_AS_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)  # containers often run as root
+.PHONY: setup lab
+
+# .venv/bin/python: created once, with a clear message when no interpreter fits.
+$(BIN)/python:
+	@if [ -z "$(PYTHON)" ]; then \
+	  echo "No Python >= $(PYTHON_MIN) found (tried: $(PYTHON_CANDIDATES))." >&2; \
+	  echo "Install one (python.org, your package manager), or name it: make setup PYTHON=/path/to/python3.12" >&2; \
+	  exit 1; \
+	fi
+	@$(PYTHON) $(PYTHON_OK) 2>/dev/null || { \
+	  echo "PYTHON=$(PYTHON) is not a Python >= $(PYTHON_MIN) (it reports: $$($(PYTHON) --version 2>&1))." >&2; \
+	  echo "Name another one: make setup PYTHON=/path/to/python3.12" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+# torch's CPU build from PyTorch's index when that index answers (PyPI's Linux torch pulls GBs of CUDA libraries);
+# from the package registry alone where it does not (machines that reach only the registry) or with TORCH_INDEX=.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+REACHABLE = -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)'
+
+$(READER_STAMP): requirements-reader.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@index=""; \
+	if [ -z "$(TORCH_INDEX)" ]; then echo "TORCH_INDEX is empty: installing from the package registry only"; \
+	elif $(BIN)/python $(REACHABLE) "$(TORCH_INDEX)/" 2>/dev/null; then \
+	  echo "torch: the CPU build, from $(TORCH_INDEX)"; index="--extra-index-url $(TORCH_INDEX)"; \
+	else echo "$(TORCH_INDEX) does not answer: installing from the package registry only"; fi; \
+	echo "$(BIN)/python -m pip install --quiet $$index -r requirements-reader.txt"; \
+	$(BIN)/python -m pip install --quiet $$index -r requirements-reader.txt
+	touch $(READER_STAMP)
+
+setup: $(READER_STAMP)
+	@echo "Ready: \`make lab\` opens JupyterLab on book/ (or run $(BIN)/jupyter lab yourself)."
+
+lab: $(READER_STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/book $(LAB_AS_ROOT) $(LAB_ARGS)
+
+# The whole book as one PDF (_build/pdf/book.pdf): the single-page HTML build printed by Chromium
+# (tools/print_pdf.py says why not jupyter-book's pdfhtml builder). Same execution cache as `make book`.
+.PHONY: pdf
+pdf: $(STAMP) browser
+	$(BIN)/jupyter-book build . --builder singlehtml -n --keep-going
+	$(BIN)/python tools/print_pdf.py _build/singlehtml/index.html _build/pdf/book.pdf

@@ -18,13 +18,14 @@ Usage: python benchmarks/bench_blockwise_memory.py          (the child mode --ch
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
-import common  # noqa: I001  (sets OMP_WAIT_POLICY before torch is imported)
+import common  # first: it sets OMP_WAIT_POLICY and the TF log level before torch or TensorFlow load
 import torch
 import torch.nn.functional as F
 
@@ -81,13 +82,13 @@ def slope(ts, ys) -> float:
     """Least-squares slope of log(y) against log(T)."""
     xs, ys = [math.log(t) for t in ts], [math.log(max(y, 1)) for y in ys]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
 def linear_fit(ts, ys) -> tuple[float, float]:
     """Least-squares (a, b) of y = a + b * T."""
     mx, my = sum(ts) / len(ts), sum(ys) / len(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(ts, ys)) / sum((x - mx) ** 2 for x in ts)
+    b = sum((x - mx) * (y - my) for x, y in zip(ts, ys, strict=True)) / sum((x - mx) ** 2 for x in ts)
     return my - b * mx, b
 
 
@@ -125,7 +126,8 @@ def main(repeats: int = 3) -> dict:
 
     t_max = SIZES[-1]
     q, k, v = inputs(t_max)
-    times = common.interleaved({n: (lambda f=method(n): f(q, k, v)) for n in METHODS}, repeats=repeats, warmup=1)
+    calls = {n: functools.partial(method(n), q, k, v) for n in METHODS}
+    times = common.interleaved(calls, repeats=repeats, warmup=1)
     time_headers = ["method", f"fastest s (T={t_max})", "median s", "time / naive"]
     time_rows = [[n, f"{common.fastest(ts):.3f}", f"{common.median(ts):.3f}",
                   f"{common.fastest(ts) / common.fastest(times['naive']):.2f}"] for n, ts in times.items()]  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-import common  # noqa: I001  (sets OMP_WAIT_POLICY and the TF log level before anything loads)
+import common  # first: it sets OMP_WAIT_POLICY and the TF log level before torch or TensorFlow load
 import numpy as np
 import tensorflow as tf
 

@@ -18,7 +18,7 @@ import argparse
 import statistics
 import time
 
-import common  # noqa: I001  (sets OMP_WAIT_POLICY before torch is imported)
+import common  # first: it sets OMP_WAIT_POLICY and the TF log level before torch or TensorFlow load
 import torch
 
 from attention_course.kv_cache import TinyDecoder

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 
-import common  # noqa: I001  (sets OMP_WAIT_POLICY before torch is imported)
+import common  # first: it sets OMP_WAIT_POLICY and the TF log level before torch or TensorFlow load
 import numpy as np
 import torch
 

@@ -5,7 +5,7 @@ Usage: python benchmarks/bench_peak.py
 
 from __future__ import annotations
 
-import common  # noqa: I001  (sets OMP_WAIT_POLICY before torch is imported)
+import common  # first: it sets OMP_WAIT_POLICY and the TF log level before torch or TensorFlow load
 import torch
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 # thread turns a 2 ms step into 100 ms. Passive waiting keeps timings sane (set before torch loads).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
 from attention_course.course.kernel import use_kernel_environment  # noqa: E402
 
@@ -92,13 +92,15 @@ def time_once(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def interleaved(candidates: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+def interleaved(candidates: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
+                inference: bool = True) -> dict[str, list[float]]:
     """Run every candidate ``warmup`` times, then ``repeats`` rounds of one run each (rotating order).
 
+    Under ``torch.inference_mode()`` unless ``inference`` is False (training steps need autograd).
     Returns {name: [seconds of each timed run]}.
     """
     names = list(candidates)
-    with torch.inference_mode():
+    with torch.inference_mode(inference):
         for _ in range(warmup):
             for name in names:
                 candidates[name]()

@@ -245,5 +245,5 @@ def test_gradients_match_naive_attention():
             x.grad = None
         (fn(q, k, v, is_causal=True) ** 2).sum().backward()
         grads.append([x.grad.clone() for x in (q, k, v)])
-    for ours, theirs in zip(grads[1], grads[0]):
+    for ours, theirs in zip(grads[1], grads[0], strict=True):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)

@@ -5,6 +5,10 @@ no console errors or uncaught exceptions, math typeset by MathJax with no raw `$
 no error traceback outside cells tagged `raises-exception`, the sidebar and the "next" buttons reach every page,
 and the search page finds "softmax". Screenshots of the intro and of every chapter go to _build/screenshots/.
 
+Pages that fit the screen (a second visit of every page, book/_static/course.css): on a 390 px phone no page is wider
+than the screen; at 1280 px no code block needs a scroll bar (its lines wrap); in dark mode the plots sit on a light
+panel; and every page shows the licence in its footer.
+
 Offline by design: the pages are served from 127.0.0.1 by a thread of this process; the requests the pages make for
 MathJax 3 (from its CDN, as published) are answered from the pinned copy that `make browser`
 (tools/install_browser.sh) fetches into _build/mathjax; every other request that leaves 127.0.0.1 is blocked and
@@ -33,6 +37,7 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]
+DESKTOP, PHONE = 1280, 390  # CSS pixels: a laptop, and a phone held upright
 MATHJAX_REQUEST = re.compile(r"/mathjax@3[^/]*/es5/(?P<path>[^?#]+)")
 RAW_MATH = re.compile(r"\$\$.+?\$\$|\$[^\s$][^$\n]*?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)
 
@@ -67,6 +72,32 @@ INSPECT_PAGE = """() => {
     next: link("a.right-next"),
     prev: link("a.left-prev"),
   };
+}"""
+
+
+# Run in the page after MathJax: what does not fit. Elements inside a box that scrolls on its own (a wide table or
+# equation) do not widen the page and are not counted.
+INSPECT_LAYOUT = """() => {
+  const width = document.documentElement.clientWidth;
+  const scrollsItself = e => { for (let p = e.parentElement; p && p !== document.body; p = p.parentElement) {
+      const x = getComputedStyle(p).overflowX; if (x === "auto" || x === "scroll" || x === "hidden") return true; }
+    return false; };
+  const name = e => e.tagName.toLowerCase() + (e.className && typeof e.className === "string"
+    ? "." + e.className.trim().split(/\\s+/).slice(0, 2).join(".") : "");
+  const wide = Array.from(document.querySelectorAll("main *"))
+    .filter(e => e.getBoundingClientRect().right > width + 1 && !scrollsItself(e)).slice(0, 5)
+    .map(e => `${name(e)} (right edge ${Math.round(e.getBoundingClientRect().right)} px): `
+      + e.textContent.trim().slice(0, 60));
+  const clipped = Array.from(document.querySelectorAll("main pre"))
+    .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+    .map(pre => `${pre.scrollWidth} px of text in ${pre.clientWidth} px: ` + pre.textContent.trim().slice(0, 60));
+  const panel = Array.from(document.querySelectorAll("main div.cell_output img")).map(img => {
+    const style = getComputedStyle(img);
+    return {background: style.backgroundColor, padding: parseFloat(style.paddingLeft)}; });
+  const licence = Array.from(document.querySelectorAll("footer a"))
+    .filter(a => a.href.startsWith("https://creativecommons.org/licenses/by/4.0") && a.offsetParent !== null);
+  return {pageWidth: document.documentElement.scrollWidth, width, wide, clipped, panel,
+          theme: document.documentElement.dataset.theme, licence: licence.length};
 }"""
 
 
@@ -150,7 +181,7 @@ def crawl(site, browser):
         external.append(url)
         return route.abort()
 
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": DESKTOP, "height": 900})
     context.route("**/*", route)
     page = context.new_page()
     errors: list[str] = []
@@ -188,6 +219,85 @@ def crawl(site, browser):
     crawl = Crawl(site, visits, external, mathjax_requests, search_results, list(dict.fromkeys(errors)), screenshots)
     context.close()
     return crawl
+
+
+def _offline(site, blocked):
+    """A route handler: the book from `site`, MathJax from the local copy, nothing else (appended to `blocked`)."""
+
+    def route(route):
+        url = route.request.url
+        if url.startswith(site):
+            return route.continue_()
+        found = MATHJAX_REQUEST.search(url)
+        if found:
+            path = MATHJAX / found["path"]
+            if path.is_file():
+                return route.fulfill(path=str(path))
+            return route.fulfill(status=200, content_type="text/javascript", body="")
+        blocked.append(url)
+        return route.abort()
+
+    return route
+
+
+@pytest.fixture(scope="module")
+def layouts(site, browser):
+    """{(viewport width, colour scheme): {docname: INSPECT_LAYOUT's record}}: every page on a phone and on a laptop
+    (light), and the chapters on a laptop in dark mode."""
+    records = {}
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for width, scheme, docnames in ((PHONE, "light", DOCNAMES), (DESKTOP, "light", DOCNAMES),
+                                    (DESKTOP, "dark", [d for d in DOCNAMES if d.startswith("book/")])):
+        context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme,
+                                      device_scale_factor=1, is_mobile=width == PHONE, has_touch=width == PHONE)
+        context.route("**/*", _offline(site, []))
+        page = context.new_page()
+        records[width, scheme] = {}
+        for docname in docnames:
+            page.goto(f"{site}{docname}.html", wait_until="load")
+            page.evaluate(MATHJAX_DONE)
+            records[width, scheme][docname] = page.evaluate(INSPECT_LAYOUT)
+        if width == PHONE:
+            page.goto(f"{site}{DOCNAMES[1]}.html", wait_until="load")
+            page.screenshot(path=str(SCREENSHOTS / f"phone_{Path(DOCNAMES[1]).name}.png"), full_page=False)
+        context.close()
+    return records
+
+
+def test_no_page_is_wider_than_a_phone(layouts):
+    problems = [f"{docname}: {r['pageWidth']} px wide on a {PHONE} px screen; too wide: {r['wide']}"
+                for docname, r in layouts[PHONE, "light"].items() if r["pageWidth"] > r["width"] + 1]
+    assert not problems, "pages that scroll sideways on a phone:\n" + _report(problems)
+
+
+def test_no_code_block_is_clipped_on_a_laptop(layouts):
+    problems = [f"{docname}: {clip}" for docname, r in layouts[DESKTOP, "light"].items() for clip in r["clipped"]]
+    assert not problems, f"code blocks that need a scroll bar at {DESKTOP} px:\n" + _report(problems)
+    assert all(r["pageWidth"] <= r["width"] + 1 for r in layouts[DESKTOP, "light"].values())
+
+
+def _luminance(css_colour):
+    """0 (black) to 1 (white) for an `rgb(...)`/`rgba(...)` colour; 0 for a transparent one."""
+    values = [float(v) for v in re.findall(r"[\d.]+", css_colour)]
+    if len(values) == 4 and values[3] == 0:
+        return 0.0
+    red, green, blue = values[:3]
+    return (0.2126 * red + 0.7152 * green + 0.0722 * blue) / 255
+
+
+def test_plots_sit_on_a_light_panel_in_dark_mode(layouts):
+    dark = layouts[DESKTOP, "dark"]
+    assert {r["theme"] for r in dark.values()} == {"dark"}, "the pages did not follow the system's dark mode"
+    panels = [(docname, p) for docname, r in dark.items() for p in r["panel"]]
+    assert panels, "no plot on any chapter page: expected the chapters' figures"
+    problems = [f"{docname}: background {p['background']}, padding {p['padding']} px" for docname, p in panels
+                if _luminance(p["background"]) < 0.8 or p["padding"] < 4]
+    assert not problems, "plots without a light panel in dark mode:\n" + _report(problems)
+
+
+def test_every_page_shows_the_licence(layouts):
+    missing = [d for d, r in layouts[DESKTOP, "light"].items() if not r["licence"]]
+    assert not missing, f"pages without a visible CC BY 4.0 link in the footer: {missing}"
 
 
 def _report(problems):

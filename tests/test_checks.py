@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import attention_course as ac
-from attention_course import bug_zoo, checks, kv_cache, numpy_ref
+from attention_course import bug_zoo, checks, kv_cache, mistakes, numpy_ref
 from attention_course.checks import diagnosis, runner
 from attention_course.checks import modules as check_modules
 
@@ -56,7 +56,7 @@ def softmax_np(x):
 def attend_loop(query, keys, values):
     scores = np.array([query @ key / math.sqrt(len(query)) for key in keys])
     weights = softmax_np(scores)
-    return sum(w * v for w, v in zip(weights, values)), weights
+    return sum(w * v for w, v in zip(weights, values, strict=True)), weights
 
 
 def causal_numpy(t_q, t_k=None):
@@ -652,8 +652,12 @@ def test_mistakes_get_their_code(check, impl, code, capsys):
 
 
 def test_every_code_is_produced_somewhere():
-    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
+    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
+    planted_elsewhere |= {m.code for m in mistakes.in_chapter(10)}  # tests/test_checks_positions.py
+    planted_elsewhere |= {m.code for m in mistakes.in_chapter(11)}  # tests/test_checks_blocks.py
+    planted_elsewhere |= {m.code for m in mistakes.in_chapter(13)}  # tests/test_checks_distributed.py
+    planted_elsewhere |= {m.code for m in mistakes.in_chapter(14)}  # tests/test_checks_capstone.py
     # the grader's: test_grade.py, test_grader_hostile.py; the hidden cases': test_checks_hidden.py
     planted_elsewhere |= {"calls-reference", "sandbox-ended", "not-run", "softmax-global-max"}
     codes = {c[2] for c in CASES} | {b.code for b in zoo} | planted_elsewhere
@@ -940,7 +944,8 @@ def test_keys_and_values_of_other_widths(capsys):
         "Tq != Tk, masks) match the reference",
         "✓ ScratchMHA: 12 cases (2 sizes; self- and cross-attention, Tq != Tk, masks) match the reference",
     ]
-    assert check_modules._accepts_cross_dims(ac.EinsumMultiHeadAttention) and not check_modules._accepts_cross_dims(ScratchMHA)
+    assert check_modules._accepts_cross_dims(ac.EinsumMultiHeadAttention)
+    assert not check_modules._accepts_cross_dims(ScratchMHA)
     assert not check_modules._accepts_cross_dims(sdpa_without_signature)
 
 
@@ -1011,7 +1016,7 @@ def test_exception_messages_are_cleaned():
         try:
             try:
                 raise cls(inner_message)
-            except cls as inner:
+            except cls:
                 raise cls("Exception encountered when calling Layer.call().\n\n\x1b[1m" + inner_message +
                           "\x1b[0m\n\nArguments received by Layer.call():\n  • x=tf.Tensor(shape=(2,))") from None
         except cls as outer:

@@ -5,14 +5,18 @@ import os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import keras
+import numpy as np
+import pytest
+import torch
 
-from attention_course import EinsumMultiHeadAttention, MultiHeadAttention, multi_head_attention_loop  # noqa: E402
-from attention_course import numpy_ref  # noqa: E402
-from attention_course.keras_attention import KerasMultiHeadAttention  # noqa: E402
+from attention_course import (
+    EinsumMultiHeadAttention,
+    MultiHeadAttention,
+    multi_head_attention_loop,
+    numpy_ref,
+)
+from attention_course.keras_attention import KerasMultiHeadAttention
 
 B, T_Q, T_K, D, KDIM, VDIM = 2, 3, 5, 8, 6, 5
 ATOL = 1e-5  # float32 implementations vs the float64 reference

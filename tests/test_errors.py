@@ -208,7 +208,8 @@ def test_three_d_mask_is_per_example_even_when_b_equals_h(module_class, num_head
     torch.manual_seed(0)
     b, t_q, t_k = num_heads, 3, 5
     module = module_class(8, num_heads, kdim=6, vdim=4).double().eval()
-    query, key, value = torch.randn(b, t_q, 8).double(), torch.randn(b, t_k, 6).double(), torch.randn(b, t_k, 4).double()
+    query = torch.randn(b, t_q, 8).double()  # (B, Tq, D)
+    key, value = torch.randn(b, t_k, 6).double(), torch.randn(b, t_k, 4).double()  # (B, Tk, kdim), (B, Tk, vdim)
     mask = torch.rand(b, t_q, t_k) > 0.4
     mask[..., 0] = True  # every row attends something
     ours = module(query, key, value, mask=mask)

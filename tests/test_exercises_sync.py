@@ -30,8 +30,8 @@ def test_check_fails_for_an_out_of_date_copy(tmp_path, capsys):
     assert exercises.main(["--check", "--root", str(tmp_path), name]) == 0
     solution = tmp_path / "solutions" / name
     nb = nbformat.read(solution, as_version=4)
-    index = next(i for i, c in enumerate(nb.cells) if "def softmax" in c.source)
-    nb.cells[index].source = nb.cells[index].source.replace("along its last axis", "along the LAST axis")
+    index = next(i for i, c in enumerate(nb.cells) if "def attend" in c.source)
+    nb.cells[index].source = nb.cells[index].source.replace("Loops over the keys", "Loops over the KEYS")
     nbformat.write(nb, solution)
     capsys.readouterr()
     assert exercises.main(["--check", "--root", str(tmp_path)]) == 1
@@ -116,10 +116,43 @@ def test_exercise_version_of_a_tiny_notebook():
     nb = exercises.make_exercise_notebook(solution)
     heading = "## Exercise 1 (warm-up): Double it\n\nWrite `double`."
     assert [c.source for c in nb.cells][:2] == [TITLE.source, heading]
-    assert nb.cells[2].source == 'def double(x):\n    """Twice x."""\n    raise NotImplementedError("Exercise 1: Double it")'
+    stub = 'def double(x):\n    """Twice x."""\n    raise NotImplementedError("Exercise 1: Double it")'
+    assert nb.cells[2].source == stub
     assert nb.cells[3].metadata["tags"] == ["check", "exercise-1", "raises-exception"]
     assert nb.cells[3].outputs == [] and nb.cells[3].execution_count is None
     assert "BEGIN SOLUTION" in solution.cells[3].source  # the solution notebook is left alone
+
+
+def _tagged(cell, *tags):
+    cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def test_solutions_titled_solutions_give_exercises_titled_exercises():
+    """The book shows each title once: "Solutions: Tiny" (solution page), "Exercises: Tiny" (exercise page)."""
+    solution = _tiny()
+    solution.cells[0] = new_markdown_cell("# Solutions: Tiny\n\nIntro: these exercises go with chapter 1.")
+    nb = exercises.make_exercise_notebook(solution)
+    assert nb.cells[0].source == "# Exercises: Tiny\n\nIntro: these exercises go with chapter 1."
+    assert solution.cells[0].source.startswith("# Solutions: Tiny")  # the source is left alone
+    # an older solution notebook titled "Exercises: ..." still generates (its title unchanged)
+    assert exercises.make_exercise_notebook(_tiny()).cells[0].source == TITLE.source
+    assert exercises.exercise_title("# Tiny") == "# Tiny"
+
+
+def test_exercise_only_cells_are_shown_to_students_and_hidden_from_the_solution_page():
+    solution = _tiny()
+    how_to = _tagged(new_markdown_cell("**How to work.** Until you write the code, the check fails."),
+                     "exercise-only", "remove-cell")
+    setup = _tagged(new_code_cell("x = 1"), "exercise-only", "remove-cell", "hide-input")
+    notes = _tagged(new_markdown_cell("Why this solution works."), "solution-only")
+    solution.cells[1:1] = [how_to, setup, notes]
+    nb = exercises.make_exercise_notebook(solution)
+    assert [c.source for c in nb.cells[:3]] == [TITLE.source, how_to.source, "x = 1"]
+    assert "tags" not in nb.cells[1].metadata and nb.cells[2].metadata["tags"] == ["hide-input"]
+    assert "Why this solution works." not in [c.source for c in nb.cells]
+    assert how_to.metadata["tags"] == ["exercise-only", "remove-cell"]  # the source is left alone
+    assert exercises.differences(nb, exercises.make_exercise_notebook(solution)) == []
 
 
 def _broken(kind):
@@ -152,13 +185,22 @@ def _broken(kind):
         nb.cells.insert(1, _check_cell(1))
     elif kind == "no-exercises":
         nb.cells = nb.cells[:1]
+    elif kind == "exercise-only-shown":
+        nb.cells.insert(1, _tagged(new_markdown_cell("How to work."), "exercise-only"))
+    elif kind == "exercise-and-solution-only":
+        nb.cells.insert(1, _tagged(new_markdown_cell("?"), "exercise-only", "remove-cell", "solution-only"))
+    elif kind == "exercise-only-check":
+        nb.cells[3].metadata["tags"] += ["exercise-only", "remove-cell"]
     return nb
 
 
 @pytest.mark.parametrize(
     "kind, error",
     [
-        ("title", "first cell must be a markdown cell starting with '# Exercises: <title>'"),
+        ("title", "first cell must be a markdown cell starting with '# Solutions: <title>'"),
+        ("exercise-only-shown", "tagged 'exercise-only' must also be tagged 'remove-cell'"),
+        ("exercise-and-solution-only", "cannot be tagged both 'exercise-only' and 'solution-only'"),
+        ("exercise-only-check", "a check cell or a solution region cannot be 'exercise-only'"),
         ("numbering", "exercise 2 should be number 1"),
         ("level", "level 'easy' is not one of warm-up, core, challenge"),
         ("heading", r"exercise heading must read '## Exercise N \(warm-up\|core\|challenge\): title'"),

@@ -13,6 +13,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from attention_course.course import grade
+from attention_course.mistakes import CODES
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_soft_lookup_exercises.ipynb"
@@ -41,14 +42,14 @@ def _misbehaving_notebook():
 
 
 def _tampered():
-    """The planted bug (no scaling in exercise 3), its check cell edited to `pass`, exercise 5's check deleted."""
+    """The planted bug (no scaling in exercise 5), its check cell edited to `pass`, exercise 4's check deleted."""
     nb = nbformat.read(ROOT / "solutions" / NAME, as_version=4)
     cell = next(c for c in nb.cells if c.source.startswith("def attention("))
-    assert "/ np.sqrt(d_k)" in cell.source
-    cell.source = cell.source.replace(" / np.sqrt(d_k)", "")  # the planted bug: no scaling
-    check_3 = next(c for c in nb.cells if "exercise-3" in c.metadata.get("tags", []))
-    check_3.source = "pass"
-    nb.cells = [c for c in nb.cells if "exercise-5" not in c.metadata.get("tags", [])]
+    assert " / np.sqrt(q.shape[-1])" in cell.source
+    cell.source = cell.source.replace(" / np.sqrt(q.shape[-1])", "")  # the planted bug: no scaling
+    check_5 = next(c for c in nb.cells if "exercise-5" in c.metadata.get("tags", []))
+    check_5.source = "pass"
+    nb.cells = [c for c in nb.cells if "exercise-4" not in c.metadata.get("tags", [])]
     return nb
 
 
@@ -76,25 +77,25 @@ def test_solution_gets_full_marks(graded):
     r = graded["solution"]
     assert (r.passed, r.total, r.error, r.reference) == (5, 5, None, str(ROOT / "solutions" / NAME))
     assert [e.exercise for e in r.exercises] == [1, 2, 3, 4, 5]
-    assert r.exercises[0].title == "A softmax that does not overflow" and r.exercises[0].level == "warm-up"
+    assert r.exercises[0].title == "Shift every score" and r.exercises[0].level == "warm-up"
 
 
 def test_untouched_exercises_get_zero(graded):
     r = graded["exercise"]
     assert (r.passed, r.total) == (0, 5)
     assert {e.code for e in r.exercises} == {"not-implemented"}
-    assert r.exercises[2].message.startswith("[not-implemented] Exercise 3: Scaled dot-product attention")
+    assert r.exercises[4].message.startswith("[not-implemented] Exercise 5: Vectorised attention that survives")
 
 
 def test_planted_bug_is_diagnosed_through_an_edited_and_a_deleted_check_cell(graded):
-    """Its own check cells would give 4/4 (exercise 3's edited to `pass`, exercise 5's gone): the canonical ones
+    """Its own check cells would give 4/4 (exercise 5's edited to `pass`, exercise 4's gone): the canonical ones
     find the bug, and the deleted check counts as a failure, not as one exercise fewer."""
     r = graded["planted"]
     assert (r.passed, r.total) == (3, 5)
     failed = [e for e in r.exercises if not e.passed]
-    assert [(e.exercise, e.code) for e in failed] == [(3, "missing-scale"), (5, "check-missing")]
-    assert failed[1].title == "A query with nothing to attend to" and failed[1].message.startswith(
-        "the check cell of exercise 5 (tags 'check' and 'exercise-5') is missing")
+    assert [(e.exercise, e.code) for e in failed] == [(4, "check-missing"), (5, "missing-scale")]
+    assert failed[0].title == "Read the heatmap: which scaling?" and failed[0].message.startswith(
+        "the check cell of exercise 4 (tags 'check' and 'exercise-4') is missing")
 
 
 def test_unreadable_files_are_reported(graded):
@@ -117,10 +118,16 @@ def test_table(graded):
     text = grade.format_table([graded[n] for n in ("solution", "planted", "misbehaving", "corrupt")])
     lines = text.splitlines()
     assert lines[0].endswith(f"solution_{NAME}: 5/5")
-    assert lines[1] == "  Exercise 1   A softmax that does not overflow            pass"
+    assert lines[1] == "  Exercise 1   Shift every score                                pass"
     assert f"planted_{NAME}: 3/5\n" in text
-    assert "  Exercise 3   Scaled dot-product attention, vectorised    FAIL  [missing-scale]" in lines
-    assert "  Exercise 5   A query with nothing to attend to           FAIL  [check-missing]" in lines
+    assert "  Exercise 5   Vectorised attention that survives an empty row  FAIL  [missing-scale]" in lines
+    assert "  Exercise 4   Read the heatmap: which scaling?                 FAIL  [check-missing]" in lines
+    # under each failure, the hint: the catalogue's description of the code, else the check's message
+    failed = "  Exercise 5   Vectorised attention that survives an empty row  FAIL  [missing-scale]"
+    assert lines[lines.index(failed) + 1] == f"{'':15}hint: {CODES['missing-scale']}"
+    assert f"{'':15}hint: the check cell of exercise 4 (tags 'check' and 'exercise-4') is missing" in text
+    assert f"{'':15}hint: boom" in lines and not any("hint: [" in line for line in lines)
+    assert all("hint:" not in after for before, after in zip(lines, lines[1:], strict=False) if before.endswith("pass"))
     assert "misbehaving.ipynb: 1/4  (its own check cells: no reference notebook)" in text
     assert lines[-1].startswith("ERROR ") and lines[-1].endswith("corrupt.ipynb: not a valid notebook (NotJSONError: "
                                                                  "Notebook does not appear to be JSON: '{ this is not "
@@ -134,11 +141,13 @@ def test_json_and_csv_parse(graded):
                                                                                   (0, 0, "no such file")]
     assert data["notebooks"][1]["reference"] == str(ROOT / "solutions" / NAME)
     assert data["notebooks"][2]["reference"] is None
-    assert data["notebooks"][1]["exercises"][2]["code"] == "missing-scale"
+    assert data["notebooks"][1]["exercises"][4]["code"] == "missing-scale"
     rows = list(csv.DictReader(io.StringIO(grade.format_csv(results))))
-    assert len(rows) == 11
-    assert rows[7]["exercise"] == "3" and rows[7]["passed"] == "0" and rows[7]["code"] == "missing-scale"
-    assert rows[9]["exercise"] == "5" and rows[9]["code"] == "check-missing"
+    assert len(rows) == 13  # 5 exercises and a total per graded notebook, one error row
+    assert rows[10]["exercise"] == "5" and rows[10]["passed"] == "0" and rows[10]["code"] == "missing-scale"
+    assert rows[9]["exercise"] == "4" and rows[9]["code"] == "check-missing"
+    totals = [(r["notebook"].rsplit("/", 1)[-1], r["passed"], r["message"]) for r in rows if r["exercise"] == "total"]
+    assert totals == [(f"solution_{NAME}", "5", "5/5"), (f"planted_{NAME}", "3", "3/5")]
     assert rows[-1]["code"] == "error" and rows[-1]["message"] == "no such file"
 
 
@@ -218,3 +227,14 @@ def test_canonical_check_sources_replace_the_submissions(tmp_path):
     r = grade.grade_notebook(tmp_path / "none_left.ipynb", reference=tmp_path / "ref.ipynb")
     assert [(e.exercise, e.title, e.passed, e.code) for e in r.exercises] == [(1, "One", False, "check-missing"),
                                                                               (2, "Two", False, "check-missing")]
+
+
+def test_kernel_warnings_are_not_shown(tmp_path, capfd):
+    """ipykernel warns on stderr that it runs over TCP without encryption, once per kernel: not the grader's news."""
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(_submission(new_markdown_cell("## Exercise 1 (warm-up): One"),
+                               _tag(new_code_cell("print('ok')"), "check", "exercise-1")), path)
+    assert grade.main([str(path), "--no-reference"]) == 0
+    out, err = capfd.readouterr()
+    assert out.startswith(f"{path}: 1/1")
+    assert "WARNING" not in err and "without encryption" not in err, err

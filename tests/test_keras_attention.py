@@ -5,16 +5,16 @@ import os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
 
-import warnings  # noqa: E402
+import warnings
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from keras import ops  # noqa: E402
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
 
-from attention_course import numpy_ref  # noqa: E402
-from attention_course.keras_attention import KerasMultiHeadAttention  # noqa: E402
+from attention_course import numpy_ref
+from attention_course.keras_attention import KerasMultiHeadAttention
 
 B, D = 2, 8
 

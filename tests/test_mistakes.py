@@ -27,7 +27,7 @@ def test_codes_is_the_catalogue():
 
 
 def test_every_example_is_a_zoo_entry_diagnosed_by_an_existing_check():
-    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO
+    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
     in_zoo = {(b.code, b.impl.__name__, b.check) for b in zoo}
     listed = {(m.code, e.impl, e.check) for m in mistakes.MISTAKES.values() for e in m.examples}
     assert listed == in_zoo
@@ -38,8 +38,16 @@ def test_every_example_is_a_zoo_entry_diagnosed_by_an_existing_check():
 
 def test_topics_and_chapters():
     topics = {m.topic for m in mistakes.MISTAKES.values()}
-    assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache"}
+    assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache", "positions",
+                      "blocks", "interpret", "distributed", "field_guide", "capstone"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
+    assert [m.code for m in mistakes.in_chapter(10)] == [
+        "sinusoid-wrong-exponent", "sin-cos-swapped", "rope-wrong-pairing", "rope-wrong-frequencies",
+        "alibi-wrong-slopes", "rope-position-not-offset", "rope-rotates-values", "rope-cache-rotated-twice"]
+    assert [m.code for m in mistakes.in_chapter(11)] == [
+        "residual-missing", "residual-twice", "norm-wrong-place", "norm-on-residual-stream", "ffn-activation-missing",
+        "decoder-not-causal", "cross-attention-keys-from-decoder"]
+    assert [m.code for m in mistakes.in_chapter(14)] == ["rope-not-applied"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 
@@ -59,9 +67,9 @@ def test_example_lookup():
 
 def test_a_chapter_adds_a_mistake(scratch_catalogue):
     entry = mistakes.mistake("rope-pairs-split", "rotation pairs (i, i + D/2) instead of (2i, 2i + 1)",
-                             "Your pairs are {detail}.", chapter=10, topic="positions")
+                             "Your pairs are {detail}.", chapter=99, topic="positions")
     assert mistakes.MISTAKES["rope-pairs-split"] is entry and "rope-pairs-split" in checks.CODES
-    assert mistakes.in_chapter(10) == [entry]
+    assert mistakes.in_chapter(99) == [entry]
     assert str(runner.fail("rope-pairs-split", detail="split")) == "[rope-pairs-split] Your pairs are split."
 
 

@@ -121,7 +121,7 @@ def loop_multi_head_attention(query, key, value, p, num_heads, mask):
                 if not allowed:
                     continue
                 scores = [q[n, i, cols] @ k[n, j, cols] / math.sqrt(dh) for j in allowed]
-                for weight, j in zip(loop_softmax(scores), allowed):
+                for weight, j in zip(loop_softmax(scores), allowed, strict=True):
                     concat[n, i, cols] += weight * v[n, j, cols]
     return concat @ p["w_o"] + p["b_o"]
 

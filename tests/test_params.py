@@ -150,7 +150,7 @@ def test_torch_mha_round_trip(kdim, vdim, bias):
     theirs = nn.MultiheadAttention(D, 2, bias=bias, kdim=kdim, vdim=vdim, batch_first=True).eval()
     ours = MultiHeadAttention(D, 2, bias=bias, kdim=kdim, vdim=vdim)
     params.load_torch_mha(ours.projections(), theirs)
-    for linear, (weight, b) in zip(ours.projections().values(), params.torch_mha_projections(theirs)):
+    for linear, (weight, b) in zip(ours.projections().values(), params.torch_mha_projections(theirs), strict=True):
         assert torch.equal(linear.weight, weight) and (b is None or torch.equal(linear.bias, b))
     fresh = nn.MultiheadAttention(D, 2, bias=bias, kdim=kdim, vdim=vdim, batch_first=True)
     params.store_torch_mha(ours.projections(), fresh)

@@ -4,13 +4,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
 
-from attention_course.numpy_ref import causal_mask, softmax  # noqa: E402
-from attention_course.plotting import plot_attention, plot_heads  # noqa: E402
+from attention_course.numpy_ref import causal_mask, softmax
+from attention_course.plotting import plot_attention, plot_heads
 
 
 @pytest.fixture(autouse=True)

@@ -20,8 +20,10 @@ WORKFLOWS = ROOT / ".github" / "workflows"
 NOTEBOOK_DIRS = ("book", "exercises", "solutions")
 
 # The first code cell of every notebook, tagged hide-cell (CONTRIBUTING.md, "Adding a chapter").
-INSTALL_SOURCE = '''# Colab and other hosted notebooks do not have the course package: install it once (locally it is already installed).
-try:
+INSTALL_SOURCE = (
+    "# Colab and other hosted notebooks do not have the course package: install it once "
+    "(locally it is already installed).\n"
+) + '''try:
     import attention_course
 except ModuleNotFoundError:
     %pip install --quiet "attention_course @ git+https://github.com/attention-step-by-step/attention-course"'''
@@ -155,7 +157,7 @@ def test_launch_download_and_repository_settings():
     assert launch["binderhub_url"] == "https://mybinder.org"
     assert launch["colab_url"] == "https://colab.research.google.com"
     assert launch["notebook_interface"] in ("classic", "jupyterlab")
-    assert (ROOT / "requirements.txt").is_file(), "Binder installs requirements.txt from the repository root"
+    assert (ROOT / "binder" / "requirements.txt").is_file(), "Binder installs binder/requirements.txt"
     assert "book_html_fixes" in config["sphinx"]["local_extensions"]
     assert (ROOT / config["sphinx"]["local_extensions"]["book_html_fixes"] / "book_html_fixes.py").is_file()
 
@@ -170,7 +172,7 @@ def built_pages():
     return parse_pages(HTML)
 
 
-def test_every_notebook_page_has_launch_download_and_repository_buttons(built_pages):
+def test_every_notebook_page_has_launch_download_repository_and_edit_buttons_and_the_licence(built_pages):
     config = load_yaml(ROOT / "_config.yml")
     repo_url, branch = config["repository"]["url"], config["repository"]["branch"]
     repo = urlsplit(repo_url).path.strip("/")
@@ -180,7 +182,9 @@ def test_every_notebook_page_has_launch_download_and_repository_buttons(built_pa
         page = f"{docname}.html"
         assert page in built_pages, f"{page} is missing from _build/html (built before _toc.yml changed? `make book`)"
         links = {url for _, _, url in built_pages[page].links}
-        expected = {"repository button": repo_url}
+        suffix = ".ipynb" if (ROOT / f"{docname}.ipynb").is_file() else ".md"
+        expected = {"repository button": repo_url, "edit this page": f"{repo_url}/edit/{branch}/{docname}{suffix}",
+                    "licence (footer)": "https://creativecommons.org/licenses/by/4.0/"}
         if (ROOT / f"{docname}.ipynb").is_file():
             notebook_pages += 1
             depth = "../" * docname.count("/")
@@ -190,6 +194,8 @@ def test_every_notebook_page_has_launch_download_and_repository_buttons(built_pa
                 "download .ipynb": f"{depth}_sources/{docname}.ipynb",
             }
         problems += [f"{page}: no {what} ({url})" for what, url in expected.items() if url not in links]
+        if suffix == ".ipynb" and "initThebeSBT()" not in (HTML / page).read_text(encoding="utf-8"):
+            problems.append(f"{page}: no live-code (Thebe) button")
     assert notebook_pages, "no notebook in _toc.yml"
     assert not problems, "\n".join(problems)
 
@@ -218,7 +224,8 @@ def test_mathjax_on_the_pages_is_the_major_version_the_browser_test_serves(built
 
 GUIDE = ROOT / "book" / "instructor_guide.md"
 CHAPTERS = ["01_soft_lookup", "02_single_head", "03_multi_head", "04_masking", "05_einsum", "06_tensorflow",
-            "07_bug_field_guide", "08_kv_cache", "09_efficient_attention"]
+            "07_bug_field_guide", "08_kv_cache", "09_efficient_attention", "10_positions",
+            "11_transformer_block", "12_attention_learns", "13_distributed_attention"]
 
 
 def guide_sections():
@@ -226,7 +233,7 @@ def guide_sections():
     text = GUIDE.read_text(encoding="utf-8")
     parts = re.split(r"^### (\d+\. .+)$", text, flags=re.M)
     sections = {}
-    for title, body in zip(parts[1::2], parts[2::2]):
+    for title, body in zip(parts[1::2], parts[2::2], strict=True):
         body = body.split("\n## ", 1)[0]
         found = re.search(r"\]\((\d\d_\w+)\.ipynb\)", body)
         number = title.split(".")[0]

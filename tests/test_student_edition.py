@@ -1,8 +1,10 @@
-"""The student edition of the book: the same chapters and exercises, and no solutions anywhere in its HTML.
+"""The student edition of the book: the same chapters and exercises, and no solutions anywhere in its HTML: no
+solution page, no solution path, no instructor guide, no launch button that opens the whole repository.
 
-`_toc_student.yml` is generated from `_toc.yml` by tools/student_toc.py (entries under solutions/ dropped);
-`make student-book` regenerates it and builds the edition into _build/student/_build/html, with the same
-`_config.yml` (`only_build_toc_files: true`: what the toc does not list is not built) and the same execution cache.
+`_toc_student.yml` and `_config_student.yml` are generated from `_toc.yml` and `_config.yml` by tools/student_toc.py
+(entries under solutions/ and the instructor's pages dropped; Binder and Thebe off unless a student branch is named);
+`make student-book` regenerates them and builds the edition into _build/student/_build/html
+(`only_build_toc_files: true`: what the toc does not list is not built) with the same execution cache.
 The tests of the built edition skip, saying so, until `make student-book` has run (`make test` runs it first).
 """
 
@@ -97,10 +99,11 @@ def test_student_toc_is_generated_from_the_book_toc():
     assert current == expected, "_toc_student.yml is out of date: run `python tools/student_toc.py` (make student-book)"
 
 
-def test_student_toc_lists_every_page_of_the_book_but_the_solutions():
+def test_student_toc_lists_every_page_of_the_book_but_the_solutions_and_the_instructor_guide():
     book = student_toc.toc_docnames(ROOT / "_toc.yml")
     student = student_toc.toc_docnames(ROOT / "_toc_student.yml")
-    assert student == [d for d in book if not d.startswith("solutions/")]
+    assert "book/instructor_guide" in book and "book/instructor_guide" in student_toc.INSTRUCTOR_PAGES
+    assert student == [d for d in book if not d.startswith("solutions/") and d not in student_toc.INSTRUCTOR_PAGES]
     for docname in student:
         assert any((ROOT / (docname + suffix)).is_file() for suffix in (".ipynb", ".md")), f"{docname} does not exist"
 
@@ -119,6 +122,9 @@ parts:
   - caption: Exercises
     chapters:
       - file: exercises/01_soft_lookup_exercises
+  - caption: Teaching
+    chapters:
+      - file: book/instructor_guide.md
   - caption: Solutions
     chapters:
       - file: solutions/01_soft_lookup_exercises
@@ -153,6 +159,28 @@ def test_solution_code_extracts_regions_and_solution_only_cells(tmp_path):
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(notebook))
     assert solution_code(path) == ["y = x + 1 return y", "print('answer: 42')"]
+
+
+def test_student_config_is_generated_from_the_book_config():
+    expected = student_toc.render_config(student_toc.student_config(student_toc.load(ROOT / "_config.yml")))
+    current = (ROOT / "_config_student.yml").read_text(encoding="utf-8")
+    assert current == expected, "_config_student.yml is out of date: run `python tools/student_toc.py`"
+    assert student_toc.main(["--check"]) == 0
+
+
+def test_student_launch_buttons_open_the_notebook_alone_or_a_student_branch():
+    config = student_toc.load(ROOT / "_config.yml")
+    assert config["launch_buttons"]["binderhub_url"] and config["launch_buttons"]["thebe"]  # the full edition's
+    student = student_toc.student_config(config)
+    assert student["launch_buttons"]["binderhub_url"] == "" and student["launch_buttons"]["thebe"] is False
+    assert student["launch_buttons"]["colab_url"] == config["launch_buttons"]["colab_url"]  # opens one notebook
+    assert student["repository"] == config["repository"]
+    on_branch = student_toc.student_config(config, branch="student")
+    assert on_branch["launch_buttons"] == config["launch_buttons"]
+    assert on_branch["repository"]["branch"] == "student"
+    assert {k: v for k, v in student.items() if k != "launch_buttons"} == {
+        k: v for k, v in config.items() if k != "launch_buttons"}
+    assert config["launch_buttons"]["thebe"] is True, "student_config must not change the book's own config"
 
 
 # --- the built student edition -----------------------------------------------------------------------------------
@@ -217,6 +245,29 @@ def test_the_solution_detector_sees_solutions_in_the_full_book():
     for solution, page in pages:
         text = page_text(page)
         assert all(code in text for code in solution_code(solution)), f"solution code not found in {page}"
+
+
+SOLUTION_PATH = re.compile(r"solutions/\w+")
+
+
+def test_no_solution_path_and_no_instructor_page(student_html):
+    """Not even as text: a student edition that says where the solutions are is not a student edition."""
+    problems = [f"{docname}.html: {match!r}" for docname in student_toc.toc_docnames(ROOT / "_toc_student.yml")
+                for match in SOLUTION_PATH.findall(page_text(student_html / f"{docname}.html"))]
+    assert not problems, "solution paths in the student edition:\n" + "\n".join(problems)
+    for docname in student_toc.INSTRUCTOR_PAGES:
+        assert not (student_html / f"{docname}.html").exists(), f"{docname} is in the student edition"
+
+
+def test_no_launch_button_opens_the_whole_repository(student_html):
+    config = student_toc.load(ROOT / "_config_student.yml")
+    pages = parse_pages(student_html)
+    links = [(page, url) for page, parser in pages.items() for _, _, url in parser.links]
+    if not config["launch_buttons"]["binderhub_url"]:
+        assert not [link for link in links if "mybinder.org" in link[1]], "Binder buttons in the student edition"
+        thebe = [page for page in pages if "initThebeSBT()" in (student_html / page).read_text(encoding="utf-8")]
+        assert not thebe, f"live-code (Thebe) buttons in the student edition: {thebe}"
+    assert [link for link in links if "colab.research.google.com" in link[1]], "no Colab button: expected one"
 
 
 def test_no_broken_internal_links_in_the_student_edition(student_html):

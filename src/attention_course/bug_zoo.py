@@ -380,7 +380,7 @@ class MHAWeightNotTransposed(ZooMultiHeadAttention):
 
     def forward(self, query, key, value, mask=None):
         # BUG: nn.Linear stores weight as (d_out, d_in): x @ w.weight.T + w.bias, or simply self.w_q(query)
-        projections = zip((query, key, value), (self.w_q, self.w_k, self.w_v))
+        projections = zip((query, key, value), (self.w_q, self.w_k, self.w_v), strict=True)
         q, k, v = (self.split(x @ w.weight + w.bias) for x, w in projections)
         return self.w_o(self.merge(self.attend(q, k, v, mask)))
 
@@ -519,3 +519,41 @@ BUGS = {}
 for _bug in ZOO:
     BUGS.setdefault(_bug.code, _bug.impl)
 del _bug
+
+
+# ==================================================================================================================
+# Seed bugs of chapters 4 and 7: a layer created in forward(), a 0/1 float mask, a causal buffer sliced from the top.
+# Kept out of ZOO and BUGS (chapter 7 shows them in their own part); SEED_ZOO lists them.
+# ==================================================================================================================
+
+
+class MHALinearInForward(ZooMultiHeadAttention):
+    """[layer-created-in-forward] The output projection is created inside forward(): new random weights on every
+    call, not among the parameters (never trained) and not in the state_dict (never saved)."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.split(self.w_q(query)), self.split(self.w_k(key)), self.split(self.w_v(value))
+        merged = self.merge(self.attend(q, k, v, mask))  # (B, Tq, D)
+        w_o = nn.Linear(merged.size(-1), merged.size(-1))  # BUG: create it once in __init__ and use self.w_o
+        return w_o(merged)
+
+
+def additive_mask_cast(mask):
+    """[float-mask-not-additive] The boolean mask cast to float (1 = may attend, 0 = hidden) and used as an additive
+    mask: SDPA adds it to the scores, which hides nothing."""
+    return mask.float()  # BUG: additive means 0 where allowed, -inf where hidden: (1.0 - mask.float()) * -1e10
+
+
+#: the (max_len, max_len) causal mask a module keeps as a buffer (``self.register_buffer("causal", ...)``)
+CAUSAL_BUFFER = torch.ones(64, 64, dtype=torch.bool).tril()
+
+
+def causal_mask_buffer_sliced(t_q, t_k=None):
+    """[causal-top-left-aligned] A causal mask kept as a (max_len, max_len) buffer and sliced [:Tq, :Tk]: right
+    when Tq == Tk, but when decoding with a cache (Tq < Tk) the new queries get the rows of the FIRST positions."""
+    t_k = t_q if t_k is None else t_k
+    return CAUSAL_BUFFER[:t_q, :t_k]  # BUG: the queries are the last Tq positions: CAUSAL_BUFFER[t_k - t_q:t_k, :t_k]
+
+
+#: the seed bugs above, with their codes and checks (as the mistakes catalogue lists them)
+SEED_ZOO = _zoo(MHALinearInForward, additive_mask_cast, causal_mask_buffer_sliced)

@@ -81,7 +81,7 @@ class EinsumMultiHeadAttention(nn.Module):
     def reset_parameters(self) -> None:
         """Weights uniform in +-1/sqrt(d_in), as nn.Linear draws them; biases zero."""
         fan_ins = (self.d_model, self.kdim, self.vdim, self.d_model)  # w_o reads H * Dh = D features
-        for w, fan_in in zip((self.w_q, self.w_k, self.w_v, self.w_o), fan_ins):
+        for w, fan_in in zip((self.w_q, self.w_k, self.w_v, self.w_o), fan_ins, strict=True):
             bound = fan_in**-0.5
             nn.init.uniform_(w, -bound, bound)
 

@@ -1,4 +1,7 @@
-"""``python -m attention_course.exercises``: generate the exercise notebooks (see :mod:`attention_course.course.exercises`)."""
+"""``python -m attention_course.exercises``: generate the exercise notebooks.
+
+See :mod:`attention_course.course.exercises`.
+"""
 
 import sys
 

@@ -1,4 +1,7 @@
-"""``python -m attention_course.grade``: grade submitted exercise notebooks (see :mod:`attention_course.course.grade`)."""
+"""``python -m attention_course.grade``: grade submitted exercise notebooks.
+
+See :mod:`attention_course.course.grade`.
+"""
 
 import sys
 

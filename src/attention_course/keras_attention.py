@@ -71,7 +71,7 @@ class KerasMultiHeadAttention(keras.layers.Layer):
     def build(self, input_shape=None):
         """Create the four projections' weights; input sizes come from the constructor, not ``input_shape``."""
         input_sizes = (self.d_model, self.kdim, self.vdim, self.d_model)
-        for layer, d_in in zip((self.w_q, self.w_k, self.w_v, self.w_o), input_sizes):
+        for layer, d_in in zip((self.w_q, self.w_k, self.w_v, self.w_o), input_sizes, strict=True):
             layer.build((None, d_in))
 
     def compute_mask(self, query, previous_mask=None):
@@ -130,7 +130,7 @@ class KerasMultiHeadAttention(keras.layers.Layer):
 
     def _check_inputs(self, query, key, value):
         sizes = {"query": ("d_model", self.d_model), "key": ("kdim", self.kdim), "value": ("vdim", self.vdim)}
-        for (name, (size_name, size)), x in zip(sizes.items(), (query, key, value)):
+        for (name, (size_name, size)), x in zip(sizes.items(), (query, key, value), strict=True):
             if len(x.shape) != 3:
                 raise ValueError(f"{name} must be 3-D (B, T, D), got shape {tuple(x.shape)}")
             if x.shape[-1] != size:
@@ -199,6 +199,6 @@ def _prepare_mask(mask, scores_shape):
     if len(shape) == 3:  # Keras' attention_mask layout (B, Tq, Tk): add the head axis
         mask = ops.expand_dims(mask, 1)
     padded = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
-    if len(mask.shape) > 4 or not all(m == 1 or _same_size(m, s) for m, s in zip(padded, scores_shape)):
+    if len(mask.shape) > 4 or not all(m == 1 or _same_size(m, s) for m, s in zip(padded, scores_shape, strict=True)):
         raise ValueError(f"mask of shape {shape} does not broadcast to attention scores {scores_shape}")
     return mask

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from .functional import sdpa_fast
 from .heads import merge_heads, split_heads
 from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
+from .positions import apply_rope, check_base
 from .validation import check_heads, check_int, check_module_inputs, check_rank
 
 
@@ -146,13 +147,21 @@ class CausalSelfAttention(nn.Module):
             1: multi-query attention; in between: grouped-query attention.
         fused_qkv: one Linear D -> (H + 2 H_kv) Dh (attribute ``qkv``) instead of three (``w_q``, ``w_k``, ``w_v``).
         bias: whether the projections have biases.
+        rope: rotate queries and keys by their absolute positions (:func:`apply_rope`, interleaved pairs);
+            with a cache, the new tokens' positions start at the cache's length, never at 0.
+        rope_base: the ``base`` of :func:`apply_rope`.
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = True
+        self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = True,
+        rope: bool = False, rope_base: float = 10000.0,
     ):
         super().__init__()
         check_heads(d_model, num_heads)
+        check_base(rope_base)
+        if rope and (d_model // num_heads) % 2:
+            raise ValueError(f"rope needs an even head dimension, got {d_model // num_heads}")
+        self.rope, self.rope_base = rope, rope_base
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_int(num_kv_heads, "num_kv_heads")
         if num_heads % num_kv_heads:
@@ -185,6 +194,11 @@ class CausalSelfAttention(nn.Module):
         """
         check_module_inputs(x, x, x, (self.d_model,) * 3, self.w_o.weight.dtype)
         q, k, v = self.project(x)  # (B, H, Tq, Dh), (B, H_kv, Tq, Dh) x 2
+        if self.rope:
+            start = 0 if cache is None else cache.lengths[layer]  # the new tokens follow the cached ones
+            positions = torch.arange(start, start + x.size(1), device=x.device)  # (Tq,)
+            q = apply_rope(q, positions, base=self.rope_base)
+            k = apply_rope(k, positions, base=self.rope_base)  # cached keys are stored already rotated
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh), Tk = cached + Tq
         n_rep = self.num_heads // self.num_kv_heads
@@ -201,8 +215,9 @@ class CausalSelfAttention(nn.Module):
         the cache.
         """
         mha = CausalSelfAttention(
-            self.d_model, self.num_heads, None, fused_qkv=False, bias=self.w_o.bias is not None
-        ).to(self.w_o.weight)
+            self.d_model, self.num_heads, None, fused_qkv=False, bias=self.w_o.bias is not None,
+            rope=self.rope, rope_base=self.rope_base,
+        ).to(self.w_o.weight)  # fmt: skip
         n_rep = self.num_heads // self.num_kv_heads
         if self.fused_qkv:
             w_q, w_k, w_v = self.qkv.weight.split([self.d_model, self.kv_dim, self.kv_dim], dim=0)
@@ -233,7 +248,8 @@ class CausalSelfAttention(nn.Module):
         """The weights as a float64 :mod:`~attention_course.numpy_ref` dict (``y = x @ W + b``, zero biases if none).
 
         For GQA/MQA these are the weights of :meth:`as_multi_head`, so
-        ``numpy_ref.multi_head_attention(x, x, x, params, H, causal_mask)`` reproduces the layer.
+        ``numpy_ref.multi_head_attention(x, x, x, params, H, causal_mask)`` reproduces the layer (without RoPE,
+        which the NumPy reference does not have).
         """
         mha = self.as_multi_head()
         return linear_params({name: getattr(mha, f"w_{name}") for name in "qkvo"})
@@ -259,10 +275,11 @@ class DecoderBlock(nn.Module):
     """Pre-LayerNorm transformer block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, mlp_ratio: int = 4,
-                 fused_qkv: bool = True):  # fmt: skip
+                 fused_qkv: bool = True, rope: bool = False):  # fmt: skip
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads, fused_qkv=fused_qkv, bias=False)  # GPT-style
+        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads, fused_qkv=fused_qkv, bias=False,  # GPT-style
+                                        rope=rope)
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(
             nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)
@@ -283,6 +300,8 @@ class TinyDecoder(nn.Module):
     Args:
         vocab_size, d_model, num_heads, num_kv_heads, num_layers, max_seq_len, mlp_ratio, fused_qkv: sizes.
         seed: the weights are drawn from ``torch.manual_seed(seed)`` without disturbing the global RNG.
+        positions: ``"learned"`` (GPT-2: a table of ``max_seq_len`` vectors added to the token embeddings) or
+            ``"rope"`` (no table; every attention layer rotates its queries and keys, LLaMA style).
     """
 
     def __init__(
@@ -296,15 +315,20 @@ class TinyDecoder(nn.Module):
         mlp_ratio: int = 4,
         fused_qkv: bool = True,
         seed: int = 0,
+        positions: str = "learned",
     ):
         super().__init__()
-        self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
+        if positions not in ("learned", "rope"):
+            raise ValueError(f"positions must be 'learned' or 'rope', got positions={positions!r}")
+        self.vocab_size, self.max_seq_len, self.positions = vocab_size, max_seq_len, positions
+        rope = positions == "rope"
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.tok_emb = nn.Embedding(vocab_size, d_model)
-            self.pos_emb = nn.Embedding(max_seq_len, d_model)
+            # drawn only for learned positions (default), so the default model's weights stay the same
+            self.pos_emb = None if rope else nn.Embedding(max_seq_len, d_model)
             self.blocks = nn.ModuleList(
-                DecoderBlock(d_model, num_heads, num_kv_heads, mlp_ratio, fused_qkv) for _ in range(num_layers)
+                DecoderBlock(d_model, num_heads, num_kv_heads, mlp_ratio, fused_qkv, rope) for _ in range(num_layers)
             )
             self.ln_f = nn.LayerNorm(d_model)
             self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
@@ -324,8 +348,9 @@ class TinyDecoder(nn.Module):
         t = ids.shape[1]
         if start + t > self.max_seq_len:
             raise ValueError(f"sequence of {start + t} positions exceeds max_seq_len={self.max_seq_len}")
-        positions = torch.arange(start, start + t, device=ids.device)
-        x = self.tok_emb(ids) + self.pos_emb(positions)  # (B, T, D)
+        x = self.tok_emb(ids)  # (B, T, D)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(start, start + t, device=ids.device))
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)
         if last_only:

@@ -230,7 +230,8 @@ mistake("masked-row-not-zero", "a fully masked query row gives uniform weights i
 mistake("causal-top-left-aligned", "causal mask aligned top-left when Tq < Tk (should be bottom-right)",
         "For Tq < Tk your causal mask is aligned top-left (query i sees keys 0..i). In this course the queries are "
         "the LAST Tq positions: query i may attend key j iff j <= i + (Tk - Tq), e.g. tril with diagonal=Tk - Tq.",
-        chapter=4, topic="masks", examples=[("causal_mask_top_left", "check_causal_mask")])
+        chapter=4, topic="masks", examples=[("causal_mask_top_left", "check_causal_mask"),
+                                            ("causal_mask_buffer_sliced", "check_causal_mask")])
 mistake("causal-excludes-diagonal", "causal mask hides each position from itself",
         "Your causal mask hides each position from itself: query i must be able to attend key i (the diagonal is "
         "True).",
@@ -275,15 +276,175 @@ mistake("cache-missing-factor",
                                                ("kv_cache_bytes_one_sequence", "check_kv_cache_bytes")])
 
 # ==================================================================================================================
+# Chapter 7: the field guide's own bugs (a layer created in forward, a float mask that is not additive)
+# ==================================================================================================================
+
+mistake("layer-created-in-forward",
+        "a layer (e.g. nn.Linear) created inside forward(): new random weights on every call, never trained or saved",
+        "Your module is not a fixed function: {detail}. A layer created inside forward() draws new random weights on "
+        "every call; they are not among the module's parameters, so the optimiser never trains them and the "
+        "state_dict never saves them. Create every layer once, in __init__, and only call it in forward().",
+        chapter=7, topic="field_guide", examples=[("MHALinearInForward", "check_layers_created_once")])
+mistake("float-mask-not-additive",
+        "a boolean mask cast to float (1 = may attend, 0 = hidden) used as an additive float mask",
+        "Your float mask is the boolean mask cast to numbers ({detail}). A float attn_mask is ADDED to the scores, so "
+        "0/1 entries hide nothing: they only add 1 to the allowed scores. An additive mask is 0 where attending is "
+        "allowed and -inf (or a large negative number) where it is not, e.g. "
+        "torch.zeros(mask.shape).masked_fill(~mask, float('-inf')).",
+        chapter=7, topic="field_guide", examples=[("additive_mask_cast", "check_additive_mask")])
+
+# ==================================================================================================================
 # Chapter 10: positions (append this chapter's mistakes here)
 # ==================================================================================================================
+
+mistake("sinusoid-wrong-exponent", "sinusoidal encodings with the wrong frequencies: not 10000^(-2i/D) for pair i",
+        "Your encodings turn at the wrong speeds: {detail}. Pair i (features 2i and 2i + 1) uses the frequency "
+        "theta_i = 10000^(-2i/D): both features of a pair share it, and it falls from 1 to about 1/10000.",
+        chapter=10, topic="positions")
+mistake("sin-cos-swapped", "sinusoidal encodings with cos on the even features and sin on the odd ones",
+        "Your sines and cosines are swapped: PE[p, 2i] = sin(p theta_i) goes on the even features and "
+        "PE[p, 2i + 1] = cos(p theta_i) on the odd ones (position 0 is then 0, 1, 0, 1, ...).",
+        chapter=10, topic="positions")
+mistake("rope-wrong-pairing", "RoPE rotating the pairs (x_i, x_i+D/2) where (x_2i, x_2i+1) were asked (or back)",
+        "Your rotation pairs the wrong features: {detail}. Both pairings exist (LLaMA's reference code uses "
+        "neighbours, GPT-NeoX and Hugging Face use halves), but weights trained with one are wrong with the other.",
+        chapter=10, topic="positions")
+mistake("rope-wrong-frequencies", "RoPE with the wrong angles: not m * base^(-2i/Dh) for pair i at position m",
+        "Your rotation angles are wrong: {detail}. Pair i at position m turns by m * theta_i, with "
+        "theta_i = base^(-2i/Dh) and i counting pairs (0 .. Dh/2 - 1), not features.",
+        chapter=10, topic="positions")
+mistake("alibi-wrong-slopes", "ALiBi head slopes that are not the paper's geometric sequence",
+        "Your slopes are not those of Press et al.: {detail}.", chapter=10, topic="positions")
+mistake("rope-position-not-offset", "a decoded token rotated by the wrong position (0, not the cache length)",
+        "Your new token is rotated as if it were at position {detail}. With a cache of T tokens (positions "
+        "0 .. T-1) the new token is at position T: rotate its query and key by T.",
+        chapter=10, topic="positions")
+mistake("rope-rotates-values", "RoPE applied to the values as well as the queries and keys",
+        "You rotate the values too. RoPE rotates queries and keys only, so that their scores depend on the "
+        "distance; the values carry the content that is averaged and are never rotated.",
+        chapter=10, topic="positions")
+mistake("rope-cache-rotated-twice", "cached keys, already rotated, rotated again when a token is decoded",
+        "Your cached keys are rotated a second time. The cache stores keys already rotated at their own "
+        "positions: rotate only the new key (at position T) and append it.",
+        chapter=10, topic="positions")
+
+
+# ==================================================================================================================
+# Chapter 14: the capstone (causal multi-head attention with RoPE and a KV cache, end to end)
+# ==================================================================================================================
+
+mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
+        "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
+        "queries and the keys of every head by their positions before the scores.",
+        chapter=14, topic="capstone")
 
 
 # ==================================================================================================================
 # Chapter 11: the transformer block (append this chapter's mistakes here)
 # ==================================================================================================================
 
+mistake("residual-missing", "a residual connection is missing: the sub-layer's input is not added back",
+        "Your block drops a residual connection ({detail}): the sub-layer's input x must be added to the branch's "
+        "output, x + drop(branch(...)). Without it the stream carries only the branch's output and the direct path "
+        "for the gradient is gone.",
+        chapter=11, topic="blocks")
+mistake("residual-twice", "the residual is added twice (2 x + branch)",
+        "Your block adds the input twice ({detail}): the result is 2 x + branch, e.g. from h = x + branch(...) "
+        "followed by x = x + h. Add the input once: x = x + drop(branch(...)).",
+        chapter=11, topic="blocks")
+mistake("norm-wrong-place", "the LayerNorm is applied in the wrong place for the block's order",
+        "Your LayerNorm is in the wrong place: {detail}. Pre-LN: x + drop(branch(norm(x))); post-LN: "
+        "norm(x + drop(branch(x))).",
+        chapter=11, topic="blocks")
+mistake("norm-on-residual-stream", "pre-LN block that normalises the residual stream itself (x = norm(x))",
+        "Your pre-LN block normalises the residual stream itself ({detail}): with x = norm(x) followed by "
+        "x = x + branch(x), the un-normalised input never reaches the output. Only the branch's input is "
+        "normalised: x = x + drop(branch(norm(x))).",
+        chapter=11, topic="blocks")
+mistake("ffn-activation-missing", "the feed-forward network has no activation between its two linear layers",
+        "Your feed-forward network has no nonlinearity between linear1 and linear2{detail}: two linear layers in a "
+        "row are one linear layer. Apply the activation to the hidden layer: linear2(drop(relu(linear1(x)))).",
+        chapter=11, topic="blocks")
+mistake("decoder-not-causal", "the decoder's self-attention is not causal (positions see the future)",
+        "Your decoder's self-attention is not causal: each target position can see the tokens after it, which are "
+        "the ones it must predict. Pass is_causal=True (or a causal mask) to the self-attention.",
+        chapter=11, topic="blocks")
+mistake("cross-attention-keys-from-decoder", "cross-attention keys and values taken from the decoder, not the memory",
+        "Your cross-attention takes its keys and values from {detail} instead of the encoder's output: queries come "
+        "from the decoder, keys and values from the memory, self.cross_attn(norm2(x), memory, mask=memory_mask).",
+        chapter=11, topic="blocks")
+
+
+# ==================================================================================================================
+# Chapter 12: watch attention learn (induction heads)
+# ==================================================================================================================
+
+mistake("induction-off-by-one",
+        "prefix-matching score taken on the earlier occurrence of the token, not the token after it",
+        "Your score measures attention on the earlier occurrence of the query's token itself (key j - 1), which is "
+        "what a duplicate-token head does. An induction head at token A attends to the token that FOLLOWED the "
+        "earlier A (key j with ids[j - 1] == ids[t]): that is the token it copies.",
+        chapter=12, topic="interpret")
+mistake("induction-all-queries",
+        "prefix-matching score averaged over every query, also those with nothing to find",
+        "Your score averages over every query, also those whose token never occurred before: they have no target, "
+        "add 0 and dilute the score. Average only over the queries with at least one earlier occurrence.",
+        chapter=12, topic="interpret")
+mistake("induction-mean-over-targets", "prefix-matching score averaged over a query's targets instead of summed",
+        "Your score averages the weights over a query's targets; where the token occurred several times, a head "
+        "that splits its attention over all the right keys should still score 1. Sum over the targets.",
+        chapter=12, topic="interpret")
+mistake("induction-includes-self", "prefix-matching score counts the query's own position as a target",
+        "Your score counts the query's own position as a target when the token before it is the same token. "
+        "Targets are strictly earlier keys: j < t.",
+        chapter=12, topic="interpret")
+mistake("induction-ignores-query-mask", "prefix-matching score ignores query_mask",
+        "Your score ignores query_mask: average only over the queries where it is True (and that have a target).",
+        chapter=12, topic="interpret")
+mistake("found-previous-token-head", "the previous-token head taken for the induction head",
+        "You picked the previous-token head (it attends from t to t - 1). It is half of the circuit; the induction "
+        "head is the one with the highest prefix-matching score.",
+        chapter=12, topic="interpret")
+mistake("found-duplicate-token-head", "a duplicate-token head taken for the induction head",
+        "You picked a head that attends to the earlier occurrence of the current token itself, a duplicate-token "
+        "head. The induction head attends one position further, to the token that followed it.",
+        chapter=12, topic="interpret")
+mistake("predicted-reversal-pattern", "predicted the anti-diagonal for a task that is not reversal",
+        chapter=12, topic="interpret")
+mistake("predicted-identity-pattern", "predicted the main diagonal for a shifted copy",
+        chapter=12, topic="interpret")
+mistake("predicted-uniform-pattern", "predicted uniform attention for a task that needs one key per query",
+        chapter=12, topic="interpret")
+
 
 # ==================================================================================================================
 # Chapter 13: distributed attention (append this chapter's mistakes here)
 # ==================================================================================================================
+
+mistake("allreduce-before-output-projection",
+        "tensor parallelism: the heads summed over the ranks (all-reduce) before the output projection",
+        "Your output is what you get when the heads are all-reduced BEFORE the output projection: {detail}. The "
+        "heads of different ranks are different features (rank 0 has heads 0 .. H/P - 1, rank 1 the next ones), "
+        "so adding them mixes unrelated heads. Each rank multiplies ITS heads by ITS rows of W_o (columns of "
+        "w_o, in nn.Linear's layout) and the all-reduce sums these (B, T, D) partial outputs.",
+        chapter=13, topic="distributed")
+mistake("tp-bias-per-rank", "tensor parallelism: the output bias added on every rank before the all-reduce",
+        "Your output has the bias b_o {detail} times: every rank added it before the all-reduce, which sums the "
+        "biases too. Add b_o once, after the sum (or on one rank only).",
+        chapter=13, topic="distributed")
+mistake("row-parallel-wrong-slice",
+        "tensor parallelism: a rank's slice of W_o taken along its output features instead of its input features",
+        "Your ranks slice w_o along the wrong axis: w_o[rows] are OUTPUT features in nn.Linear's (d_out, d_in) "
+        "layout. Rank r's heads are the INPUT features r*D/P .. (r+1)*D/P - 1 of the output projection: "
+        "w_o[:, r*D/P:(r+1)*D/P].",
+        chapter=13, topic="distributed")
+mistake("merge-without-rescale", "online-softmax merge of a new block without rescaling what was accumulated",
+        "Your merged result matches a merge in which {detail}. When a block raises the running maximum from m_old "
+        "to m_new, the sum l and the accumulator acc were computed relative to m_old: multiply both by "
+        "alpha = exp(m_old - m_new) before adding the new block's exp(scores - m_new) terms.",
+        chapter=13, topic="distributed")
+mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair built from local positions",
+        "Your causal mask is wrong for blocks of different ranks: {detail}. Query i of rank q_rank is at global "
+        "position q_rank * block + i, key j of rank k_rank at k_rank * block + j; the query may attend the key iff "
+        "key position <= query position.",
+        chapter=13, topic="distributed")

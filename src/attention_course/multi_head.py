@@ -7,6 +7,7 @@ example (nn.MultiheadAttention reads 3-D as (B * H, Tq, Tk)), or (B, H, Tq, Tk) 
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from .functional import scaled_dot_product_attention, sdpa_fast
@@ -20,6 +21,7 @@ from .params import (
     store_torch_mha,
     torch_mha_projections,  # noqa: F401  (chapter 3 displays it next to from_torch)
 )
+from .positions import apply_rope, check_base, check_pairing
 from .validation import (
     check_dropout,
     check_heads,
@@ -38,6 +40,9 @@ class MultiHeadAttention(nn.Module):
         bias: whether the four projections have biases.
         kdim, vdim: feature sizes of key and value inputs (default d_model), e.g. for cross-attention.
         use_sdpa: route through PyTorch's fused kernel (:func:`sdpa_fast`) unless weights are requested.
+        rope: rotate queries and keys of every head by their positions (:func:`apply_rope`); keys are at
+            positions 0..Tk-1 and queries are the last Tq of them (bottom-right, as the causal mask).
+        rope_base, rope_pairing: passed to :func:`apply_rope` as ``base`` and ``pairing``.
 
     Layers: ``w_q`` (D -> D), ``w_k`` (kdim -> D), ``w_v`` (vdim -> D), ``w_o`` (D -> D).
     """
@@ -51,10 +56,18 @@ class MultiHeadAttention(nn.Module):
         kdim: int | None = None,
         vdim: int | None = None,
         use_sdpa: bool = False,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        rope_pairing: str = "interleaved",
     ):
         super().__init__()
         check_heads(d_model, num_heads)
         check_dropout(dropout)
+        check_base(rope_base)
+        check_pairing(rope_pairing)
+        if rope and (d_model // num_heads) % 2:
+            raise ValueError(f"rope needs an even head dimension, got {d_model // num_heads}")
+        self.rope, self.rope_base, self.rope_pairing = rope, rope_base, rope_pairing
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
         self.kdim = d_model if kdim is None else kdim
         self.vdim = d_model if vdim is None else vdim
@@ -87,9 +100,19 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.w_q(query), self.num_heads)  # (B, H, Tq, Dh)
         k = split_heads(self.w_k(key), self.num_heads)  # (B, H, Tk, Dh)
         v = split_heads(self.w_v(value), self.num_heads)  # (B, H, Tk, Dh)
+        if self.rope:
+            q, k = self.rotate(q, k)
         heads, weights = self.attend(q, k, v, mask, is_causal, return_weights)  # (B, H, Tq, Dh), (B, H, Tq, Tk)
         out = self.w_o(merge_heads(heads))  # (B, Tq, D)
         return (out, weights) if return_weights else out
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE on (B, H, Tq, Dh) queries and (B, H, Tk, Dh) keys; values are never rotated."""
+        t_q, t_k = q.size(-2), k.size(-2)
+        key_positions = torch.arange(t_k, device=k.device)
+        query_positions = torch.arange(t_k - t_q, t_k, device=q.device)  # the last Tq positions
+        options = {"base": self.rope_base, "pairing": self.rope_pairing}
+        return apply_rope(q, query_positions, **options), apply_rope(k, key_positions, **options)
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, return_weights: bool
@@ -128,6 +151,8 @@ class MultiHeadAttention(nn.Module):
 
         Remember its masks use the opposite convention: pass ``attn_mask=~mask`` (True = NOT allowed).
         """
+        if self.rope:
+            raise ValueError("nn.MultiheadAttention has no rotary embeddings: to_torch needs rope=False")
         m = nn.MultiheadAttention(
             self.d_model,
             self.num_heads,

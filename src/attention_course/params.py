@@ -144,14 +144,14 @@ def torch_mha_projections(m: nn.MultiheadAttention) -> list[tuple[Tensor, Tensor
     else:
         in_weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
     in_biases = (None, None, None) if m.in_proj_bias is None else m.in_proj_bias.chunk(3)
-    return [*zip(in_weights, in_biases), (m.out_proj.weight, m.out_proj.bias)]
+    return [*zip(in_weights, in_biases, strict=True), (m.out_proj.weight, m.out_proj.bias)]
 
 
 @torch.no_grad()
 def load_torch_mha(linears: Mapping[str, nn.Linear], m: nn.MultiheadAttention) -> None:
     """Copy the q, k, v and output projections of ``m`` into ``linears`` (named q, k, v, o, in that order)."""
     check_plain_torch_mha(m)
-    for linear, (weight, bias) in zip(linears.values(), torch_mha_projections(m)):
+    for linear, (weight, bias) in zip(linears.values(), torch_mha_projections(m), strict=True):
         linear.weight.copy_(weight)  # both layouts are nn.Linear's (d_out, d_in)
         if bias is not None:
             linear.bias.copy_(bias)
@@ -161,7 +161,7 @@ def load_torch_mha(linears: Mapping[str, nn.Linear], m: nn.MultiheadAttention) -
 def store_torch_mha(linears: Mapping[str, nn.Linear], m: nn.MultiheadAttention) -> None:
     """Copy ``linears`` (q, k, v, o) into the projections of ``m``: the inverse of :func:`load_torch_mha`."""
     check_plain_torch_mha(m)
-    for linear, (weight, bias) in zip(linears.values(), torch_mha_projections(m)):
+    for linear, (weight, bias) in zip(linears.values(), torch_mha_projections(m), strict=True):
         weight.copy_(linear.weight)  # weight is a view of m's parameter: this writes into m
         if bias is not None:
             bias.copy_(linear.bias)
@@ -187,7 +187,8 @@ def keras_mha_params(layer) -> dict[str, np.ndarray]:
     if not default or getattr(layer, "_sliding_window", None):
         raise ValueError("only the default layer is supported: attention over axis 1, no gate, no sliding window")
     params = {}
-    for ours, theirs in zip("qkvo", (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)):
+    denses = (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)
+    for ours, theirs in zip("qkvo", denses, strict=True):
         kernel = np.asarray(theirs.kernel, np.float64)  # (d_in, H, Dh); output (H, Dh, D)
         params[f"w_{ours}"] = kernel.reshape(-1, d_model)  # (d_in, H * Dh = D); output (H * Dh = D, D)
         bias = np.asarray(theirs.bias, np.float64) if layer.use_bias else np.zeros(d_model)

@@ -68,7 +68,7 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     ndim = max((len(shape) for shape in shapes), default=0)
     padded = [(1,) * (ndim - len(shape)) + tuple(shape) for shape in shapes]
     result = []
-    for sizes in zip(*padded):
+    for sizes in zip(*padded, strict=True):
         other = {size for size in sizes if size != 1}
         if len(other) > 1:
             return None
@@ -80,7 +80,7 @@ def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """True if a tensor of `shape` broadcasts to `target` without enlarging it (as masked_fill needs)."""
     if len(shape) > len(target):
         return False
-    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
 
 
 def check_boolean(mask) -> None:
@@ -148,7 +148,7 @@ def check_module_inputs(
     ``dtype`` is the module's weight dtype: inputs must match it (we raise rather than cast silently, so that a
     float64 comparison never runs in float32 by accident).
     """
-    for name, x, d_in in zip(("query", "key", "value"), (query, key, value), in_features):
+    for name, x, d_in in zip(("query", "key", "value"), (query, key, value), in_features, strict=True):
         check_floating(x, name)
         check_rank(x, name, 3, "(B, T, D)")
         if dtype is not None and x.dtype != dtype:

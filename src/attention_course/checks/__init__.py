@@ -23,12 +23,18 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.kv_cache`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
+:mod:`.distributed`) and :mod:`.questions` (checked letter and number questions).
 """
 
 from ..mistakes import CODES
+from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block, check_pre_ln_block
+from .capstone import check_rope_cached_attention
 from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
+from .distributed import check_ring_causal_mask, check_ring_merge, check_row_parallel_output
+from .field_guide import check_additive_mask, check_layers_created_once
 from .heads import check_merge_heads, check_split_heads
+from .interpret import check_find_induction_head, check_prefix_matching_score
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .masks import check_causal_mask, check_padding_mask
 from .modules import (
@@ -38,6 +44,7 @@ from .modules import (
     check_parameter_count,
     check_single_head_attention,
 )
+from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
 
@@ -45,22 +52,38 @@ __all__ = [
     "CODES",
     "DEFAULT_TIMEOUT",
     "CheckFailed",
+    "check_additive_mask",
+    "check_alibi_slopes",
     "check_attention_one_query",
     "check_causal_mask",
     "check_choice",
+    "check_decoder_block",
     "check_einsum_attention",
+    "check_feed_forward",
+    "check_find_induction_head",
     "check_grouped_query_attention",
     "check_keras_attention",
     "check_kv_cache_bytes",
+    "check_layers_created_once",
     "check_merge_heads",
     "check_multi_head_attention",
     "check_number",
     "check_numpy_attention",
     "check_padding_mask",
     "check_parameter_count",
+    "check_post_ln_block",
+    "check_pre_ln_block",
+    "check_prefix_matching_score",
     "check_repeat_kv",
+    "check_ring_causal_mask",
+    "check_ring_merge",
+    "check_rope_cached_attention",
+    "check_rope",
+    "check_rope_decode_step",
+    "check_row_parallel_output",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
+    "check_sinusoidal_positions",
     "check_softmax",
     "check_split_heads",
 ]

@@ -3,12 +3,15 @@ PyTorch, TensorFlow, einsum)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import numpy_ref
 from . import hidden
 from .cases import sdpa_cases, to_framework, with_neg_inf
 from .diagnosis import core_variants, diagnose, sdpa_variant
+from .questions import choice_question, number_question
 from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, run_check, shape_text, split_result
 
 
@@ -64,7 +67,8 @@ def check_numpy_attention(fn, *, fully_masked_rows: bool = False, timeout: float
     """Chapter 1: check ``fn(q, k, v, mask=None)`` on NumPy float64 arrays (same contract as
     :func:`check_scaled_dot_product_attention`). Fully masked rows are only tested if ``fully_masked_rows``."""
     label = "attention (NumPy)"
-    run_check(lambda: sdpa_check_body(fn, "numpy", fully_masked_rows, label, 1e-8, 1e-6, display_name(fn, label)), timeout)
+    name = display_name(fn, label)
+    run_check(lambda: sdpa_check_body(fn, "numpy", fully_masked_rows, label, 1e-8, 1e-6, name), timeout)
 
 
 def check_attention_one_query(fn, *, timeout: float = DEFAULT_TIMEOUT):
@@ -76,7 +80,8 @@ def check_attention_one_query(fn, *, timeout: float = DEFAULT_TIMEOUT):
         shapes = [(4, 6, 6), (1, 3, 3), (5, 8, 3), (7, 4, 10), (3, 16, 16), (9, 2, 5), *hidden.one_query_shapes()]
         for i, (tk, dk, dv) in enumerate(shapes, 1):
             q, k, v = rng.standard_normal(dk), rng.standard_normal((tk, dk)), rng.standard_normal((tk, dv))
-            case = f"case {i} of {len(shapes)}: q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}"
+            shapes_text = f"q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}"
+            case = f"case {i} of {len(shapes)}: {shapes_text}"
             result = call(fn, {"q": q.copy(), "k": k.copy(), "v": v.copy()}, "attention_one_query")
             out_s, w_s = split_result(result, case)
             out_s = as_array(out_s, "output" if w_s is not None else "result", case)
@@ -139,8 +144,8 @@ def check_softmax(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 candidates.append(("softmax-wrong-axis", f"you normalised along axis {axis} (no max subtraction)",
                                    lambda x=x, axis=axis: (numpy_ref.softmax_unstable(x, axis=axis), None)))
             diagnose(out_s, None, candidates, case, ref, None, what="result", atol=1e-8, rtol=1e-6)
-        return (f"✓ {display_name(fn, 'softmax')}: {len(xs)} random cases (1-D to 3-D, large values, -inf entries) match "
-                "the reference; the input is left unchanged")
+        return (f"✓ {display_name(fn, 'softmax')}: {len(xs)} random cases (1-D to 3-D, large values, -inf entries) "
+                "match the reference; the input is left unchanged")
 
     run_check(body, timeout)
 
@@ -150,3 +155,109 @@ def _global_max_softmax(x: np.ndarray) -> np.ndarray:
     underflow to 0 / 0."""
     e = np.exp(x - np.max(x))
     return e / e.sum(axis=-1, keepdims=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checked questions of chapters 1, 7 and 9 (see .questions); the read-the-plot data is drawn from a seeded hidden choice
+# ----------------------------------------------------------------------------------------------------------------
+
+def scale_mystery(d_k: int = 64, t: int = 8, seed: int = 1) -> np.ndarray:
+    """Chapter 1, read-the-plot: the (t, t) attention weights of random queries and keys of width ``d_k`` (entries
+    of mean 0, variance 1), with the scores scaled in a way question ``1.which-scale`` asks about."""
+    q, k = np.random.default_rng(seed).standard_normal((2, t, d_k))
+    return numpy_ref.softmax(q @ k.T)  # the hidden choice: no scaling at all
+
+
+def bug_mystery(t: int = 6, seed: int = 7) -> np.ndarray:
+    """Chapter 7, read-the-plot: the (t, t) weights of causal self-attention computed by one of the bugs that
+    question ``7.which-bug`` lists."""
+    x = np.random.default_rng(seed).standard_normal((t, 8))
+    mask = np.tril(np.ones((t, t), dtype=bool))
+    scores = np.where(mask, x @ x.T / np.sqrt(8), -np.inf)
+    return numpy_ref.softmax(scores.T).T  # the hidden choice: softmax over the queries (axis -2)
+
+
+choice_question(
+    "1.shift",
+    answer="A",
+    why="softmax(x + c) = softmax(x): the factor e^c cancels between numerator and denominator, and the chapter's "
+        "softmax subtracts the row maximum, so nothing overflows.",
+    wrong={
+        "B": "adding the same number to every score keeps their differences, and only differences matter to softmax.",
+        "C": ("softmax-overflow", "only a softmax that exponentiates the raw scores overflows (e^1000 = inf); the "
+                                  "chapter's softmax subtracts the row maximum first."),
+    },
+)
+number_question(
+    "1.score-std",
+    answer=8.0,
+    rtol=0.1,
+    why="q . k is a sum of d_k = 64 products of variance 1: its variance is 64, its standard deviation sqrt(64) = 8.",
+    known={
+        64.0: "64 is the VARIANCE of the sum of 64 unit-variance products; its standard deviation is the square root.",
+        1.0: ("missing-scale", "about 1 is the spread AFTER dividing by sqrt(d_k); the question asks about the raw "
+                               "dot product."),
+    },
+    hint="The score is a sum of d_k independent products, each of mean 0 and variance 1.",
+)
+choice_question(
+    "1.which-scale",
+    answer="B",
+    why="almost every row puts nearly all its weight on one key: raw dot products of width 64 spread over about +-8, "
+        "and softmax saturates. That is what dividing by sqrt(d_k) prevents.",
+    wrong={
+        "A": "with 1/sqrt(d_k) the scores have a spread of about 1 and the rows spread their weight over several keys.",
+        "C": ("wrong-scale", "dividing by d_k = 64 shrinks the scores to about +-0.1: the rows would be nearly "
+                             "uniform, not one-hot."),
+    },
+)
+choice_question(
+    "7.scale-by-d",
+    answer="B",
+    why="1/sqrt(d_k) is what the model was trained with; changing the scale changes the function. Some models "
+        "choose another scale on purpose (muP uses 1/d_k; T5 folds it into the initialisation; QK-norm and learned "
+        "temperatures exist), and are right to, as long as training and inference agree.",
+    wrong={
+        "A": "scaling by 1/d_k is a deliberate choice in muP (Yang et al., 2022): it is a bug only where the model "
+             "was trained with 1/sqrt(d_k).",
+        "C": ("wrong-scale", "the scale sets how sharp the softmax is: in a model trained with 1/sqrt(d_k), "
+                             "dividing by d_k instead flattens every row of weights."),
+    },
+)
+choice_question(
+    "7.which-bug",
+    answer="B",
+    why="each COLUMN sums to 1: the last key has a single allowed query (the last one), which gets weight 1, so the "
+        "bottom-right entry is 1; the softmax was taken over the queries instead of the keys.",
+    wrong={
+        "A": ("mask-inverted", "an inverted causal mask would put the weight ABOVE the diagonal (the future)."),
+        "C": ("missing-scale", "without the scale the ROWS still sum to 1, the first row has its single weight 1 on "
+                               "key 0, and the rows are sharper; here the first row does not sum to 1."),
+        "D": ("transposed-scores", "transposed scores with a causal mask are still normalised over each row; here "
+                                   "the rows do not sum to 1."),
+    },
+)
+number_question(
+    "9.scores-memory",
+    answer=4.0,
+    rtol=1e-3,
+    why="16 heads x 8192 x 8192 scores x 4 bytes = 2^32 bytes = 4 GiB, for one layer of one sequence.",
+    known={
+        2.0: "that is float16 (2 bytes per score); the question asks about float32.",
+        0.25: "that is ONE head; all 16 heads' scores exist at the same time.",
+    },
+    hint="Count heads x T_q x T_k numbers, times the bytes of one float32, and divide by 2^30.",
+)
+number_question(
+    "9.rescale",
+    answer=math.exp(-3.0),
+    rtol=1e-3,
+    why="l was a sum of e^(s - 2); measured from the new maximum 5 each term is e^(s - 5) = e^(s - 2) e^(-3).",
+    known={
+        math.exp(3.0): "e^3 would be the factor from the new maximum back to the old one: the sum must shrink, not "
+                       "grow, when the maximum rises.",
+        1.0: "the old terms were measured from the old maximum 2: they must be rescaled to the new maximum 5.",
+        0.0: "the old keys do not disappear: their terms are rescaled, not dropped.",
+    },
+    hint="Write one old term e^(s - m_old) in terms of e^(s - m_new).",
+)

@@ -117,7 +117,8 @@ def diagnose(out_s, w_s, candidates, case: str, expected_out, expected_w, what="
 
 def _generic_failure(out_s, expected, case, what, atol, rtol, w_s=None, expected_w=None, weights_right=True):
     if out_s.shape != expected.shape:
-        raise fail("wrong-shape", f"Your {what} has shape {shape_text(out_s.shape)}; expected {shape_text(expected.shape)}.",
+        raise fail("wrong-shape",
+                   f"Your {what} has shape {shape_text(out_s.shape)}; expected {shape_text(expected.shape)}.",
                     case=case)
     if w_s is not None and w_s.shape != expected_w.shape:
         raise fail("wrong-shape", f"Your weights have shape {shape_text(w_s.shape)}; expected "

@@ -4,7 +4,8 @@ Students self-check in their notebooks with the fixed public cases only. The gra
 in the submission's) calls :func:`enable` with a seed; from then on the checkers that take them add the cases
 below: larger T and D (code that only works up to some size fails), Tq > Tk and Tq < Tk, batches of 5 and more
 (masks with their own row per example), rows whose maxima are far apart (a softmax that subtracts the global
-maximum gives NaN), arrays of more than 60 elements, and integer arrays for the softmax. The diagnoses work on them as on the public cases.
+maximum gives NaN), arrays of more than 60 elements, and integer arrays for the softmax. The diagnoses work on them
+as on the public cases.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from .. import numpy_ref
 from ..mistakes import hint
 from .cases import make_mask, mixed_mask, to_framework
 from .diagnosis import core_variants, diagnose, sdpa_variant
+from .questions import number_question
 from .runner import (
     DEFAULT_TIMEOUT,
     CheckFailed,
@@ -109,14 +110,14 @@ def check_kv_cache_bytes(fn, *, timeout: float = DEFAULT_TIMEOUT):
                             "(an int).", case=case)
             answers.append((number, case))
         expected = [math.prod((2,) + args) for args in full]
-        wrong = [i for i, ((got, _), want) in enumerate(zip(answers, expected)) if got != want]
+        wrong = [i for i, ((got, _), want) in enumerate(zip(answers, expected, strict=True)) if got != want]
         if not wrong:
             return (f"✓ {display_name(fn, label)}: {len(_CACHE_CASES)} model sizes (MHA, GQA and MQA; with and without "
                     "batch_size and bytes_per_element) are right")
         case = answers[wrong[0]][1]
         got = [a for a, _ in answers]
         for code, message, values in _cache_known_mistakes(full):
-            if all(math.isclose(g, v, rel_tol=1e-6) for g, v in zip(got, values)):
+            if all(math.isclose(g, v, rel_tol=1e-6) for g, v in zip(got, values, strict=True)):
                 raise fail(code, message, case=case)
         raise fail("wrong-value", f"{got[wrong[0]]:,} is not the number of bytes of this cache, and it matches none "
                     "of the mistakes this checker knows. Which numbers does the cache hold, and how many bytes does "
@@ -164,8 +165,8 @@ def check_repeat_kv(fn, *, timeout: float = DEFAULT_TIMEOUT):
                       f"groups they would be {_head_sources(h_kv, n_rep, tiled=False)}")
             candidates = [("kv-heads-tiled", detail, lambda x=x, n_rep=n_rep: (np.tile(x, (1, n_rep, 1, 1)), None))]
             diagnose(out, None, candidates, case, ref, None, what="result", atol=1e-6, rtol=1e-6)
-        return (f"✓ {display_name(fn, label)}: {len(_REPEAT_KV_CASES)} random cases (H_kv from 1 to 3, n_rep from 1 to 4; "
-                "(B, H_kv, T, Dh) -> (B, H_kv * n_rep, T, Dh)) match the reference")
+        return (f"✓ {display_name(fn, label)}: {len(_REPEAT_KV_CASES)} random cases (H_kv from 1 to 3, n_rep from 1 "
+                "to 4; (B, H_kv, T, Dh) -> (B, H_kv * n_rep, T, Dh)) match the reference")
 
     run_check(body, timeout)
 
@@ -205,8 +206,8 @@ def _gqa_cases(seed=9):
         else:
             mask, mask_text = make_mask(kind, rng, (b, h), tq, tk)
         heads = "MHA" if h_kv == h else "MQA" if h_kv == 1 else "GQA"
-        desc = (f"{heads}, H={h}, H_kv={h_kv}: q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}, "
-                f"{mask_text}")
+        desc = (f"{heads}, H={h}, H_kv={h_kv}: q {shape_text(q.shape)}, k {shape_text(k.shape)}, "
+                f"v {shape_text(v.shape)}, {mask_text}")
         yield q, k, v, mask, desc
 
 
@@ -270,3 +271,41 @@ def check_grouped_query_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 "Tq = 1, Tq != Tk, causal and padding masks, fully masked rows) match the reference")
 
     run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checked questions of chapter 8 (see .questions)
+# ----------------------------------------------------------------------------------------------------------------
+
+number_question(
+    "8.cache-gib",
+    answer=2.0,
+    rtol=1e-3,
+    why="2 (K and V) x 32 layers x 32 heads x 128 features x 2 bytes = 512 KiB per token; x 4096 tokens = 2 GiB.",
+    known={
+        1.0: ("cache-keys-only", "1 GiB counts the keys only: the cache holds keys AND values."),
+        4.0: ("cache-missing-factor", "4 GiB is float32 (4 bytes per number); the model stores float16."),
+        0.5: ("cache-missing-factor", "0.5 GiB is what grouped-query attention with 8 key/value heads would need; "
+                                      "this model caches all 32 heads."),
+    },
+    hint="Multiply: 2 (keys and values) x layers x heads x head size x bytes x tokens, then divide by 2^30.",
+)
+number_question(
+    "8.gqa-saving",
+    answer=4,
+    why="the cache holds H_kv = 8 key/value heads instead of H = 32: it is H / H_kv = 4 times smaller.",
+    known={
+        8: "8 is H_kv, the number of key/value heads; the saving is H / H_kv.",
+        32: "32 is what multi-query attention (H_kv = 1) saves.",
+    },
+    hint="How many key/value heads does each layer cache, with MHA and with GQA?",
+)
+number_question(
+    "8.kv-head-of",
+    answer=1,
+    why="with H = 6 and H_kv = 2, n = 3 query heads share each key/value head: heads 0-2 use 0, heads 3-5 use 1; "
+        "4 // 3 = 1.",
+    known={0: ("kv-heads-tiled", "0 = 4 % 2 is the tiled order (0, 1, 0, 1, ...): query heads are grouped, "
+                                 "h // n, not h % H_kv.")},
+    hint="Query head h uses key/value head h // (H / H_kv).",
+)

@@ -8,6 +8,7 @@ import torch
 from .. import numpy_ref
 from . import hidden
 from .diagnosis import diagnose
+from .questions import choice_question, number_question
 from .runner import DEFAULT_TIMEOUT, as_array, call, display_name, fail, run_check, shape_text
 
 _CAUSAL_TRUE = ("your mask is True for the future keys (like nn.MultiheadAttention's attn_mask); it must be True "
@@ -85,3 +86,43 @@ def check_padding_mask(fn, *, framework: str = "torch", timeout: float = DEFAULT
                 "(B, 1, 1, T), True = may attend)")
 
     run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checked questions of chapter 4 (see .questions); the read-the-plot data is drawn from a seeded hidden choice
+# ----------------------------------------------------------------------------------------------------------------
+
+def mask_mystery(t_q: int = 3, t_k: int = 6, seed: int = 4) -> np.ndarray:
+    """Chapter 4, read-the-plot: (t_q, t_k) attention weights of random queries and keys under the mask that
+    question ``4.which-mask`` asks about."""
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((t_q, 8)), rng.standard_normal((t_k, 8))
+    mask = np.tril(np.ones((t_q, t_k), dtype=bool), k=t_k - t_q)  # the hidden choice: bottom-right causal
+    return numpy_ref.softmax(np.where(mask, q @ k.T / np.sqrt(8), -np.inf))
+
+
+choice_question(
+    "4.which-mask",
+    answer="B",
+    why="the last query sees every key and each earlier query one key fewer: the triangle is aligned bottom-right, "
+        "as when 3 new tokens attend a cache of 6 (query i sees keys j <= i + Tk - Tq).",
+    wrong={
+        "A": ("causal-top-left-aligned", "a top-left triangle (is_causal=True, tril without diagonal) would let "
+                                         "query 0 see key 0 only and the last query keys 0..2."),
+        "C": "a padding mask hides the same keys from EVERY query; here each query sees a different number of keys.",
+        "D": ("causal-excludes-diagonal", "without the diagonal each query would see one key fewer: the last query "
+                                          "would not see the last key."),
+    },
+)
+number_question(
+    "4.allowed-pairs",
+    answer=39,
+    why="sequence 0 (length 6): 1 + 2 + ... + 6 = 21 pairs; sequence 1 (length 4): queries see min(i + 1, 4) keys, "
+        "1 + 2 + 3 + 4 + 4 + 4 = 18; 21 + 18 = 39.",
+    known={
+        42: ("mask-ignored", "42 = 2 x 21 leaves out the padding mask of the second sequence."),
+        52: ("mask-ignored", "52 = 36 + 16 leaves out the causal mask: query i must not see the keys after i."),
+        31: "the padding mask hides padded KEYS only; padded queries still attend (their outputs are ignored later).",
+    },
+    hint="Count sequence by sequence: how many keys may query i of each sequence attend?",
+)

@@ -18,6 +18,7 @@ from .. import numpy_ref
 from .cases import mha_cases, mha_cross_dim_cases, single_head_cases, single_head_params, to_framework, to_tf
 from .core import sdpa_check_body
 from .diagnosis import diagnose, mha_candidates, single_head_candidates
+from .questions import choice_question, number_question
 from .runner import (
     DEFAULT_TIMEOUT,
     CheckFailed,
@@ -463,3 +464,80 @@ def check_parameter_count(fn, *, timeout: float = DEFAULT_TIMEOUT):
     configs = [(512, 8, True), (64, 4, False), (768, 12, True), (10, 5, False), (96, 3, True)]
     run_check(lambda: _check_count_body(fn, "parameter count", ("d_model", "num_heads"), configs,
                                          lambda d, h, bias: 4 * d * d + (4 * d if bias else 0), known), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checked questions of chapters 2, 5 and 6 (see .questions)
+# ----------------------------------------------------------------------------------------------------------------
+
+choice_question(
+    "2.square-weight",
+    answer="C",
+    why="nn.Linear(16, 16) stores W as (16, 16) and computes x @ W.T; x @ W has the same shape but uses the "
+        "transposed matrix, so it silently computes something else.",
+    wrong={
+        "A": ("weight-not-transposed", "nn.Linear computes x @ weight.T + bias: x @ weight uses the transpose."),
+        "B": "a shape error only appears when d_in != d_out; a square weight fits either way, which is why this bug "
+             "hides.",
+    },
+)
+choice_question(
+    "2.dropout-sum",
+    answer="B",
+    why="dropout zeroes each weight with probability p and scales the survivors by 1 / (1 - p): a row's sum is 1 "
+        "only on average over the random draws, and in evaluation mode dropout is off.",
+    wrong={
+        "A": ("dropout-in-eval", "rows sum to exactly 1 in evaluation mode, when dropout is off; in training mode "
+                                 "some weights are zeroed."),
+        "C": "the survivors are scaled by 1 / (1 - p) = 2 to make up for the dropped ones: the sum is 1 on average, "
+             "not 1 - p.",
+    },
+)
+choice_question(
+    "5.summed-letter",
+    answer="A",
+    why="a letter that appears in the inputs but not after -> is summed over: 's', the key positions. Each query "
+        "position t gets the weighted sum of the values over the keys.",
+    wrong={
+        "B": ("softmax-wrong-axis", "'t' (the queries) appears in the output, so it is kept; summing over the "
+                                    "queries would mix the weights of different queries."),
+        "C": "'k', the features, appears in the output: each feature of the values is kept.",
+        "D": "'b' and 'h' appear on both sides: they are batch axes, matched, not summed.",
+    },
+)
+choice_question(
+    "6.keras-kernel",
+    answer="B",
+    why="keras.layers.MultiHeadAttention stores the query projection per head: kernel (d_model, H, key_dim) = "
+        "(16, 4, 8), so that an einsum 'btd,dhk->bthk' gives per-head queries at once.",
+    wrong={
+        "A": "(16, 32) would be a Dense kernel with the heads merged; Keras keeps the head axis separate.",
+        "C": ("weight-layout-transposed", "(32, 16) is nn.Linear's (d_out, d_in) layout; Keras kernels are "
+                                          "(d_in, ...)."),
+        "D": "(4, 8, 16) is the layout of the OUTPUT projection's kernel, (H, key_dim, d_model).",
+    },
+)
+choice_question(
+    "6.keras-mask",
+    answer="A",
+    why="Keras' attention_mask means True (or 1) = may attend, like the course and F.scaled_dot_product_attention; "
+        "nn.MultiheadAttention is the odd one out.",
+    wrong={
+        "B": ("mask-inverted", "True = blocked is nn.MultiheadAttention's convention (attn_mask, key_padding_mask), "
+                               "not Keras'."),
+        "C": "Keras takes boolean or 0/1 masks and turns them into large negative scores itself; adding -inf is "
+             "what PyTorch's float attn_mask expects.",
+    },
+)
+number_question(
+    "5.score-macs",
+    answer=2 * 8 * 128 * 128 * 64,
+    why="einsum does one multiply-add per combination of ALL its letters: b h t s k = 2 x 8 x 128 x 128 x 64; "
+        "the summed letter k multiplies the count like the others.",
+    known={
+        2 * 8 * 128 * 128: "that is the number of scores (the output's letters b h t s); each is a sum of 64 "
+                           "products over k.",
+        2 * 8 * 128 * 64: "that is the size of q (b h t k); every query meets every one of the 128 keys.",
+    },
+    hint="Multiply the sizes of every distinct letter of the spec, kept or summed.",
+)

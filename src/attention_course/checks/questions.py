@@ -184,16 +184,21 @@ def check_number(qid: str, value, *, timeout: float = DEFAULT_TIMEOUT) -> None:
                        "with a number, e.g. 6.28.")
         expected = question.answer() if callable(question.answer) else question.answer
         if _near(number, expected, question):
-            return f"✓ {qid}: {number:g} is right: {question.why}"
+            return f"✓ {qid}: {_shown(number)} is right: {question.why}"
         known = question.known() if callable(question.known) else question.known
         for wrong, text in known.items():
             if _near(number, wrong, question):
                 code, text = _explanation(qid, f"known value {wrong!r}", text)
-                raise fail(code, f"{number:g} is not the right answer to question {qid}: {text}")
+                raise fail(code, f"{_shown(number)} is not the right answer to question {qid}: {text}")
         hint = f" {question.hint}" if question.hint else ""
-        raise fail("wrong-answer", f"{number:g} is not the right answer to question {qid}.{hint}")
+        raise fail("wrong-answer", f"{_shown(number)} is not the right answer to question {qid}.{hint}")
 
     run_check(body, timeout)
+
+
+def _shown(number: float) -> str:
+    """A number as the student would write it: whole numbers in full (2362368, not 2.36237e+06), others with %g."""
+    return str(int(number)) if float(number).is_integer() and abs(number) < 1e15 else f"{number:g}"
 
 
 def _near(value: float, target: float, question: NumberQuestion) -> bool:

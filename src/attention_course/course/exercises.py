@@ -13,13 +13,19 @@ Usage, from the project root::
   regions (e.g. ``def`` lines and docstrings) are kept;
 * check cells (tags ``check`` and ``exercise-N``) get the tag ``raises-exception`` as well, since they fail
   until the student has written the code;
+* the title ``# Solutions: <title>`` becomes ``# Exercises: <title>``: the book shows the two pages under different
+  titles, once each in the chapter map;
 * cells tagged ``solution-only`` are left out;
+* cells tagged ``exercise-only`` (instructions that only make sense to a student, such as how to work and what a
+  check says before the code is written) lose that tag and ``remove-cell``: in the solution notebook they must carry
+  both, so that the book's solution page does not show them (Jupyter Book drops cells tagged ``remove-cell``);
 * the notebook is executed (:func:`attention_course.course.kernel.execute_notebook`) so that its stored
   outputs are real, and the outputs are checked for machine paths.
 
-The solution notebook's structure is validated first: a first cell ``# Exercises: <title>``; exercise headings
+The solution notebook's structure is validated first: a first cell ``# Solutions: <title>`` (older notebooks:
+``# Exercises: <title>``, kept as it is); exercise headings
 ``## Exercise N (warm-up|core|challenge): <title>`` numbered 1, 2, ...; in each exercise at least one solution
-region, then exactly one check cell tagged ``check`` and ``exercise-N``. See EXERCISES_HOWTO.md.
+region, then exactly one check cell tagged ``check`` and ``exercise-N``. See CONTRIBUTING.md, "Adding an exercise".
 
 ``--check`` regenerates in memory and compares cell types, sources and tags (not outputs) with the stored
 exercise notebooks; it is what tests/test_exercises_sync.py runs.
@@ -42,6 +48,8 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 LEVELS = ("warm-up", "core", "challenge")
 HEADING = re.compile(r"^##\s+Exercise\s+(\d+)\s+\(([^)]*)\)\s*:\s*(.+?)\s*$", re.M)
 CHECK_TAG, RAISES_TAG, SOLUTION_ONLY_TAG = "check", "raises-exception", "solution-only"
+EXERCISE_ONLY_TAG, REMOVE_CELL_TAG = "exercise-only", "remove-cell"
+SOLUTIONS_TITLE, EXERCISES_TITLE = "# Solutions: ", "# Exercises: "
 EXERCISE_TAG = re.compile(r"^exercise-(\d+)$")
 MACHINE_PATH = re.compile(r"(/work/|/tmp/|/root/|/home/[a-z]+/|\.venv/lib/python|site-packages)")
 
@@ -113,8 +121,9 @@ def _has_region(source: str) -> bool:
 def exercises_in(nb, where: str = "notebook") -> list[Exercise]:
     """Validate a solution notebook's structure; return its exercises in order."""
     cells = nb.cells
-    if not cells or cells[0].cell_type != "markdown" or not _source(cells[0]).startswith("# Exercises: "):
-        raise ExerciseError(f"{where}: the first cell must be a markdown cell starting with '# Exercises: <title>'")
+    if not cells or cells[0].cell_type != "markdown" or not _source(cells[0]).startswith(
+            (SOLUTIONS_TITLE, EXERCISES_TITLE)):
+        raise ExerciseError(f"{where}: the first cell must be a markdown cell starting with '{SOLUTIONS_TITLE}<title>'")
     found: list[Exercise] = []
     current, regions, checks = None, 0, 0
 
@@ -128,6 +137,7 @@ def exercises_in(nb, where: str = "notebook") -> list[Exercise]:
                                 f"'exercise-{ex.number}'), found {checks}")
 
     for i, cell in enumerate(cells):
+        _check_edition_tags(cell, f"{where} cell {i}")
         heading = parse_heading(cell)
         if heading is None and cell.cell_type == "markdown" and re.search(r"^##\s+Exercise\b", _source(cell), re.M):
             raise ExerciseError(f"{where} cell {i}: exercise heading must read '## Exercise N (warm-up|core|"
@@ -166,17 +176,44 @@ def exercises_in(nb, where: str = "notebook") -> list[Exercise]:
     return found
 
 
+def _check_edition_tags(cell, where: str) -> None:
+    """An ``exercise-only`` cell is hidden from the solution page (``remove-cell``) and is not ``solution-only``."""
+    tags = _tags(cell)
+    if EXERCISE_ONLY_TAG not in tags:
+        return
+    if SOLUTION_ONLY_TAG in tags:
+        raise ExerciseError(f"{where}: a cell cannot be tagged both '{EXERCISE_ONLY_TAG}' and '{SOLUTION_ONLY_TAG}'")
+    if REMOVE_CELL_TAG not in tags:
+        raise ExerciseError(f"{where}: a cell tagged '{EXERCISE_ONLY_TAG}' must also be tagged '{REMOVE_CELL_TAG}', "
+                            "so that the book's solution page does not show it")
+    if CHECK_TAG in tags or _has_region(_source(cell)):
+        raise ExerciseError(f"{where}: a check cell or a solution region cannot be '{EXERCISE_ONLY_TAG}'")
+
+
+def exercise_title(source: str) -> str:
+    """The exercise notebook's first cell: ``# Solutions: X`` retitled ``# Exercises: X`` (the rest unchanged)."""
+    return EXERCISES_TITLE + source.removeprefix(SOLUTIONS_TITLE) if source.startswith(SOLUTIONS_TITLE) else source
+
+
 def make_exercise_notebook(solution_nb, where: str = "notebook"):
     """The exercise version of a solution notebook (not executed; outputs cleared)."""
     exercises_in(solution_nb, where)
     nb = nbformat.from_dict(json.loads(json.dumps(solution_nb)))  # deep copy
     cells, current = [], None
+    nb.cells[0].source = exercise_title(_source(nb.cells[0]))
     for cell in nb.cells:
         heading = parse_heading(cell)
         if heading is not None:
             current = heading
-        if SOLUTION_ONLY_TAG in _tags(cell):
+        tags = _tags(cell)
+        if SOLUTION_ONLY_TAG in tags:
             continue
+        if EXERCISE_ONLY_TAG in tags:
+            kept = [t for t in tags if t not in (EXERCISE_ONLY_TAG, REMOVE_CELL_TAG)]
+            if kept:
+                cell.metadata["tags"] = kept
+            else:
+                cell.metadata.pop("tags", None)
         if cell.cell_type == "code":
             source = _source(cell)
             if _has_region(source):
@@ -233,7 +270,7 @@ def differences(expected, actual) -> list[str]:
     diffs = []
     if len(exp) != len(act):
         diffs.append(f"{len(act)} cells stored, {len(exp)} expected")
-    for i, (e, a) in enumerate(zip(exp, act)):
+    for i, (e, a) in enumerate(zip(exp, act, strict=False)):
         if e[0] != a[0]:
             diffs.append(f"cell {i}: {a[0]} cell stored, {e[0]} expected")
         elif e[1] != a[1]:

@@ -9,7 +9,7 @@ Untrusted code only computes; trusted code judges. Each notebook runs in a dispo
 (:mod:`.sandbox`: bubblewrap, or a weaker rlimit-only fallback), top to bottom, with errors allowed so that a
 broken exercise does not stop the later ones, a time limit per cell (``--timeout``, default 60 s) and per notebook
 (``--notebook-timeout``, default 300 s). An exercise is found by its check cell (tags ``check`` and
-``exercise-N``; see EXERCISES_HOWTO.md). The sandbox does not run a check cell such as
+``exercise-N``; see CONTRIBUTING.md, "Adding an exercise"). The sandbox does not run a check cell such as
 ``checks.check_softmax(softmax)``: it reports what ``softmax`` is, and the checker runs here, in the grader's
 process, calling the student's function through a stand-in that sends the inputs to the sandbox and gets the
 outputs back (:mod:`.judge`). The checkers add hidden cases drawn from ``--seed`` (default: random per run;
@@ -36,7 +36,10 @@ table says so.
 Output: each notebook's result is written as soon as it is known (``-j N`` grades N notebooks at once, each in a
 child process of its own, so a crash loses nothing already written and the batch goes on): a table per notebook
 with a total such as ``3/5``, ``--jsonl`` (one JSON object per line), ``--csv`` (header first, then rows), or
-``--json`` (one document at the end). Nothing a submission prints reaches this output. A notebook that cannot be
+``--json`` (one document at the end). Under each failed exercise the table shows
+the hint for its code (the catalogue's description of the mistake, else the check's message); the CSV has, per
+notebook, a row ``total`` whose ``passed`` is the number passed and whose ``message`` is ``passed/total``. Nothing a
+submission prints reaches this output. A notebook that cannot be
 read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0
 whenever grading ran; 2 for a command-line usage error (including a ``--solutions`` path that does not exist).
 """
@@ -48,6 +51,7 @@ import ast
 import csv
 import io
 import json
+import re
 import secrets
 import subprocess
 import sys
@@ -60,6 +64,7 @@ from pathlib import Path
 import nbformat
 
 from ..checks import hidden
+from ..mistakes import CODES
 from . import judge, references
 from .exercises import CHECK_TAG, exercise_number, parse_heading
 from .sandbox import Limits, Sandbox, SandboxError
@@ -68,8 +73,10 @@ DEFAULT_TIMEOUT_S = 60
 DEFAULT_NOTEBOOK_TIMEOUT_S = 300
 GRACE_S = 30  # a notebook's child process is killed this long after the notebook's time limit
 RESULT_PREFIX = "attention-grade-result "
+CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")  # a diagnosis code at the start of a message
 AUTO = "auto"  # reference=AUTO: the solutions/ folder of the current directory, if there is one
 CHECK_MISSING = "check-missing"
+TOTAL = "total"  # the `exercise` of a notebook's total row in the CSV
 
 
 @dataclass
@@ -322,6 +329,13 @@ def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None 
     return [grade_notebook(p, timeout, reference, limits, seed) for p in paths]
 
 
+def hint(result: ExerciseResult) -> str:
+    """What a failed exercise's code means: the catalogue's description, else the check's own message."""
+    if result.code in CODES:
+        return CODES[result.code]
+    return CODE.sub("", result.message or "").strip()
+
+
 def format_table(results: list[NotebookResult]) -> str:
     lines = []
     for r in results:
@@ -335,6 +349,8 @@ def format_table(results: list[NotebookResult]) -> str:
             status = "pass" if e.passed else "FAIL"
             code = f"  [{e.code}]" if e.code else ""
             lines.append(f"  Exercise {e.exercise:<3} {e.title:<{width}}  {status}{code}".rstrip())
+            if not e.passed and hint(e):
+                lines.append(f"{'':15}hint: {hint(e)}")
     return "\n".join(lines)
 
 
@@ -351,6 +367,8 @@ def format_csv(results: list[NotebookResult]) -> str:
             writer.writerow([r.notebook, "", "", "", "", "error", r.error])
         for e in r.exercises:
             writer.writerow([r.notebook, e.exercise, e.title, e.level, int(e.passed), e.code or "", e.message or ""])
+        if not r.error:
+            writer.writerow([r.notebook, TOTAL, "", "", r.passed, "", f"{r.passed}/{r.total}"])
     return buf.getvalue()
 
 

@@ -101,7 +101,7 @@ def _copy_back(original, after) -> None:
     """Write what the student's call left in an argument back into the grader's argument, so that the checker's
     test for modified inputs sees it."""
     if isinstance(original, (list, tuple)) and isinstance(after, (list, tuple)):
-        for o, a in zip(original, after):
+        for o, a in zip(original, after, strict=False):  # the submission may return fewer
             _copy_back(o, a)
     elif isinstance(original, dict) and isinstance(after, dict):
         for k, o in original.items():

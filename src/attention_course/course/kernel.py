@@ -19,6 +19,7 @@ KERNEL_ENV = {
     "MPLBACKEND": "module://matplotlib_inline.backend_inline",
 }
 CELL_TIMEOUT_S = 300
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]  # no "running over TCP without encryption" warning
 
 
 def use_kernel_environment() -> None:
@@ -42,7 +43,8 @@ def execute_notebook(
 
     use_kernel_environment()
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                            interrupt_on_timeout=interrupt_on_timeout, resources={"metadata": {"path": str(cwd)}})
+                            interrupt_on_timeout=interrupt_on_timeout, extra_arguments=KERNEL_ARGS,
+                            resources={"metadata": {"path": str(cwd)}})
     try:
         client.execute()
     finally:

@@ -1,0 +1,299 @@
+"""The transformer block: attention and a feed-forward network, each inside a residual connection with a norm.
+
+Two orders of the same pieces (``branch`` is attention or the feed-forward network, ``drop`` is dropout):
+
+* post-LN (Vaswani et al., 2017): ``x = norm(x + drop(branch(x)))``, the norm sits ON the residual stream;
+* pre-LN (GPT-2 and most models since): ``x = x + drop(branch(norm(x)))``, the norm only feeds the branch,
+  and the stream itself is never normalised (a model then needs one final norm).
+
+:class:`EncoderBlock` and :class:`DecoderBlock` compute exactly what ``nn.TransformerEncoderLayer`` and
+``nn.TransformerDecoderLayer`` compute (``from_torch`` loads their weights), on the course's
+:class:`~attention_course.multi_head.MultiHeadAttention`. Inputs are batch-first (B, T, D); masks are boolean,
+True = may attend (torch's ``key_padding_mask`` and boolean ``attn_mask`` mean True = ignore: pass ``~mask``).
+:class:`RMSNorm` and :class:`SwiGLU` are the modern variants of the norm and of the feed-forward network.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .multi_head import MultiHeadAttention
+from .positions import check_size
+from .validation import check_dropout, check_heads
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def check_activation(activation: str) -> None:
+    """Raise unless activation names one of :data:`ACTIVATIONS`."""
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be a string, got {type(activation).__name__}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got activation={activation!r}")
+
+
+def check_block_sizes(d_model: int, num_heads: int, d_ff: int, dropout: float, activation: str) -> None:
+    """The argument checks shared by every block."""
+    check_size(d_model, "d_model")
+    check_size(num_heads, "num_heads")
+    check_size(d_ff, "d_ff")
+    check_heads(d_model, num_heads)
+    check_dropout(dropout)
+    check_activation(activation)
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: the same two-layer MLP applied to every position on its own.
+
+    (B, T, D) -> (B, T, D) through a hidden width ``d_ff`` (usually 4 D): ``linear2(drop(act(linear1(x))))``,
+    with dropout on the hidden activations as in ``nn.TransformerEncoderLayer``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        check_size(d_model, "d_model")
+        check_size(d_ff, "d_ff")
+        check_activation(activation)
+        check_dropout(dropout)
+        self.activation = activation
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        hidden = ACTIVATIONS[self.activation](self.linear1(x))  # (B, T, d_ff)
+        return self.linear2(self.dropout(hidden))
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward network (Shazeer, 2020; used by LLaMA): ``down(silu(gate(x)) * up(x))``.
+
+    One projection (``gate``) decides, per hidden feature, how much of the other (``up``) passes. Three
+    matrices instead of two, so models shrink ``d_ff`` (e.g. 8/3 D instead of 4 D) to keep the parameter count.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False):
+        super().__init__()
+        check_size(d_model, "d_model")
+        check_size(d_ff, "d_ff")
+        self.gate = nn.Linear(d_model, d_ff, bias=bias)
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, T, d_ff) gated, then back to D
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang and Sennrich, 2019): LayerNorm without subtracting the mean, without a bias.
+
+    ``x / sqrt(mean(x^2) + eps) * weight`` over the last axis; cheaper than LayerNorm and as good in practice.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-6):
+        super().__init__()
+        check_size(d_model, "d_model")
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., D) -> (..., D), each vector rescaled to root-mean-square 1, then by ``weight``."""
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+def residual(x: Tensor, branch, norm: nn.Module, dropout: nn.Module, norm_first: bool) -> Tensor:
+    """One residual sub-layer: pre-LN ``x + drop(branch(norm(x)))`` or post-LN ``norm(x + drop(branch(x)))``.
+
+    ``branch`` maps (B, T, D) -> (B, T, D): attention with its masks bound, or the feed-forward network.
+    """
+    if norm_first:
+        return x + dropout(branch(norm(x)))  # the stream itself is never normalised
+    return norm(x + dropout(branch(x)))  # the norm sits on the stream, after every sub-layer
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention and a feed-forward network, each in a residual sub-layer (:func:`residual`).
+
+    The same function as ``nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout, activation,
+    batch_first=True, norm_first=norm_first)``; dropout acts on the attention weights, the hidden layer of the
+    feed-forward network and each branch's output, in ``.train()`` mode only.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
+                 norm_first: bool = False, layer_norm_eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        check_block_sizes(d_model, num_heads, d_ff, dropout, activation)
+        self.norm_first = norm_first
+        self.attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
+        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """x (B, T, D) -> (B, T, D). ``mask`` broadcasts to (B, H, T, T), True = may attend, e.g. a
+        :func:`~attention_course.masks.padding_mask` (B, 1, 1, T); ``is_causal`` also hides future positions."""
+        x = residual(x, lambda h: self.attn(h, mask=mask, is_causal=is_causal), self.norm1, self.dropout,
+                     self.norm_first)
+        return residual(x, self.ff, self.norm2, self.dropout, self.norm_first)
+
+    @classmethod
+    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderBlock:
+        """An EncoderBlock with the sizes, options and (copied) weights of an ``nn.TransformerEncoderLayer``.
+
+        Ours is batch-first whatever ``layer.batch_first`` is.
+        """
+        block = cls(**_torch_layer_options(layer)).to(layer.linear1.weight)
+        _copy_torch_layer(block, layer, {"attn": "self_attn", "norm1": "norm1", "norm2": "norm2"})
+        return block
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention, cross-attention to an encoder's output (the memory), then a feed-forward network.
+
+    The same function as ``nn.TransformerDecoderLayer(..., batch_first=True)``. Queries of the cross-attention
+    come from the decoder, its keys and values from the memory; the self-attention is causal by default,
+    since the decoder predicts each target token from the ones before it.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
+                 norm_first: bool = False, layer_norm_eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        check_block_sizes(d_model, num_heads, d_ff, dropout, activation)
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
+        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None = None, memory_mask: Tensor | None = None,
+                is_causal: bool = True) -> Tensor:
+        """x (B, Tq, D) decoder stream, memory (B, Tk, D) encoder output -> (B, Tq, D).
+
+        ``mask`` (broadcasts to (B, H, Tq, Tq)) restricts the self-attention, ``memory_mask`` (to (B, H, Tq, Tk),
+        e.g. the encoder's padding mask) the cross-attention; True = may attend.
+        """
+        x = residual(x, lambda h: self.self_attn(h, mask=mask, is_causal=is_causal), self.norm1, self.dropout,
+                     self.norm_first)
+        # queries from the decoder stream, keys and values from the memory (never normalised here)
+        x = residual(x, lambda h: self.cross_attn(h, memory, mask=memory_mask), self.norm2, self.dropout,
+                     self.norm_first)
+        return residual(x, self.ff, self.norm3, self.dropout, self.norm_first)
+
+    @classmethod
+    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderBlock:
+        """A DecoderBlock with the sizes, options and (copied) weights of an ``nn.TransformerDecoderLayer``."""
+        block = cls(**_torch_layer_options(layer)).to(layer.linear1.weight)
+        names = {"self_attn": "self_attn", "cross_attn": "multihead_attn", "norm1": "norm1", "norm2": "norm2",
+                 "norm3": "norm3"}
+        _copy_torch_layer(block, layer, names)
+        return block
+
+
+def _torch_layer_options(layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> dict:
+    """The constructor arguments of our block that match a torch transformer layer."""
+    activation = _torch_activation_name(layer.activation)
+    return {
+        "d_model": layer.self_attn.embed_dim,
+        "num_heads": layer.self_attn.num_heads,
+        "d_ff": layer.linear1.out_features,
+        "dropout": layer.dropout.p,
+        "activation": activation,
+        "norm_first": layer.norm_first,
+        "layer_norm_eps": layer.norm1.eps,
+        "bias": layer.linear1.bias is not None,
+    }
+
+
+def _torch_activation_name(activation) -> str:
+    """"relu" or "gelu" for the activations torch's layers accept as those (a function or a module)."""
+    if activation is F.relu or isinstance(activation, nn.ReLU):
+        return "relu"
+    if activation is F.gelu or isinstance(activation, nn.GELU) and activation.approximate == "none":
+        return "gelu"
+    raise ValueError(f"only relu and (exact) gelu activations are supported, got {activation!r}")
+
+
+@torch.no_grad()
+def _copy_torch_layer(block: nn.Module, layer: nn.Module, names: dict[str, str]) -> None:
+    """Copy a torch layer's weights into ``block``; ``names`` maps our attention and norm names to torch's."""
+    for ours, theirs in names.items():
+        source = getattr(layer, theirs)
+        if isinstance(source, nn.MultiheadAttention):
+            setattr(block, ours, MultiHeadAttention.from_torch(source))
+        else:
+            getattr(block, ours).load_state_dict(source.state_dict())
+    block.ff.linear1.load_state_dict(layer.linear1.state_dict())
+    block.ff.linear2.load_state_dict(layer.linear2.state_dict())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Why the order matters: gradients and the residual stream through a deep stack at initialisation
+# ----------------------------------------------------------------------------------------------------------
+
+
+def block_stack(depth: int, d_model: int, num_heads: int, d_ff: int, norm_first: bool, seed: int = 0) -> nn.Sequential:
+    """``depth`` freshly initialised encoder blocks (no dropout); pre-LN stacks end with the final LayerNorm
+    that pre-LN models need (their stream is never normalised inside the blocks).
+
+    Every weight matrix is drawn Xavier-uniform, as ``nn.Transformer`` and the original paper initialise them.
+    """
+    check_size(depth, "depth")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        blocks = [EncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first) for _ in range(depth)]
+        final = [nn.LayerNorm(d_model)] if norm_first else []
+        stack = nn.Sequential(*blocks, *final)
+        for p in stack.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+    return stack
+
+
+def residual_stream_norms(stack: nn.Sequential, x: Tensor) -> list[float]:
+    """The mean norm of the residual stream's vectors, (B, T, D) -> one number, after each block of ``stack``."""
+    norms = []
+    with torch.no_grad():
+        for block in stack:
+            if not isinstance(block, EncoderBlock):
+                break  # the final norm is not part of the stream
+            x = block(x)
+            norms.append(x.norm(dim=-1).mean().item())
+    return norms
+
+
+def layer_gradient_norms(stack: nn.Sequential, x: Tensor, target: Tensor) -> list[float]:
+    """The gradient norm of each block's parameters for a mean-squared-error loss of the stack's output.
+
+    x (B, T, D) input, target (B, T, D); one number per :class:`EncoderBlock`, input side first.
+    """
+    stack.zero_grad()
+    F.mse_loss(stack(x), target).backward()
+    norms = []
+    for block in stack:
+        if isinstance(block, EncoderBlock):
+            squares = sum(p.grad.pow(2).sum() for p in block.parameters())
+            norms.append(squares.sqrt().item())
+    return norms
+
+
+def depth_statistics(norm_first: bool, depth: int = 12, d_model: int = 64, num_heads: int = 4, num_seeds: int = 4,
+                     batch: int = 2, seq_len: int = 16) -> dict[str, list[float]]:
+    """Per-block gradient norms and residual-stream norms at initialisation, averaged over ``num_seeds`` stacks
+    (each with its own weights, input and target): ``{"gradient": [...], "stream": [...]}``, input side first."""
+    check_size(num_seeds, "num_seeds")
+    totals = {"gradient": torch.zeros(depth, dtype=torch.float64), "stream": torch.zeros(depth, dtype=torch.float64)}
+    for seed in range(num_seeds):
+        stack = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed)
+        generator = torch.Generator().manual_seed(seed)
+        x, target = torch.randn(2, batch, seq_len, d_model, generator=generator)  # (B, T, D) each
+        totals["gradient"] += torch.tensor(layer_gradient_norms(stack, x, target), dtype=torch.float64)
+        totals["stream"] += torch.tensor(residual_stream_norms(stack, x), dtype=torch.float64)
+    return {name: (total / num_seeds).tolist() for name, total in totals.items()}

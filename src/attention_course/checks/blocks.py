@@ -1,0 +1,388 @@
+"""Checks of chapter 11: the feed-forward network, pre-LN and post-LN blocks, the decoder block; its questions.
+
+The student completes the ``forward`` of a module whose ``__init__`` the exercise gives (attribute names as in
+:mod:`attention_course.block`). The checker builds it, loads random weights from the matching reference block
+(LayerNorm scales and biases random too, so a norm in the wrong place shows), runs it in eval mode on cases with
+and without padding, Tq != Tk for cross-attention, and compares with the reference. A wrong output is diagnosed by
+recomputing the block with each known wiring mistake (:func:`sublayer_variant`) in one or both sub-layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import block
+from ..masks import padding_mask
+from .diagnosis import diagnose
+from .modules import _require_eval_outputs
+from .questions import choice_question, number_question
+from .runner import (
+    DEFAULT_TIMEOUT,
+    as_array,
+    call,
+    close,
+    display_name,
+    fail,
+    run_check,
+    shape_text,
+)
+
+ATOL, RTOL = 1e-4, 1e-4
+# (d_model, num_heads, d_ff, B, T, Tk of the memory, padding): unpadded first, so wiring is checked before masks
+_CONFIGS = [(8, 2, 16, 2, 5, 7, False), (12, 3, 20, 3, 4, 6, True), (16, 4, 8, 1, 6, 3, True)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Building, loading and running the student's module
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """The module with seeded random parameters (norm scales around 1), in eval mode."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            scale = name.rsplit(".", 1)[0].split(".")[-1].startswith("norm") and name.endswith("weight")
+            p.copy_(0.4 * torch.randn(p.shape, generator=generator) + (1.0 if scale else 0.0))
+    return module.eval()
+
+
+def _build(cls, label: str, args: tuple, dropout: float | None) -> torch.nn.Module:
+    """The student's module ``cls(*args[, dropout=...])`` in eval mode."""
+    kwargs = {} if dropout is None else {"dropout": dropout}
+    call_text = f"{label}({', '.join(map(str, args))}{', dropout=' + str(dropout) if kwargs else ''})"
+    names = ("d_model", "num_heads", "d_ff") if len(args) == 3 else ("d_model", "d_ff")
+    module = call(cls, dict(zip(names, args, strict=True)) | kwargs, label, positional=len(args), call_text=call_text)
+    if not isinstance(module, torch.nn.Module):
+        raise fail("wrong-type", f"{label}(...) built a {type(module).__name__}; expected a torch.nn.Module.")
+    return module.eval()
+
+
+def _load(module: torch.nn.Module, reference: torch.nn.Module, label: str) -> None:
+    """Copy the reference's weights into the student's module (same attribute names)."""
+    try:
+        result = module.load_state_dict(reference.state_dict(), strict=True)
+    except RuntimeError as err:  # a layer of the right name but another shape
+        first = str(err).strip().splitlines()[1].strip() if "\n" in str(err).strip() else str(err)
+        raise fail("missing-attribute", f"{label}'s layers do not have the sizes the exercise's __init__ gives them: "
+                   f"{first}. Write only forward().") from None
+    if result.missing_keys or result.unexpected_keys:
+        missing = sorted({k.split(".")[0] for k in result.unexpected_keys})
+        extra = sorted({k.split(".")[0] for k in result.missing_keys})
+        raise fail("missing-attribute", f"{label} must keep the layers the exercise's __init__ creates; "
+                   f"missing: {missing or 'none'}, not expected: {extra or 'none'}. Write only forward().")
+
+
+def _run(module, args: dict, label: str, case: str, positional: int):
+    with torch.no_grad():
+        return as_array(call(module, args, label, positional=positional), "result", case)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The known wiring mistakes, recomputed with the reference's layers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def sublayer_variant(kind: str, x, branch, norm):
+    """One residual sub-layer, wired right ("pre", "post") or with one known mistake."""
+    if kind == "pre":
+        return x + branch(norm(x))
+    if kind == "post":
+        return norm(x + branch(x))
+    if kind == "pre-no-residual":
+        return branch(norm(x))
+    if kind == "post-no-residual":
+        return norm(branch(x))
+    if kind == "pre-twice":
+        return 2 * x + branch(norm(x))
+    if kind == "post-twice":
+        return norm(2 * x + branch(x))
+    if kind == "stream-norm":  # x = norm(x); x = x + branch(x)
+        h = norm(x)
+        return h + branch(h)
+    if kind == "branch-norm":  # the norm on the branch's output
+        return x + norm(branch(x))
+    raise ValueError(kind)
+
+
+_WHERE = {(True, True): "in both sub-layers", (True, False): "in the attention sub-layer",
+          (False, True): "in the feed-forward sub-layer"}
+_PRE_MISTAKES = [
+    ("residual-missing", "pre-no-residual", ""),
+    ("residual-twice", "pre-twice", ""),
+    ("norm-on-residual-stream", "stream-norm", ""),
+    ("norm-wrong-place", "post", "you normalise AFTER adding the branch (the post-LN order)"),
+    ("norm-wrong-place", "branch-norm", "you normalise the branch's output instead of its input"),
+]
+_POST_MISTAKES = [
+    ("residual-missing", "post-no-residual", ""),
+    ("residual-twice", "post-twice", ""),
+    ("norm-wrong-place", "pre", "you normalise the branch's input (the pre-LN order) instead of the sum"),
+    ("norm-wrong-place", "branch-norm", "you normalise the branch's output before adding it, not the sum"),
+]
+
+
+def _encoder_candidates(ref, x, mask, norm_first: bool):
+    """(code, detail, thunk) for every known mistake of an encoder block, in one or both sub-layers."""
+    right = "pre" if norm_first else "post"
+
+    def run(attn_kind, ff_kind, use_mask=True):
+        def thunk():
+            with torch.no_grad():
+                h = sublayer_variant(attn_kind, x, lambda y: ref.attn(y, mask=mask if use_mask else None),
+                                     ref.norm1)
+                return sublayer_variant(ff_kind, h, ref.ff, ref.norm2).numpy(), None
+        return thunk
+
+    out = []
+    for code, kind, what in _PRE_MISTAKES if norm_first else _POST_MISTAKES:
+        for (in_attn, in_ff), where in _WHERE.items():
+            detail = f"{what + ', ' if what else ''}{where}"
+            out.append((code, detail, run(kind if in_attn else right, kind if in_ff else right)))
+    if mask is not None:
+        out.append(("mask-ignored", "", run(right, right, use_mask=False)))
+    return out
+
+
+def _decoder_candidates(ref, x, memory, memory_mask):
+    """(code, detail, thunk) for the known mistakes of a pre-LN decoder block."""
+
+    def run(causal=True, kv="memory", use_mask=True, norm_memory=False):
+        def thunk():
+            with torch.no_grad():
+                h = x + ref.self_attn(ref.norm1(x), is_causal=causal)
+                q = ref.norm2(h)
+                source = {"memory": ref.norm2(memory) if norm_memory else memory, "normed": q, "stream": h}[kv]
+                mask = memory_mask if use_mask and kv == "memory" else None
+                h = h + ref.cross_attn(q, source, mask=mask)
+                return (h + ref.ff(ref.norm3(h))).numpy(), None
+        return thunk
+
+    out = [
+        ("decoder-not-causal", "", run(causal=False)),
+        ("cross-attention-keys-from-decoder", "the normalised decoder stream", run(kv="normed")),
+        ("cross-attention-keys-from-decoder", "the decoder stream x", run(kv="stream")),
+        ("norm-wrong-place", ("you normalise the encoder's memory: only the decoder stream's branch input is "
+         "normalised (the encoder has done its own normalisation)"), run(norm_memory=True)),
+    ]
+    if memory_mask is not None:
+        out.append(("mask-ignored", "", run(use_mask=False)))
+    return out
+
+
+_MASK_IGNORED = {
+    "encoder": "Your block ignores the padding mask: pass it on to the self-attention, self.attn(h, mask=mask).",
+    "decoder": "Your block ignores the memory's padding mask: pass it to the cross-attention, "
+               "self.cross_attn(h, memory, mask=memory_mask).",
+}
+
+
+def _diagnose(out, candidates, case, expected, kind):
+    """diagnose(), with the block's own message for an ignored mask."""
+    try:
+        diagnose(out, None, candidates, case, expected, None, what="block output", atol=ATOL, rtol=RTOL)
+    except AssertionError as err:
+        if getattr(err, "code", "") == "mask-ignored":
+            raise fail("mask-ignored", _MASK_IGNORED[kind], case=case) from None
+        raise
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The checks
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _case(config, seed):
+    d_model, _, _, b, t, t_k, padded = config
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, t, d_model, generator=generator)
+    memory = torch.randn(b, t_k, d_model, generator=generator)
+    lengths = [t_k - i % t_k for i in range(b)]
+    mask = padding_mask([t - i % t for i in range(b)], t) if padded else None
+    memory_mask = padding_mask(lengths, t_k) if padded else None
+    return x, memory, mask, memory_mask
+
+
+def _describe(config, mask, memory=None, memory_mask=None):
+    d_model, num_heads, d_ff, b, t, _, _ = config
+    text = f"d_model={d_model}, num_heads={num_heads}, d_ff={d_ff}; x of shape {shape_text((b, t, d_model))}"
+    if memory is not None:
+        text += f", memory of shape {shape_text(memory.shape)}"
+        mask = memory_mask
+    return text + (f", padding mask of shape {shape_text(mask.shape)}" if mask is not None else ", no mask")
+
+
+def _check_encoder_body(cls, label, norm_first, test_dropout):
+    for i, config in enumerate(_CONFIGS, 1):
+        d_model, num_heads, d_ff = config[:3]
+        ref = _randomised(block.EncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first), seed=i)
+        x, _, mask, _ = _case(config, seed=10 + i)
+        case = f"case {i} of {len(_CONFIGS)}: {_describe(config, mask)}"
+        module = _build(cls, label, (d_model, num_heads, d_ff), None)
+        _load(module, ref, label)
+        out = _run(module, {"x": x, "mask": mask}, label, case, positional=1)
+        with torch.no_grad():
+            expected = ref(x, mask=mask).numpy()
+        if not close(out, expected, ATOL, RTOL):
+            _diagnose(out, _encoder_candidates(ref, x, mask, norm_first), case, expected, "encoder")
+        if test_dropout and i == len(_CONFIGS):
+            noisy = _build(cls, label, (d_model, num_heads, d_ff), 0.5)
+            _load(noisy, ref, label)
+            outs = [_run(noisy, {"x": x, "mask": mask}, label, case, positional=1) for _ in range(2)]
+            _require_eval_outputs(outs, expected, ATOL, RTOL, case)
+    order = "x + drop(branch(norm(x)))" if norm_first else "norm(x + drop(branch(x)))"
+    text = (f"✓ {display_name(cls, label)}: {len(_CONFIGS)} random cases (head counts 2 to 4, d_ff != d_model, "
+            f"with and without padding) match the reference {order}")
+    return text + ("; dropout is off in eval mode" if test_dropout else "")
+
+
+def check_pre_ln_block(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
+    """Check a pre-LN encoder block ``cls(d_model, num_heads, d_ff, dropout=0.0)`` with attributes ``attn``
+    (:class:`~attention_course.multi_head.MultiHeadAttention`), ``ff`` (:class:`~attention_course.block.FeedForward`),
+    ``norm1``, ``norm2`` and ``dropout``, called as ``module(x, mask=None)`` on x (B, T, D) with a padding mask
+    (B, 1, 1, T) or None: ``x + drop(attn(norm1(x)))`` then ``x + drop(ff(norm2(x)))``, as
+    :class:`~attention_course.block.EncoderBlock` with ``norm_first=True``. Diagnoses ``[residual-missing]``,
+    ``[residual-twice]``, ``[norm-on-residual-stream]``, ``[norm-wrong-place]``, ``[mask-ignored]`` and
+    ``[dropout-in-eval]``."""
+    run_check(lambda: _check_encoder_body(cls, "PreLNBlock", True, test_dropout), timeout)
+
+
+def check_post_ln_block(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
+    """As :func:`check_pre_ln_block`, for the post-LN order: ``norm1(x + drop(attn(x)))`` then
+    ``norm2(x + drop(ff(x)))`` (:class:`~attention_course.block.EncoderBlock`, ``norm_first=False``)."""
+    run_check(lambda: _check_encoder_body(cls, "PostLNBlock", False, test_dropout), timeout)
+
+
+def _check_decoder_body(cls, label, test_dropout):
+    for i, config in enumerate(_CONFIGS, 1):
+        d_model, num_heads, d_ff = config[:3]
+        ref = _randomised(block.DecoderBlock(d_model, num_heads, d_ff, norm_first=True), seed=20 + i)
+        x, memory, _, memory_mask = _case(config, seed=30 + i)
+        case = f"case {i} of {len(_CONFIGS)}: {_describe(config, None, memory, memory_mask)}"
+        module = _build(cls, label, (d_model, num_heads, d_ff), None)
+        _load(module, ref, label)
+        args = {"x": x, "memory": memory, "memory_mask": memory_mask}
+        out = _run(module, args, label, case, positional=2)
+        with torch.no_grad():
+            expected = ref(x, memory, memory_mask=memory_mask).numpy()
+        if not close(out, expected, ATOL, RTOL):
+            _diagnose(out, _decoder_candidates(ref, x, memory, memory_mask), case, expected, "decoder")
+        if test_dropout and i == len(_CONFIGS):
+            noisy = _build(cls, label, (d_model, num_heads, d_ff), 0.5)
+            _load(noisy, ref, label)
+            outs = [_run(noisy, args, label, case, positional=2) for _ in range(2)]
+            _require_eval_outputs(outs, expected, ATOL, RTOL, case)
+    text = (f"✓ {display_name(cls, label)}: {len(_CONFIGS)} random cases (Tq != Tk, head counts 2 to 4, with and "
+            "without the memory's padding mask) match the reference: causal self-attention, cross-attention to the "
+            "memory, feed-forward")
+    return text + ("; dropout is off in eval mode" if test_dropout else "")
+
+
+def check_decoder_block(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
+    """Check a pre-LN decoder block ``cls(d_model, num_heads, d_ff, dropout=0.0)`` with attributes ``self_attn``,
+    ``cross_attn``, ``ff``, ``norm1``, ``norm2``, ``norm3`` and ``dropout``, called as
+    ``module(x, memory, memory_mask=None)``: x (B, Tq, D) the decoder stream, memory (B, Tk, D) the encoder's output,
+    memory_mask (B, 1, 1, Tk) or None; as :class:`~attention_course.block.DecoderBlock` with ``norm_first=True``.
+    Diagnoses ``[decoder-not-causal]``, ``[cross-attention-keys-from-decoder]``, ``[norm-wrong-place]`` (memory
+    normalised), ``[mask-ignored]`` and ``[dropout-in-eval]``."""
+    run_check(lambda: _check_decoder_body(cls, "DecoderBlock", test_dropout), timeout)
+
+
+def _check_ffn_body(cls, label, test_dropout):
+    configs = [(8, 32, (2, 5)), (12, 20, (3, 4)), (6, 6, (1, 7))]
+    for i, (d_model, d_ff, (b, t)) in enumerate(configs, 1):
+        ref = _randomised(block.FeedForward(d_model, d_ff, "relu"), seed=40 + i)
+        x = torch.randn(b, t, d_model, generator=torch.Generator().manual_seed(50 + i))
+        case = f"case {i} of {len(configs)}: d_model={d_model}, d_ff={d_ff}; x of shape {shape_text(x.shape)}"
+        module = _build(cls, label, (d_model, d_ff), None)
+        _load(module, ref, label)
+        out = _run(module, {"x": x}, label, case, positional=1)
+        with torch.no_grad():
+            expected = ref(x).numpy()
+            linear = ref.linear2(ref.linear1(x)).numpy()
+            on_output = F.relu(ref(x)).numpy()
+        candidates = [("ffn-activation-missing", "", lambda linear=linear: (linear, None)),
+                      ("ffn-activation-missing", " (you apply it to the output, after linear2, instead)",
+                       lambda on_output=on_output: (on_output, None))]
+        if not close(out, expected, ATOL, RTOL):
+            diagnose(out, None, candidates, case, expected, None, what="output", atol=ATOL, rtol=RTOL)
+        if test_dropout and i == 1:
+            noisy = _build(cls, label, (d_model, d_ff), 0.5)
+            _load(noisy, ref, label)
+            outs = [_run(noisy, {"x": x}, label, case, positional=1) for _ in range(2)]
+            _require_eval_outputs(outs, expected, ATOL, RTOL, case)
+    text = (f"✓ {display_name(cls, label)}: {len(configs)} random cases (d_ff > d_model and d_ff = d_model) match "
+            "linear2(drop(relu(linear1(x))))")
+    return text + ("; dropout is off in eval mode" if test_dropout else "")
+
+
+def check_feed_forward(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
+    """Check a position-wise feed-forward network ``cls(d_model, d_ff, dropout=0.0)`` with attributes ``linear1``
+    (D -> d_ff), ``linear2`` (d_ff -> D) and ``dropout``, called as ``module(x)`` on x (B, T, D):
+    ``linear2(drop(relu(linear1(x))))``. Diagnoses ``[ffn-activation-missing]`` and ``[dropout-in-eval]``."""
+    run_check(lambda: _check_ffn_body(cls, "FeedForward", test_dropout), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Questions
+# ----------------------------------------------------------------------------------------------------------
+
+
+number_question(
+    "11.post-ln-norm",
+    answer=8.0,
+    rtol=0.02,
+    why="a LayerNorm with scale 1 and bias 0 leaves each position's 64 features with mean 0 and variance 1, so "
+        "their squared norm is 64 and the norm sqrt(64) = 8, whatever the input.",
+    known={1.0: ("wrong-answer", ("1 is the standard deviation of each position's features; the norm of the vector "
+                 "of all D = 64 features is sqrt(D) times that.")),
+           64.0: ("wrong-answer", "64 is the SQUARED norm (the sum of the squares); take its square root."),
+           0.0: ("wrong-answer", "the features have mean 0, but not the vector's norm: each feature has variance 1.")},
+    hint="What are the mean and the variance of each position's features right after a LayerNorm with scale 1 and "
+         "bias 0, and what does that make the sum of their squares?",
+)
+
+choice_question(
+    "11.memory-mask",
+    answer="B",
+    why="only the cross-attention reads the encoder's positions (its keys and values are the memory), so only it "
+        "must ignore the padded ones.",
+    wrong={
+        "A": "the decoder's self-attention attends over the decoder's own (target) positions; the memory's padding "
+             "means nothing there, and its shape (B, 1, 1, Tk) does not even fit (Tq, Tq) scores when Tk != Tq.",
+        "C": "the feed-forward network treats every position on its own: it never mixes positions, so no mask "
+             "applies to it.",
+        "D": ("decoder-not-causal", ("the padding of the SOURCE sentence has nothing to do with causality: the "
+              "causal mask belongs to the decoder's self-attention, the padding mask to the cross-attention.")),
+    },
+)
+
+
+def _block_parameters() -> int:
+    return sum(p.numel() for p in block.EncoderBlock(512, 8, 2048).parameters())
+
+
+def _known_block_counts() -> dict:
+    d, d_ff = 512, 2048
+    right = _block_parameters()
+    return {
+        right - 4 * d: ("wrong-answer", "you left out the two LayerNorms, each with a scale and a bias of D numbers."),
+        right - 4 * d - d_ff - d: ("wrong-answer", ("you left out the biases (4 in the attention, 2 in the "
+                                           "feed-forward network).")),
+        4 * d * d + 2 * d * d_ff: ("wrong-answer", ("those are the weight matrices only: add the biases of the six "
+                                   "linear layers and the two LayerNorms' scales and biases.")),
+        right - (d * d + d): ("wrong-answer", ("the attention has FOUR projections: queries, keys, values and "
+                                  "the output.")),
+    }
+
+
+number_question(
+    "11.block-params",
+    answer=_block_parameters,
+    why="attention 4 (D^2 + D), feed-forward D d_ff + d_ff + d_ff D + D, two LayerNorms 2 (2 D): with D = 512 and "
+        "d_ff = 2048 that is 1,050,624 + 2,099,712 + 2,048.",
+    known=_known_block_counts,
+    hint="Count each linear layer's weight matrix AND bias, in the attention (how many projections?) and in the "
+         "feed-forward network, then the LayerNorms.",
+)

@@ -1,0 +1,256 @@
+"""Programs that run on every rank (``*_rank``) and their single-process verification (``run_*``).
+
+``run_tensor_parallel(P, config)`` and ``run_ring_attention(P, config)`` launch the rank program on P gloo
+processes, rebuild the same inputs and weights in the caller from the same seed, and compare: they return a
+:class:`Report` of verdicts and measured counts. The chapter and the tests call them; so does
+``python -m attention_course.distributed --world-size 4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ..functional import scaled_dot_product_attention
+from ..masks import causal_mask
+from ..multi_head import MultiHeadAttention
+from .launch import launch
+from .ring_attention import (
+    RankStats,
+    ring_attention,
+    ring_bytes_per_rank,
+    ring_memory_per_rank,
+    sequence_layout,
+    shard_sequence,
+    unshard_sequence,
+)
+from .tensor_parallel import TensorParallelAttention, allreduce_bytes, check_shardable
+
+TOLERANCE = 1e-5  # float32 computations split differently across ranks agree to about 1e-7 here
+
+
+@dataclass
+class TensorParallelConfig:
+    """A multi-head attention problem: query (B, Tq, D), key (B, Tk, kdim), value (B, Tk, vdim)."""
+
+    batch: int = 2
+    t_q: int = 5
+    t_k: int = 7
+    d_model: int = 16
+    num_heads: int = 4
+    kdim: int = 12
+    vdim: int = 10
+    causal: bool = False
+    self_attention: bool = False  # key = value = query (then t_k, kdim and vdim are ignored)
+    seed: int = 0
+
+
+@dataclass
+class RingConfig:
+    """An attention problem over one sequence: q, k (B, H, T, Dk), v (B, H, T, Dv), split over the ranks."""
+
+    batch: int = 2
+    heads: int = 3
+    seq_len: int = 16
+    d_k: int = 8
+    d_v: int = 6
+    causal: bool = False
+    layout: str = "contiguous"
+    seed: int = 0
+    short_rank: int | None = None  # a rank that (wrongly) holds one position fewer, to test the shape check
+
+
+@dataclass
+class Report:
+    """Verdicts (True = equal to the single process within ``TOLERANCE``) and per-rank counts."""
+
+    verdicts: dict = field(default_factory=dict)
+    per_rank: list = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Tensor parallelism of the heads
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _tp_problem(cfg: TensorParallelConfig):
+    """The module, inputs and output gradient of ``cfg`` (the same on every rank and in the caller)."""
+    torch.manual_seed(cfg.seed)
+    kdim, vdim = (None, None) if cfg.self_attention else (cfg.kdim, cfg.vdim)
+    mha = MultiHeadAttention(cfg.d_model, cfg.num_heads, kdim=kdim, vdim=vdim)
+    query = torch.randn(cfg.batch, cfg.t_q, cfg.d_model, requires_grad=True)  # (B, Tq, D)
+    if cfg.self_attention:
+        key = value = query
+    else:
+        key = torch.randn(cfg.batch, cfg.t_k, cfg.kdim, requires_grad=True)  # (B, Tk, kdim)
+        value = torch.randn(cfg.batch, cfg.t_k, cfg.vdim, requires_grad=True)  # (B, Tk, vdim)
+    grad_out = torch.randn(cfg.batch, cfg.t_q, cfg.d_model)  # d loss / d output: loss = (out * grad_out).sum()
+    return mha, (query, key, value), grad_out
+
+
+def _input_grads(inputs) -> list[torch.Tensor]:
+    distinct = list({id(x): x for x in inputs}.values())  # self-attention: the query once
+    return [x.grad for x in distinct]
+
+
+def tensor_parallel_rank(rank: int, world_size: int, cfg: TensorParallelConfig) -> dict:
+    """One rank: shard the module, run forward and backward, return the output, gradients and counts."""
+    mha, inputs, grad_out = _tp_problem(cfg)
+    shard = TensorParallelAttention.from_module(mha, rank, world_size)
+    out = shard(*inputs, is_causal=cfg.causal)  # (B, Tq, D), after one all-reduce
+    (out * grad_out).sum().backward()
+    return {
+        "out": out.detach(),
+        "input_grads": _input_grads(inputs),
+        "param_grads": {name: p.grad for name, p in shard.named_parameters()},
+        "allreduce_bytes": out.nbytes,  # the (B, Tq, D) partial output handed to all_reduce
+        "weight_bytes": sum(p.nbytes for n, p in shard.named_parameters() if "weight" in n or "shard" in n),
+        "backend": dist.get_backend(),
+    }
+
+
+def _full_param_grads(mha: MultiHeadAttention, rank: int, world_size: int) -> dict:
+    """The slices of the single-process gradients that rank ``rank``'s parameters correspond to."""
+    width = mha.d_model // world_size
+    cols = slice(rank * width, (rank + 1) * width)
+    out = {}
+    for name in ("w_q", "w_k", "w_v"):
+        linear = getattr(mha, name)
+        out[f"{name}.weight"] = linear.weight.grad[cols]
+        out[f"{name}.bias"] = linear.bias.grad[cols]
+    out["w_o_shard"] = mha.w_o.weight.grad[:, cols]
+    out["b_o"] = mha.w_o.bias.grad
+    return out
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool((a - b).abs().max() < TOLERANCE)
+
+
+def run_tensor_parallel(world_size: int, cfg: TensorParallelConfig | None = None, timeout: float = 60.0) -> Report:
+    """Launch tensor-parallel attention on ``world_size`` ranks and compare with the single-process module."""
+    cfg = TensorParallelConfig() if cfg is None else cfg
+    return run_many(world_size, [cfg], timeout)[0]
+
+
+def _verify_tensor_parallel(world_size: int, cfg: TensorParallelConfig, results: list[dict]) -> Report:
+    """Compare the ranks' outputs and gradients with the single-process module."""
+    mha, inputs, grad_out = _tp_problem(cfg)
+    ref = mha(*inputs, is_causal=cfg.causal)
+    (ref * grad_out).sum().backward()
+    report = Report()
+    report.verdicts["output"] = all(_close(r["out"], ref.detach()) for r in results)
+    report.verdicts["input gradients"] = all(
+        _close(g, ref_g) for r in results for g, ref_g in zip(r["input_grads"], _input_grads(inputs), strict=True)
+    )
+    report.verdicts["weight gradients"] = all(
+        _close(r["param_grads"][name], want)
+        for rank, r in enumerate(results)
+        for name, want in _full_param_grads(mha, rank, world_size).items()
+    )
+    full_weights = sum(lin.weight.nbytes for lin in mha.projections().values())
+    report.per_rank = [
+        {"rank": rank, "heads": cfg.num_heads // world_size, "weight_bytes": r["weight_bytes"],
+         "weight_bytes_single": full_weights, "allreduce_bytes": r["allreduce_bytes"],
+         "allreduce_formula": allreduce_bytes(cfg.batch, cfg.t_q, cfg.d_model)}
+        for rank, r in enumerate(results)
+    ]
+    return report
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Ring attention
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _ring_problem(cfg: RingConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(cfg.seed)
+    q = torch.randn(cfg.batch, cfg.heads, cfg.seq_len, cfg.d_k)  # (B, H, T, Dk)
+    k = torch.randn(cfg.batch, cfg.heads, cfg.seq_len, cfg.d_k)  # (B, H, T, Dk)
+    v = torch.randn(cfg.batch, cfg.heads, cfg.seq_len, cfg.d_v)  # (B, H, T, Dv)
+    return q, k, v
+
+
+def ring_rank(rank: int, world_size: int, cfg: RingConfig) -> dict:
+    """One rank: take this rank's positions of q, k, v, run ring attention, return the output and counts."""
+    chunks = sequence_layout(cfg.seq_len, world_size, cfg.layout)[rank]
+    q, k, v = (shard_sequence(x, chunks) for x in _ring_problem(cfg))  # (B, H, T/P, D*)
+    if rank == cfg.short_rank:
+        q, k, v = (x[..., 1:, :] for x in (q, k, v))
+    stats = RankStats()
+    out = ring_attention(q, k, v, causal=cfg.causal, layout=cfg.layout, stats=stats)  # (B, H, T/P, Dv)
+    # the tensors this rank holds at its peak: q, acc, max and sum, two k/v blocks, the largest score tile
+    batch_heads = cfg.batch * cfg.heads
+    held = q.nbytes + out.nbytes + 2 * batch_heads * q.size(-2) * q.element_size()
+    held += 2 * (k.nbytes + v.nbytes) + batch_heads * stats.largest_tile * q.element_size()
+    return {"out": out, "stats": asdict(stats), "memory_bytes": held}
+
+
+def run_ring_attention(world_size: int, cfg: RingConfig | None = None, timeout: float = 60.0) -> Report:
+    """Launch ring attention on ``world_size`` ranks and compare with single-process attention."""
+    cfg = RingConfig() if cfg is None else cfg
+    return run_many(world_size, [cfg], timeout)[0]
+
+
+def _verify_ring(world_size: int, cfg: RingConfig, results: list[dict]) -> Report:
+    """Compare the ranks' outputs with float64 single-process attention; per-rank counts next to formulas."""
+    layout = sequence_layout(cfg.seq_len, world_size, cfg.layout)
+    q, k, v = _ring_problem(cfg)
+    mask = causal_mask(cfg.seq_len) if cfg.causal else None
+    ref, _ = scaled_dot_product_attention(q.double(), k.double(), v.double(), mask)  # float64 reference
+    out = unshard_sequence([r["out"] for r in results], layout)
+    report = Report()
+    report.verdicts["output"] = _close(out.double(), ref)
+    bh = cfg.batch * cfg.heads
+    report.per_rank = [
+        {"rank": rank, **r["stats"], "bytes_formula": ring_bytes_per_rank(bh, cfg.seq_len, cfg.d_k, cfg.d_v,
+                                                                           world_size),
+         "memory_bytes": r["memory_bytes"],
+         "memory_formula": ring_memory_per_rank(bh, cfg.seq_len, cfg.d_k, cfg.d_v, world_size, cfg.layout)}
+        for rank, r in enumerate(results)
+    ]
+    return report
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Several problems in one launch (starting processes is the slow part)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def many_rank(rank: int, world_size: int, configs: list) -> list[dict]:
+    """One rank: run the rank program of each config in turn."""
+    return [_RANK_PROGRAMS[type(cfg)](rank, world_size, cfg) for cfg in configs]
+
+
+def run_many(world_size: int, configs: list, timeout: float = 60.0) -> list[Report]:
+    """Run several :class:`TensorParallelConfig` / :class:`RingConfig` problems in ONE launch of
+    ``world_size`` ranks; returns one :class:`Report` per config, in order."""
+    for cfg in configs:  # bad input fails here, before any process starts
+        if isinstance(cfg, TensorParallelConfig):
+            check_shardable(cfg.num_heads, world_size)
+        elif isinstance(cfg, RingConfig):
+            sequence_layout(cfg.seq_len, world_size, cfg.layout)
+        else:
+            raise TypeError(f"configs must be TensorParallelConfig or RingConfig, got {type(cfg).__name__}")
+    per_rank = launch(many_rank, world_size, configs, timeout=timeout)  # per_rank[rank][i]
+    verify = {TensorParallelConfig: _verify_tensor_parallel, RingConfig: _verify_ring}
+    return [verify[type(cfg)](world_size, cfg, [r[i] for r in per_rank]) for i, cfg in enumerate(configs)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: run both schemes on P processes and print the verdicts."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    configs = [TensorParallelConfig(), RingConfig(causal=True, layout="zigzag")]
+    tp, ring = run_many(args.world_size, configs, timeout=args.timeout)
+    for name, report in (("tensor parallel", tp), ("ring attention (causal, zig-zag)", ring)):
+        for what, ok in report.verdicts.items():
+            print(f"{name}, P={args.world_size}: {what} equal to one process within {TOLERANCE:g}: {ok}")
+
+
+_RANK_PROGRAMS = {TensorParallelConfig: tensor_parallel_rank, RingConfig: ring_rank}

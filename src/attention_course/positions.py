@@ -1,0 +1,273 @@
+"""Positions for attention: sinusoidal, learned, rotary (RoPE) and ALiBi.
+
+Attention compares every query with every key by content alone: without positions, permuting the
+input tokens permutes the outputs the same way (self-attention is permutation-equivariant). Two
+families fix that:
+
+* **absolute** positions, added to the token embeddings before the first layer: the fixed sinusoids
+  of Vaswani et al. (2017), :func:`sinusoidal_positions`, or a learned table (GPT-2),
+  :class:`LearnedPositions`;
+* **relative** positions, inside every attention layer: rotary embeddings (RoFormer, Su et al.
+  2021), :func:`apply_rope`, rotate queries and keys so that a score depends on ``m - n`` only;
+  ALiBi (Press et al. 2022), :func:`alibi_bias`, adds ``-slope * distance`` to the scores.
+
+Shapes: ``(..., T, Dh)`` per-head tensors; positions are integers of shape (T,) or broadcastable
+batch shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .functional import masked_softmax
+from .validation import INTEGER_DTYPES, broadcasts_to, check_attention_inputs
+
+PAIRINGS = ("interleaved", "halves")
+
+
+# ---------------------------------------------------------------- checks
+
+
+def check_size(value, name: str, even: bool = False) -> None:
+    """Raise TypeError unless value is an int, ValueError unless it is >= 1 (and even, if asked)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1 or (even and value % 2):
+        kind = "a positive even int" if even else ">= 1"
+        raise ValueError(f"{name} must be {kind}, got {name}={value}")
+
+
+def check_base(base) -> None:
+    """Raise unless base is a finite real number > 1 (frequencies base^(-2i/d) must decrease)."""
+    if not isinstance(base, int | float) or isinstance(base, bool):
+        raise TypeError(f"base must be a float, got {type(base).__name__}")
+    if not math.isfinite(base) or base <= 1:
+        raise ValueError(f"base must be finite and > 1, got base={base}")
+
+
+def check_pairing(pairing) -> None:
+    """Raise ValueError unless pairing names one of the two RoPE feature layouts."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {PAIRINGS}, got pairing={pairing!r}")
+
+
+def check_positions(positions, x: Tensor) -> None:
+    """Raise unless positions are integers whose shape + (Dh,) broadcasts to x (..., T, Dh)."""
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"positions must be an integer tensor, got {type(positions).__name__}")
+    if positions.dtype not in INTEGER_DTYPES:
+        raise TypeError(f"positions must be integers (torch.arange(T)), got {positions.dtype}")
+    if positions.dim() < 1 or not broadcasts_to((*positions.shape, x.size(-1)), tuple(x.shape)):
+        raise ValueError(
+            f"positions of shape {tuple(positions.shape)} do not broadcast to x of shape "
+            f"{tuple(x.shape)} (..., T, Dh); use (T,), or e.g. (B, 1, T) for (B, H, T, Dh)"
+        )
+
+
+# ---------------------------------------------------------------- absolute positions
+
+
+def inverse_frequencies(dim: int, base: float = 10000.0) -> Tensor:
+    """(dim // 2,) float64 frequencies theta_i = base^(-2i / dim): fast rotations first."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def sinusoidal_positions(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
+    """(T, D) float32 sinusoids (Vaswani et al.): sin(p theta_i) at feature 2i, cos at 2i + 1.
+
+    Each pair of features is a clock turning at its own speed theta_i = base^(-2i/D), from one
+    radian per position down to about 1 / base: together they give each position a distinct,
+    smoothly varying code.
+    """
+    check_size(num_positions, "num_positions")
+    check_size(dim, "dim", even=True)
+    check_base(base)
+    angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * inverse_frequencies(
+        dim, base
+    )
+    pe = torch.empty(num_positions, dim, dtype=torch.float64)  # (T, D)
+    pe[:, 0::2] = angles.sin()
+    pe[:, 1::2] = angles.cos()
+    return pe.float()
+
+
+class LearnedPositions(nn.Module):
+    """GPT-2 style learned position embeddings: one trained vector per position 0 .. max_len - 1.
+
+    Simple and flexible, but there is no vector for position max_len or beyond: the model cannot
+    read sequences longer than it was built for.
+    """
+
+    def __init__(self, max_len: int, dim: int):
+        super().__init__()
+        check_size(max_len, "max_len")
+        check_size(dim, "dim")
+        self.max_len = max_len
+        self.table = nn.Embedding(max_len, dim)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        """Integer positions (...,) -> embeddings (..., D)."""
+        if not isinstance(positions, Tensor) or positions.dtype not in INTEGER_DTYPES:
+            got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
+            raise TypeError(f"positions must be an integer tensor, got {got}")
+        if positions.numel() and positions.min() < 0:
+            raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
+        if positions.numel() and positions.max() >= self.max_len:
+            raise ValueError(
+                f"position {int(positions.max())} has no embedding: max_len={self.max_len} "
+                f"(learned positions exist only for 0..{self.max_len - 1})"
+            )
+        return self.table(positions)
+
+
+# ---------------------------------------------------------------- rotary position embedding (RoPE)
+
+
+def rope_angles(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """Angles m * theta_i, float64 (*positions.shape, dim // 2), for integer positions m."""
+    return positions.to(torch.float64)[..., None] * inverse_frequencies(dim, base).to(
+        positions.device
+    )
+
+
+def rotate_pairs(x1: Tensor, x2: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotate each 2-D point (x1, x2) by the angle whose cosine and sine are given."""
+    return x1 * cos - x2 * sin, x1 * sin + x2 * cos
+
+
+def apply_rope(
+    x: Tensor, positions: Tensor, *, base: float = 10000.0, pairing: str = "interleaved"
+) -> Tensor:
+    """Rotate each feature pair i of x (..., T, Dh) at position m by the angle m * theta_i.
+
+    Apply it to queries and keys (never values): then q_m . k_n depends on the positions only
+    through m - n.
+
+    Args:
+        positions: integer positions, (T,) or broadcastable with x's batch axes, e.g. (B, 1, T).
+        pairing: which features form pair i. ``"interleaved"``: (x_2i, x_2i+1), as RoFormer and
+            Meta's LLaMA code; ``"halves"``: (x_i, x_i+Dh/2), as GPT-NeoX and Hugging Face's
+            ``rotate_half``.
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
+    if x.dim() < 2 or x.size(-1) % 2:
+        raise ValueError(
+            f"x must be (..., T, Dh) with an even head dimension Dh, got shape {tuple(x.shape)}"
+        )
+    check_positions(positions, x)
+    check_base(base)
+    check_pairing(pairing)
+    angles = rope_angles(
+        positions, x.size(-1), base
+    )  # (..., T, Dh/2), float64 so large m stays exact
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    if pairing == "interleaved":
+        x1, x2 = rotate_pairs(x[..., 0::2], x[..., 1::2], cos, sin)
+        return torch.stack([x1, x2], dim=-1).flatten(-2)  # (..., T, Dh/2, 2) -> (..., T, Dh)
+    x1, x2 = rotate_pairs(*x.chunk(2, dim=-1), cos, sin)
+    return torch.cat([x1, x2], dim=-1)  # (..., T, Dh)
+
+
+def rope_permutation(dim: int) -> Tensor:
+    """Feature order p = [0, 2, 4, ..., 1, 3, 5, ...] that turns interleaved pairs into halves.
+
+    ``rope_halves(x[..., p]) == rope_interleaved(x)[..., p]``: the first feature of every
+    interleaved pair moves to the first half, the second to the second half.
+    """
+    check_size(dim, "dim", even=True)
+    return torch.cat([torch.arange(0, dim, 2), torch.arange(1, dim, 2)])
+
+
+def convert_rope_weight(weight: Tensor, num_heads: int, to: str) -> Tensor:
+    """Reorder the output rows (H * Dh, ...) of a query or key projection for the other pairing.
+
+    ``to="halves"`` converts a weight (or bias) trained with interleaved RoPE, e.g. a Meta LLaMA
+    checkpoint, into one that gives the same attention with halves RoPE (the Hugging Face layout);
+    ``to="interleaved"`` goes back. Scores are unchanged because queries and keys get the same
+    permutation inside each head.
+    """
+    check_pairing(to)
+    check_size(num_heads, "num_heads")
+    rows = weight.size(0)
+    if rows % num_heads or (rows // num_heads) % 2:
+        raise ValueError(
+            f"weight has {rows} rows: need num_heads={num_heads} heads of an even head dimension"
+        )
+    head_dim = rows // num_heads
+    perm = rope_permutation(head_dim)
+    if to == "interleaved":
+        perm = perm.argsort()  # the inverse permutation
+    per_head = weight.reshape(num_heads, head_dim, *weight.shape[1:])  # (H, Dh, ...)
+    return per_head[:, perm.to(weight.device)].reshape(weight.shape)
+
+
+# ---------------------------------------------------------------- ALiBi
+
+
+def alibi_slopes(num_heads: int, dtype=torch.float32) -> Tensor:
+    """(H,) head slopes of Press et al.: 2^(-8/H), 2^(-16/H), ..., 2^(-8) when H is a power of two.
+
+    Otherwise (the paper's rule) take the slopes of the closest smaller power of two, n, then the
+    missing H - n from every other slope of 2n heads: 2^(-4/n), 2^(-12/n), ..., which fall
+    between the first n.
+    """
+    check_size(num_heads, "num_heads")
+    n = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+    extra = [
+        2.0 ** (-8.0 * (i + 1) / (2 * n)) for i in range(0, 2 * n, 2)
+    ]  # every other slope of 2n heads
+    return torch.tensor(slopes + extra[: num_heads - n], dtype=dtype)
+
+
+def alibi_bias(
+    num_heads: int, t_q: int, t_k: int | None = None, *, dtype=torch.float32, device=None
+) -> Tensor:
+    """(H, Tq, Tk) float bias -slope_h * |i - j| to add to the attention scores of head h.
+
+    Queries are the *last* Tq positions (bottom-right, like
+    :func:`~attention_course.masks.causal_mask`), so query i sits at position i + Tk - Tq. A causal
+    model also masks the future keys; without a mask the bias is symmetric (the distance either
+    way), as in bidirectional uses of ALiBi.
+    """
+    t_k = t_q if t_k is None else t_k
+    check_size(t_q, "t_q")
+    check_size(t_k, "t_k")
+    query_pos = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)  # (Tq, 1)
+    distance = (query_pos - torch.arange(t_k, device=device)).abs()  # (Tq, Tk)
+    slopes = alibi_slopes(num_heads, dtype=dtype).to(device)
+    return -slopes[:, None, None] * distance.to(dtype)  # (H, Tq, Tk)
+
+
+def attention_with_bias(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention with an additive float bias: softmax(q k^T / sqrt(Dk) + bias) v.
+
+    q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); bias broadcasts to the (..., Tq, Tk) scores
+    (e.g. the (H, Tq, Tk) of :func:`alibi_bias`); ``mask`` is boolean, True = may attend, applied
+    after the bias, so a query that may attend no key gets zero weights and a zero output.
+    Returns (out, weights).
+    """
+    check_attention_inputs(q, k, v, mask)
+    if not isinstance(bias, Tensor) or not bias.is_floating_point():
+        got = bias.dtype if isinstance(bias, Tensor) else type(bias).__name__
+        raise TypeError(
+            f"bias must be a float tensor added to the scores (a boolean mask goes in mask=), "
+            f"got {got}"
+        )
+    if bias.dtype != q.dtype:
+        raise TypeError(f"bias dtype {bias.dtype} != query dtype {q.dtype}")
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Tq, Tk)
+    if not broadcasts_to(tuple(bias.shape), tuple(scores.shape)):
+        raise ValueError(
+            f"bias of shape {tuple(bias.shape)} does not broadcast to scores {tuple(scores.shape)}"
+        )
+    weights = masked_softmax(scores + bias, mask)  # (..., Tq, Tk)
+    return weights @ v, weights

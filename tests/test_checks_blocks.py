@@ -1,0 +1,294 @@
+"""Chapter 11's checks: the right wiring passes, every named mistake is reported with its code; the questions."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention_course import checks
+from attention_course.block import FeedForward
+from attention_course.checks.blocks import sublayer_variant
+from attention_course.checks.runner import CheckFailed
+from attention_course.multi_head import MultiHeadAttention
+
+# ----------------------------------------------------------------------------------------------------------
+# The exercises' skeletons, with a forward that wires the pieces as told
+# ----------------------------------------------------------------------------------------------------------
+
+
+class EncoderSkeleton(nn.Module):
+    """The exercise's __init__; ``wiring`` names the forward: right, or one known mistake."""
+
+    wiring = "pre"
+    where = (True, True)  # the mistake in (attention, feed-forward)
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0):
+        super().__init__()
+        self.attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout=dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.p = dropout
+
+    def forward(self, x, mask=None):
+        right = self.right
+        kinds = [self.wiring if w else right for w in self.where]
+        x = sublayer_variant(kinds[0], x, lambda h: self.dropout(self.attn(h, mask=mask)), self.norm1)
+        return sublayer_variant(kinds[1], x, lambda h: self.dropout(self.ff(h)), self.norm2)
+
+
+def encoder(right, wiring=None, where=(True, True), **overrides):
+    """A block class whose forward is right ("pre" or "post") or has ``wiring`` in the sub-layers ``where``."""
+    return type("Block", (EncoderSkeleton,), {"right": right, "wiring": wiring or right, "where": where,
+                                              **overrides})
+
+
+class PreLN(EncoderSkeleton):
+    right = wiring = "pre"
+
+
+class PostLN(EncoderSkeleton):
+    right = wiring = "post"
+
+
+def run(check, cls, capsys=None):
+    check(cls)
+    return capsys.readouterr().out if capsys else None
+
+
+def code_of(check, cls):
+    with pytest.raises(CheckFailed) as err:
+        check(cls)
+    return err.value.code, str(err.value)
+
+
+def test_right_blocks_pass(capsys):
+    checks.check_pre_ln_block(PreLN)
+    checks.check_post_ln_block(PostLN)
+    out = capsys.readouterr().out
+    assert "✓ PreLN: 3 random cases" in out and "x + drop(branch(norm(x)))" in out
+    assert "✓ PostLN: 3 random cases" in out and "dropout is off in eval mode" in out
+
+
+def test_the_two_orders_are_not_interchangeable():
+    assert code_of(checks.check_pre_ln_block, PostLN)[0] == "norm-wrong-place"
+    assert code_of(checks.check_post_ln_block, PreLN)[0] == "norm-wrong-place"
+
+
+@pytest.mark.parametrize("where", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize(
+    ("right", "wiring", "code"),
+    [
+        ("pre", "pre-no-residual", "residual-missing"),
+        ("pre", "pre-twice", "residual-twice"),
+        ("pre", "stream-norm", "norm-on-residual-stream"),
+        ("pre", "branch-norm", "norm-wrong-place"),
+        ("post", "post-no-residual", "residual-missing"),
+        ("post", "post-twice", "residual-twice"),
+        ("post", "branch-norm", "norm-wrong-place"),
+    ],
+)
+def test_wiring_mistakes_are_named(right, wiring, code, where):
+    check = checks.check_pre_ln_block if right == "pre" else checks.check_post_ln_block
+    got, message = code_of(check, encoder(right, wiring, where))
+    assert got == code
+    place = {(True, True): "both sub-layers", (True, False): "attention sub-layer",
+             (False, True): "feed-forward sub-layer"}[where]
+    assert place in message
+
+
+def test_norm_on_the_stream_as_students_write_it():
+    class StreamNorm(PreLN):
+        def forward(self, x, mask=None):
+            x = self.norm1(x)
+            x = x + self.dropout(self.attn(x, mask=mask))
+            x = self.norm2(x)
+            return x + self.dropout(self.ff(x))
+
+    assert code_of(checks.check_pre_ln_block, StreamNorm)[0] == "norm-on-residual-stream"
+
+
+def test_mask_not_passed_on():
+    class NoMask(PreLN):
+        def forward(self, x, mask=None):
+            return super().forward(x, None)
+
+    code, message = code_of(checks.check_pre_ln_block, NoMask)
+    assert code == "mask-ignored" and "self.attn(h, mask=mask)" in message
+
+
+def test_dropout_in_eval():
+    class AlwaysDropout(PreLN):
+        def forward(self, x, mask=None):
+            x = x + F.dropout(self.attn(self.norm1(x), mask=mask), self.p)  # training=True by default
+            return x + F.dropout(self.ff(self.norm2(x)), self.p)
+
+    code, message = code_of(checks.check_pre_ln_block, AlwaysDropout)
+    assert code == "dropout-in-eval" and "dropout=0.5" in message
+    checks.check_pre_ln_block(AlwaysDropout, test_dropout=False)
+
+
+def test_unrelated_error_and_missing_layers():
+    class Scaled(PreLN):
+        def forward(self, x, mask=None):
+            return 1.5 * super().forward(x, mask)
+
+    assert code_of(checks.check_pre_ln_block, Scaled)[0] == "wrong-output"
+
+    class Renamed(PreLN):
+        def __init__(self, d_model, num_heads, d_ff, dropout=0.0):
+            super().__init__(d_model, num_heads, d_ff, dropout)
+            self.mlp = self.ff
+            del self.ff
+
+    code, message = code_of(checks.check_pre_ln_block, Renamed)
+    assert code == "missing-attribute" and "missing: ['ff']" in message
+
+    class Resized(PreLN):
+        def __init__(self, d_model, num_heads, d_ff, dropout=0.0):
+            super().__init__(d_model, num_heads, 2 * d_ff, dropout)
+
+    assert code_of(checks.check_pre_ln_block, Resized)[0] == "missing-attribute"
+
+    assert code_of(checks.check_pre_ln_block, lambda *args, **kwargs: "not a module")[0] == "wrong-type"
+
+    class NotWritten(PreLN):
+        def forward(self, x, mask=None):
+            raise NotImplementedError("Exercise 2: a pre-LN block")
+
+    assert code_of(checks.check_pre_ln_block, NotWritten)[0] == "not-implemented"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Feed-forward network
+# ----------------------------------------------------------------------------------------------------------
+
+
+class FFN(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.p = dropout
+
+    def forward(self, x):
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+
+def test_feed_forward(capsys):
+    checks.check_feed_forward(FFN)
+    assert "✓ FFN: 3 random cases" in capsys.readouterr().out
+
+    class NoActivation(FFN):
+        def forward(self, x):
+            return self.linear2(self.dropout(self.linear1(x)))
+
+    class ActivationOnOutput(FFN):
+        def forward(self, x):
+            return torch.relu(self.linear2(self.linear1(x)))
+
+    class ReluAfterBoth(FFN):
+        def forward(self, x):
+            return torch.relu(super().forward(x))
+
+    class AlwaysDropout(FFN):
+        def forward(self, x):
+            return self.linear2(F.dropout(torch.relu(self.linear1(x)), self.p))
+
+    assert code_of(checks.check_feed_forward, NoActivation)[0] == "ffn-activation-missing"
+    assert code_of(checks.check_feed_forward, ActivationOnOutput)[0] == "wrong-output"
+    code, message = code_of(checks.check_feed_forward, ReluAfterBoth)
+    assert code == "ffn-activation-missing" and "after linear2" in message
+    assert code_of(checks.check_feed_forward, AlwaysDropout)[0] == "dropout-in-eval"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Decoder block
+# ----------------------------------------------------------------------------------------------------------
+
+
+class Decoder(nn.Module):
+    causal, kv, use_mask, norm_memory = True, "memory", True, False
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout=dropout)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, memory, memory_mask=None):
+        x = x + self.dropout(self.self_attn(self.norm1(x), is_causal=self.causal))
+        h = self.norm2(x)
+        source = {"memory": self.norm2(memory) if self.norm_memory else memory, "normed": h, "stream": x}[self.kv]
+        mask = memory_mask if self.use_mask and self.kv == "memory" else None
+        x = x + self.dropout(self.cross_attn(h, source, mask=mask))
+        return x + self.dropout(self.ff(self.norm3(x)))
+
+
+def decoder(**attrs):
+    return type("Decoder", (Decoder,), attrs)
+
+
+def test_decoder_block(capsys):
+    checks.check_decoder_block(Decoder)
+    assert "✓ Decoder: 3 random cases (Tq != Tk" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("attrs", "code", "words"),
+    [
+        ({"causal": False}, "decoder-not-causal", "is_causal=True"),
+        ({"kv": "normed"}, "cross-attention-keys-from-decoder", "the normalised decoder stream"),
+        ({"kv": "stream"}, "cross-attention-keys-from-decoder", "the decoder stream x"),
+        ({"norm_memory": True}, "norm-wrong-place", "encoder's memory"),
+        ({"use_mask": False}, "mask-ignored", "memory_mask"),
+    ],
+)
+def test_decoder_mistakes_are_named(attrs, code, words):
+    got, message = code_of(checks.check_decoder_block, decoder(**attrs))
+    assert got == code and words in message
+
+
+def test_decoder_dropout_in_eval():
+    class AlwaysDropout(Decoder):
+        def forward(self, x, memory, memory_mask=None):
+            return F.dropout(super().forward(x, memory, memory_mask), 0.5) if self.dropout.p else super().forward(
+                x, memory, memory_mask)
+
+    assert code_of(checks.check_decoder_block, AlwaysDropout)[0] == "dropout-in-eval"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Questions
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_questions(capsys):
+    checks.check_number("11.post-ln-norm", 8.0)
+    checks.check_choice("11.memory-mask", "b")
+    checks.check_number("11.block-params", 3_152_384)
+    assert capsys.readouterr().out.count("✓ 11.") == 3
+    for value in (1, 64, 0):
+        with pytest.raises(CheckFailed, match=r"^\[wrong-answer\]"):
+            checks.check_number("11.post-ln-norm", value)
+    with pytest.raises(CheckFailed, match=r"^\[decoder-not-causal\]"):
+        checks.check_choice("11.memory-mask", "D")
+    for wrong in (3_150_336, 3_152_384 - 4608, 3_145_728, 3_152_384 - 262_656):
+        with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] .*: (you|those|the attention)"):
+            checks.check_number("11.block-params", wrong)
+    with pytest.raises(CheckFailed, match="Count each linear layer"):
+        checks.check_number("11.block-params", 1234)
+
+
+def test_large_whole_numbers_are_shown_in_full(capsys):
+    checks.check_number("11.block-params", 3_152_384.0)
+    assert "3152384 is right" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] 3145728 is not"):
+        checks.check_number("11.block-params", 3_145_728)
+
+
+def test_unknown_sublayer_variant():
+    with pytest.raises(ValueError, match="nope"):
+        sublayer_variant("nope", torch.zeros(1), nn.Identity(), nn.Identity())

@@ -1,0 +1,86 @@
+"""The schematic figures: each function draws the figure it names, bad arguments are refused, and the SVGs committed
+in book/figures/ are exactly what tools/make_diagrams.py writes today (deterministic output)."""
+
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from attention_course import diagrams  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import make_diagrams  # noqa: E402
+
+
+def texts(fig):
+    """Every piece of text drawn on the figure: titles, labels, box texts."""
+    return [t.get_text() for t in fig.findobj(matplotlib.text.Text) if t.get_text()]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def test_qkv_data_flow_names_every_step_with_its_shape():
+    fig = diagrams.qkv_data_flow()
+    assert fig.axes[0].get_title() == "Scaled dot-product attention: data flow"
+    drawn = "\n".join(texts(fig))
+    for step in ("Q = x_q W_q\n(Tq, d_k)", "K = x_kv W_k\n(Tk, d_k)", "V = x_kv W_v\n(Tk, d_v)", "(Tq, Tk)",
+                 "softmax over\nkeys (last axis)", "output = weights @ V\n(Tq, d_v)"):
+        assert step in drawn, step
+
+
+@pytest.mark.parametrize("num_heads", [1, 3, 4])
+def test_multi_head_split_merge_shows_the_shapes_and_one_colour_per_head(num_heads):
+    fig = diagrams.multi_head_split_merge(num_heads)
+    ax = fig.axes[0]
+    assert ax.get_title() == f"Multi-head attention: split and merge (H = {num_heads}, Dh = D / H)"
+    drawn = texts(fig)
+    for shape in ("x W_q:  (B, T, D)", "split_heads:  (B, H, T, Dh)", "merge_heads:  (B, T, D)"):
+        assert shape in drawn
+    assert drawn.count(f"h{num_heads - 1}") == 6 and f"h{num_heads}" not in drawn  # 3 rows before, 3 after
+    colours = {tuple(p.get_facecolor()) for p in ax.patches if isinstance(p, plt.Rectangle)}
+    assert len(colours) == num_heads
+
+
+def test_mask_conventions_panels_agree_on_what_is_hidden():
+    fig = diagrams.mask_conventions(4)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["course & SDPA (bool):\nTrue = may attend", "nn.MultiheadAttention (bool):\nTrue = NOT allowed",
+                      "float mask (SDPA, nn.MHA):\nadded to the scores"]
+    assert fig.get_suptitle() == "One causal mask, three conventions (grey = hidden)"
+    cells = [[t.get_text() for t in ax.texts] for ax in fig.axes]
+    # Cell (0, 1) is in the future: False for the course, True for nn.MultiheadAttention, -inf as a float mask.
+    assert (cells[0][1], cells[1][1], cells[2][1]) == ("False", "True", "−inf")
+    assert (cells[0][0], cells[1][0], cells[2][0]) == ("True", "False", "0")
+    assert cells[0].count("True") == 10 and cells[1].count("True") == 6  # 4 * 5 / 2 visible, 4 * 3 / 2 hidden
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: diagrams.multi_head_split_merge(0), ValueError, "num_heads must be between 1 and 6, got 0"),
+    (lambda: diagrams.multi_head_split_merge(2.0), TypeError, "num_heads must be an int, got float"),
+    (lambda: diagrams.mask_conventions(9), ValueError, "size must be between 2 and 8, got 9"),
+    (lambda: diagrams.mask_conventions("4"), TypeError, "size must be an int, got str"),
+])
+def test_bad_arguments_are_refused(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_rendering_is_deterministic():
+    assert make_diagrams.render("mask_conventions") == make_diagrams.render("mask_conventions")
+
+
+@pytest.mark.parametrize("name", list(diagrams.FIGURES))
+def test_committed_svgs_are_up_to_date(name):
+    path = make_diagrams.FIGURES_DIR / f"{name}.svg"
+    assert path.is_file(), f"{path} missing: run python tools/make_diagrams.py"
+    assert path.read_bytes() == make_diagrams.render(name), f"{path.name} is stale: run python tools/make_diagrams.py"
+    assert b"<dc:date>" not in path.read_bytes()

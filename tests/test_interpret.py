@@ -1,0 +1,158 @@
+"""Interpretability tools of chapter 12: captured weights, head scores against loop references, ablation."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attention_course.gpt import TinyGPT
+from attention_course.heads import merge_heads, split_heads
+from attention_course.interpret import (
+    ablation_mask,
+    attention_maps,
+    copy_accuracy,
+    head_ablation_table,
+    induction_targets,
+    prefix_matching_score,
+    previous_token_score,
+)
+from attention_course.tasks import repeated_segment_batch
+
+
+def random_model(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    sizes = {"vocab_size": 20, "d_model": 32, "num_heads": 4, "num_layers": 2, "max_len": 16} | kwargs
+    return TinyGPT(attention_only=True, **sizes).eval()
+
+
+def random_weights(shape, seed=0):
+    """Row-stochastic causal maps (..., T, T), float64."""
+    scores = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    t = shape[-1]
+    return scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+
+
+def previous_token_reference(weights):
+    w = weights.numpy()
+    layers, batch, heads, t, _ = w.shape
+    out = np.zeros((layers, heads))
+    for layer in range(layers):
+        for head in range(heads):
+            out[layer, head] = np.mean([w[layer, b, head, q, q - 1] for b in range(batch) for q in range(1, t)])
+    return out
+
+
+def prefix_matching_reference(weights, ids, query_mask=None):
+    """Loops: for each query with an earlier occurrence of its token, the weight on the tokens after it."""
+    w, ids = weights.numpy(), ids.numpy()
+    layers, batch, heads, t, _ = w.shape
+    out = np.zeros((layers, heads))
+    for layer in range(layers):
+        for head in range(heads):
+            per_query = []
+            for b in range(batch):
+                for q in range(t):
+                    keys = [j for j in range(1, q) if ids[b, j - 1] == ids[b, q]]
+                    if keys and (query_mask is None or query_mask[b, q]):
+                        per_query.append(sum(w[layer, b, head, q, j] for j in keys))
+            out[layer, head] = np.mean(per_query)
+    return out
+
+
+def test_scores_against_loop_references():
+    ids, copy_target = repeated_segment_batch(5, 12, 6, torch.Generator().manual_seed(0), 2, 5)
+    weights = random_weights((2, 5, 3, 12, 12))  # (L, B, H, T, T)
+    np.testing.assert_allclose(previous_token_score(weights).numpy(), previous_token_reference(weights), atol=1e-12)
+    np.testing.assert_allclose(prefix_matching_score(weights, ids).numpy(),
+                               prefix_matching_reference(weights, ids), atol=1e-12)
+    np.testing.assert_allclose(prefix_matching_score(weights, ids, copy_target).numpy(),
+                               prefix_matching_reference(weights, ids, copy_target.numpy()), atol=1e-12)
+
+
+def test_scores_of_ideal_heads():
+    """A head that looks exactly one back scores 1 on previous-token; one that looks at the token after the
+    first occurrence of the current token scores 1 on prefix matching, where that token exists."""
+    ids = torch.tensor([[5, 1, 2, 3, 1, 2, 3, 4]])  # (1, T): segment [1, 2, 3] then its copy
+    t = ids.size(1)
+    previous = torch.zeros(1, 1, 1, t, t)
+    previous[..., 0, 0] = 1.0
+    previous[..., torch.arange(1, t), torch.arange(t - 1)] = 1.0
+    assert previous_token_score(previous).item() == 1.0
+    targets = induction_targets(ids)[0]  # (T, T)
+    assert targets.nonzero().tolist() == [[4, 2], [5, 3], [6, 4]]  # token after the earlier 1, 2, 3
+    induction = torch.zeros(1, 1, 1, t, t)
+    induction[0, 0, 0] = torch.eye(t)
+    induction[0, 0, 0, [4, 5, 6]] = targets[[4, 5, 6]].double().float()
+    assert prefix_matching_score(induction, ids).item() == 1.0
+    assert prefix_matching_score(previous, ids).item() == 0.0
+
+
+def test_attention_maps_are_the_weights_the_model_used():
+    """Each captured map, multiplied with that layer's values, gives exactly what entered the output
+    projection (hooked), and equals torch's scaled_dot_product_attention output for the same q, k, v."""
+    model = random_model()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(20.0 if p.dim() > 1 else 1.0)  # sharp, non-uniform maps: a wrong map cannot pass by luck
+    ids = torch.randint(0, 20, (3, 11), generator=torch.Generator().manual_seed(1))
+    maps = attention_maps(model, ids)
+    assert maps.shape == (2, 3, 4, 11, 11)
+    assert maps.max() > 0.9  # sharp
+    seen = {}
+    hooks = [block.attn.w_o.register_forward_hook(lambda m, i, o, layer=layer: seen.update({layer: i[0]}))
+             for layer, block in enumerate(model.blocks)]
+    block_inputs = {}
+    pre_hooks = [block.norm1.register_forward_hook(lambda m, i, o, layer=layer: block_inputs.update({layer: o}))
+                 for layer, block in enumerate(model.blocks)]
+    with torch.no_grad():
+        model(ids)
+    for hook in hooks + pre_hooks:
+        hook.remove()
+    for layer, block in enumerate(model.blocks):
+        with torch.no_grad():
+            x = block_inputs[layer]  # (B, T, D) the normalised input of the attention
+            q, k, v = (split_heads(f(x), 4) for f in (block.attn.w_q, block.attn.w_k, block.attn.w_v))
+            torch.testing.assert_close(merge_heads(maps[layer] @ v), seen[layer], atol=1e-5, rtol=1e-5)
+            reference = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, Dh)
+            torch.testing.assert_close(maps[layer] @ v, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_maps_keep_the_training_mode():
+    model = random_model().train()
+    attention_maps(model, torch.zeros(1, 4, dtype=torch.long))
+    assert model.training
+
+
+def test_ablation_mask_and_errors():
+    mask = ablation_mask(2, 4, (1, 2), (0, 0))
+    assert mask.tolist() == [[0, 1, 1, 1], [1, 1, 0, 1]]
+    with pytest.raises(ValueError, match="layer=2"):
+        ablation_mask(2, 4, (2, 0))
+    with pytest.raises(ValueError, match="weights"):
+        previous_token_score(torch.zeros(2, 3, 4, 5))
+    with pytest.raises(ValueError, match="do not match"):
+        prefix_matching_score(torch.zeros(1, 2, 1, 5, 5), torch.zeros(3, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="no query"):
+        prefix_matching_score(torch.zeros(1, 1, 1, 4, 4), torch.arange(4)[None])
+    with pytest.raises(ValueError, match="copy_target"):
+        copy_accuracy(random_model(), torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.bool))
+
+
+def test_ablation_changes_exactly_the_ablated_head():
+    """copy_accuracy with a head mask equals the accuracy of the masked forward pass computed by hand, and
+    head_ablation_table holds that number for each single head."""
+    model = random_model(vocab_size=12, max_len=20)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(10.0 if p.dim() > 1 else 1.0)
+    ids, copy_target = repeated_segment_batch(64, 20, 12, torch.Generator().manual_seed(5))
+    table = head_ablation_table(model, ids, copy_target)
+    assert table.shape == (2, 4)
+    for layer, head in ((0, 1), (1, 3)):
+        mask = ablation_mask(2, 4, (layer, head))
+        with torch.no_grad():
+            predicted = model(ids[:, :-1], head_mask=mask).argmax(-1)
+        by_hand = (predicted == ids[:, 1:])[copy_target[:, :-1]].float().mean().item()
+        assert table[layer, head].item() == pytest.approx(by_hand)
+    whole = copy_accuracy(model, ids, copy_target)
+    assert (table != whole).any()  # some ablation changes some prediction: the mask reaches the model
