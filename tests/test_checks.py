@@ -656,6 +656,7 @@ def test_every_code_is_produced_somewhere():
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(10)}  # tests/test_checks_positions.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(11)}  # tests/test_checks_blocks.py
+    planted_elsewhere |= {m.code for m in mistakes.in_chapter(12)}  # tests/test_checks_interpret.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(13)}  # tests/test_checks_distributed.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(14)}  # tests/test_checks_capstone.py
     # the grader's: test_grade.py, test_grader_hostile.py; the hidden cases': test_checks_hidden.py

@@ -25,6 +25,9 @@ from attention_course.course import grade, judge, references, sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_soft_lookup_exercises.ipynb"
+# The attacks target a frozen copy of chapter 1's exercises (five implementation tasks), so that redesigning the
+# course's exercises does not change what these tests prove about the grader.
+FIXTURES = ROOT / "tests" / "data" / "grader"
 CELL_S, NOTEBOOK_S, JOBS = 8, 20, 2
 MARKER = f"attention-grade-survivor-{uuid.uuid4().hex}"
 FORGED = "FORGED-LINE"
@@ -78,7 +81,7 @@ def _attacks(outside: Path, reference: Path) -> dict[str, str]:
 
 
 def _with_cell(source: str):
-    nb = nbformat.read(ROOT / "exercises" / NAME, as_version=4)
+    nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
     first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
     nb.cells.insert(first_code + 1, new_code_cell(source))
     return nb
@@ -87,7 +90,7 @@ def _with_cell(source: str):
 def _classes_before_each_check():
     """Each function under test replaced by a class, with the checks patched to pass: a check given a class
     would run inside the sandbox, where the patch works; chapter 1's exercises ask for functions, so it must not."""
-    nb = nbformat.read(ROOT / "exercises" / NAME, as_version=4)
+    nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
     cheat = ("from attention_course import checks\nfor n in dir(checks):\n    if n.startswith('check_'):\n"
              "        setattr(checks, n, lambda *a, **k: None)\n"
              "class softmax: pass\nclass attend: pass\nclass attention: pass\nclass causal_mask: pass\n"
@@ -125,7 +128,7 @@ def batch(tmp_path_factory):
     outside, refs, subs = tmp / "outside", tmp / "reference", tmp / "submissions"
     for folder in (outside, refs, subs):
         folder.mkdir()
-    shutil.copy(ROOT / "solutions" / NAME, refs / NAME)
+    shutil.copy(FIXTURES / "solutions" / NAME, refs / NAME)
     before = _digest(refs / NAME)
     attacks = _attacks(outside, refs / NAME)
     paths = []
@@ -134,7 +137,7 @@ def batch(tmp_path_factory):
         paths.append(subs / f"{name}_{NAME}")
     nbformat.write(_classes_before_each_check(), subs / f"class_for_function_{NAME}")
     paths.append(subs / f"class_for_function_{NAME}")
-    shutil.copy(ROOT / "solutions" / NAME, subs / f"solved_{NAME}")
+    shutil.copy(FIXTURES / "solutions" / NAME, subs / f"solved_{NAME}")
     paths.append(subs / f"solved_{NAME}")
     args = ["--jsonl", "-j", str(JOBS), "--timeout", str(CELL_S), "--notebook-timeout", str(NOTEBOOK_S),
             "--solutions", str(refs), *map(str, paths)]
@@ -197,7 +200,7 @@ def test_forged_output_does_not_reach_csv_or_table(batch):
     as_csv = _run(["--csv", *common], timeout=300)
     rows = list(csv.reader(io.StringIO(as_csv.stdout)))
     assert rows[0] == ["notebook", "exercise", "title", "level", "passed", "code", "message"]
-    assert len(rows) == 6 and all(r[4] == "0" for r in rows[1:])
+    assert len(rows) == 7 and all(r[4] == "0" for r in rows[1:])  # 5 exercises and the total
     table = _run(common, timeout=300)
     assert table.stdout.splitlines()[0] == f"{path}: 0/5"
     assert FORGED not in as_csv.stdout + as_csv.stderr + table.stdout + table.stderr
@@ -226,7 +229,7 @@ def test_calls_to_the_reference_are_rejected():
         "def softmax(x):\n    m = __import__('a' + 'ttention_course')\n    return m": "hides what it calls",
     }
     for source, why in cheats.items():
-        cheat = nbformat.read(ROOT / "solutions" / NAME, as_version=4)
+        cheat = nbformat.read(FIXTURES / "solutions" / NAME, as_version=4)
         index = next(i for i, c in enumerate(cheat.cells) if "exercise-1" in c.metadata.get("tags", []))
         cheat.cells.insert(index, new_code_cell(source))
         problem = references.forbidden_use(cheat, index + 1, "softmax")
@@ -238,7 +241,7 @@ def test_calls_to_the_reference_are_rejected():
 def test_a_function_that_never_returns_fails_alone(tmp_path, body, code):
     """Exercise 4's function loops forever (the check's own time limit stops the call) or ends the submission's
     process: the sandbox is replaced by a fresh one, and exercise 5 is still graded (as are 1 to 3, before it)."""
-    nb = nbformat.read(ROOT / "solutions" / NAME, as_version=4)
+    nb = nbformat.read(FIXTURES / "solutions" / NAME, as_version=4)
     check = next(i for i, c in enumerate(nb.cells) if "exercise-4" in c.metadata.get("tags", []))
     nb.cells.insert(check, new_code_cell(f"def causal_mask(t_q, t_k=None):\n    {body}"))
     nbformat.write(nb, tmp_path / NAME)
@@ -250,11 +253,11 @@ def test_the_rlimit_fallback_grades_the_same(tmp_path, monkeypatch):
     """Without bubblewrap (weaker: see the instructor guide) the same worker judges the same way, under the same
     resource limits and with a scrubbed environment."""
     monkeypatch.setattr(sandbox, "_BACKEND", "rlimit")
-    shutil.copy(ROOT / "solutions" / NAME, tmp_path / f"solved_{NAME}")
+    shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
     nbformat.write(_with_cell(_attacks(tmp_path, tmp_path / "none.ipynb")["patch_allclose"]), tmp_path / f"x_{NAME}")
     limits = sandbox.Limits(cell_s=CELL_S, notebook_s=60)
-    solved, attacked = grade.grade([tmp_path / f"solved_{NAME}", tmp_path / f"x_{NAME}"], reference=ROOT / "solutions",
-                                   limits=limits)
+    paths = [tmp_path / f"solved_{NAME}", tmp_path / f"x_{NAME}"]
+    solved, attacked = grade.grade(paths, reference=FIXTURES / "solutions", limits=limits)
     assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
 
 
@@ -264,7 +267,7 @@ def test_a_forged_verdict_from_the_sandbox_does_not_count():
     event = {"op": "check", "objects": {"softmax": {"kind": "error", "etype": "NameError", "message": "x"}},
              "verdict": {"passed": True}}
     calls = judge.parse_check("checks.check_softmax(softmax)")
-    nb = nbformat.read(ROOT / "exercises" / NAME, as_version=4)
+    nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
     box = types.SimpleNamespace(limits=sandbox.Limits())
     assert grade._judge_point(event, calls, box, nb, 0, set(), False) == (False, "NameError", "NameError: x")
     event["objects"]["softmax"] = {"kind": "class", "name": "softmax"}
