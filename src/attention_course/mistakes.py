@@ -103,6 +103,10 @@ mistake("returned-none", "the function returned None (missing return statement)"
 mistake("not-implemented", "the function still raises NotImplementedError")
 mistake("raised-exception", "the function raised an exception")
 mistake("timeout", "the function did not return within the time limit")
+mistake("calls-reference", "the implementation calls the reference (the library, SDPA, nn.MultiheadAttention, "
+        "Keras MultiHeadAttention) or hides or inspects what it calls (grader only)")
+mistake("sandbox-ended", "the submission's process stopped answering while its function was checked (grader only)")
+mistake("not-run", "the check cell never ran: the notebook stopped before it (grader only)")
 mistake("mutates-input", "the function modified one of its input arrays in place",
         "Your function changed its input `{detail}` in place (e.g. with `x -= ...` or `x /= ...`). Compute new arrays "
         "instead of modifying the arguments: the caller still needs them.",
@@ -141,6 +145,11 @@ mistake("softmax-overflow", "softmax without subtracting the maximum overflows t
         "Your softmax overflows: for large inputs (e.g. 1000) exp() gives inf and inf / inf is NaN. Subtract each "
         "row's maximum before exp() (softmax does not change when you shift a row).",
         chapter=1, topic="core", examples=[("softmax_no_max", "check_softmax")])
+mistake("softmax-global-max", "softmax subtracting the maximum of the whole array instead of each row's",
+        "Your softmax subtracts the maximum of the whole array, not each row's own: a row whose values are all far "
+        "below that maximum underflows to 0 / 0 = NaN (e.g. [[0, 1], [2000, 2001]]). Subtract "
+        "x.max(axis=-1, keepdims=True).",
+        chapter=1, topic="core")
 mistake("transposed-scores", "scores computed as k @ q^T instead of q @ k^T",
         "Your scores are transposed: you computed k @ q^T (keys x queries) instead of q @ k^T (queries x keys). Row "
         "i of the scores must belong to query i.",

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from .. import numpy_ref
+from . import hidden
 from .runner import shape_text
 
 
@@ -77,7 +78,7 @@ _SDPA_CASES = [
 
 def sdpa_cases(fully_masked_rows: bool, seed: int = 0):
     rng = np.random.default_rng(seed)
-    for batch, tq, tk, dk, dv, kind in _SDPA_CASES:
+    for batch, tq, tk, dk, dv, kind in _SDPA_CASES + hidden.sdpa_shapes(fully_masked_rows):
         if not fully_masked_rows and kind is not None and kind.endswith("empty"):
             continue
         q = rng.standard_normal(batch + (tq, dk))

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from .. import numpy_ref
+from . import hidden
 from .cases import sdpa_cases, to_framework, with_neg_inf
 from .diagnosis import core_variants, diagnose, sdpa_variant
 from .questions import choice_question, number_question
@@ -76,7 +77,7 @@ def check_attention_one_query(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
     def body():
         rng = np.random.default_rng(1)
-        shapes = [(4, 6, 6), (1, 3, 3), (5, 8, 3), (7, 4, 10), (3, 16, 16), (9, 2, 5)]
+        shapes = [(4, 6, 6), (1, 3, 3), (5, 8, 3), (7, 4, 10), (3, 16, 16), (9, 2, 5), *hidden.one_query_shapes()]
         for i, (tk, dk, dv) in enumerate(shapes, 1):
             q, k, v = rng.standard_normal(dk), rng.standard_normal((tk, dk)), rng.standard_normal((tk, dv))
             shapes_text = f"q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}"
@@ -117,6 +118,7 @@ def check_softmax(fn, *, timeout: float = DEFAULT_TIMEOUT):
             ("a (4, 5) matrix with -inf entries", with_neg_inf(rng, (4, 5))),
             ("a (2, 2, 6) array with -inf entries", with_neg_inf(rng, (2, 2, 6))),
             ("a (5, 1) matrix (one entry per row)", rng.standard_normal((5, 1))),
+            *hidden.softmax_inputs(),
         ]
         for i, (text, x) in enumerate(xs, 1):
             case = f"case {i} of {len(xs)}: {text}"
@@ -126,6 +128,7 @@ def check_softmax(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 continue
             candidates = [
                 ("softmax-overflow", "", lambda x=x: (numpy_ref.softmax_unstable(x), None)),
+                ("softmax-global-max", "", lambda x=x: (_global_max_softmax(x), None)),
                 ("weights-not-normalized", "you take exp() without dividing by the sum",
                  lambda x=x: (np.exp(x), None)),
                 ("weights-not-normalized", "you take exp() without dividing by the sum",
@@ -145,6 +148,13 @@ def check_softmax(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 "match the reference; the input is left unchanged")
 
     run_check(body, timeout)
+
+
+def _global_max_softmax(x: np.ndarray) -> np.ndarray:
+    """The mistake of subtracting the maximum of the whole array instead of each row's: rows far below it
+    underflow to 0 / 0."""
+    e = np.exp(x - np.max(x))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from .. import numpy_ref
+from . import hidden
 from .diagnosis import diagnose
 from .questions import choice_question, number_question
 from .runner import DEFAULT_TIMEOUT, as_array, call, display_name, fail, run_check, shape_text
@@ -19,7 +20,7 @@ def check_causal_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
     aligned: query i may attend key j iff j <= i + (Tk - Tq). Called as fn(t) and fn(t_q, t_k) with Tq <= Tk."""
 
     def body():
-        calls = [(4,), (5, 5), (1,), (6,), (3, 7), (1, 6), (2, 3), (4, 9)]
+        calls = [(4,), (5, 5), (1,), (6,), (3, 7), (1, 6), (2, 3), (4, 9), *hidden.causal_sizes()]
         for i, sizes in enumerate(calls, 1):
             t_q, t_k = sizes[0], sizes[-1]
             text = f"causal_mask({', '.join(map(str, sizes))})"
@@ -51,7 +52,8 @@ def check_padding_mask(fn, *, framework: str = "torch", timeout: float = DEFAULT
     iff j < lengths[b]. ``lengths`` is a LongTensor (or a NumPy int array with ``framework="numpy"``)."""
 
     def body():
-        batches = [([3, 5, 1], 5), ([2, 2], 4), ([4], 6), ([6, 1, 3, 2], 6), ([0, 3], 3), ([7, 2, 5], 8)]
+        batches = [([3, 5, 1], 5), ([2, 2], 4), ([4], 6), ([6, 1, 3, 2], 6), ([0, 3], 3), ([7, 2, 5], 8),
+                   *hidden.padding_batches()]
         for i, (lengths, t) in enumerate(batches, 1):
             text = f"padding_mask({lengths}, {t})"
             case = f"case {i} of {len(batches)}: {text}"

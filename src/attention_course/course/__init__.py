@@ -5,6 +5,9 @@
 * :mod:`~attention_course.course.exercises`: exercise notebooks generated from the solution notebooks
   (``python -m attention_course.exercises``);
 * :mod:`~attention_course.course.grade`: grading submitted exercise notebooks (``python -m attention_course.grade``).
+* :mod:`~attention_course.course.sandbox` (a submission's code runs there), :mod:`~attention_course.course.wire`
+  (arrays between the two), :mod:`~attention_course.course.judge` (the checks run in the grader's process on the
+  submission's outputs), :mod:`~attention_course.course.references` (no calls to the reference implementations).
 
 Needs the ``course`` extra (``pip install attention_course[course]``: nbformat, nbclient, ipykernel).
 """

@@ -1,17 +1,25 @@
-"""Grade submitted exercise notebooks: run each one, report which exercises pass and why the others fail.
+"""Grade submitted exercise notebooks: run each one in a sandbox, judge its exercises in the grader's process.
 
 Usage::
 
-    python -m attention_course.grade NOTEBOOK... [--json | --csv] [--timeout SECONDS]
-                                                 [--solutions PATH | --no-reference]
+    python -m attention_course.grade NOTEBOOK... [--json | --jsonl | --csv] [-j N] [--timeout SECONDS]
+        [--notebook-timeout SECONDS] [--memory-mb MB] [--seed N] [--solutions PATH | --no-reference]
 
-Each notebook runs top to bottom in its own fresh kernel (nbclient, in the notebook's folder), with errors
-allowed so that a broken exercise does not stop the later ones, and a time limit per cell (``--timeout``,
-default 60 s; a cell that runs longer is interrupted). An exercise is found by its check cell (tags ``check`` and
-``exercise-N``; see CONTRIBUTING.md, "Adding an exercise"): it passes when that cell runs without an error. A
-failing check's diagnosis code (``[missing-scale]``, ...) is read from the start of its error message; other errors
-are reported by exception name (e.g. ``NameError``), a cell stopped by the time limit as ``timeout``, and a check cell
-that never ran (the kernel died) as ``not-run``.
+Untrusted code only computes; trusted code judges. Each notebook runs in a disposable sandbox
+(:mod:`.sandbox`: bubblewrap, or a weaker rlimit-only fallback), top to bottom, with errors allowed so that a
+broken exercise does not stop the later ones, a time limit per cell (``--timeout``, default 60 s) and per notebook
+(``--notebook-timeout``, default 300 s). An exercise is found by its check cell (tags ``check`` and
+``exercise-N``; see CONTRIBUTING.md, "Adding an exercise"). The sandbox does not run a check cell such as
+``checks.check_softmax(softmax)``: it reports what ``softmax`` is, and the checker runs here, in the grader's
+process, calling the student's function through a stand-in that sends the inputs to the sandbox and gets the
+outputs back (:mod:`.judge`). The checkers add hidden cases drawn from ``--seed`` (default: random per run;
+:mod:`attention_course.checks.hidden`). A function that calls the reference implementation fails with
+``calls-reference`` (:mod:`.references`). Checks given a class, and check cells that are not plain
+``checks.check_*(...)`` calls, still run inside the sandbox (see the instructor guide).
+
+A failing check's diagnosis code (``[missing-scale]``, ...) is reported; other errors by exception name (e.g.
+``NameError``), a check stopped by a time limit as ``timeout``, and a check cell that never ran (the submission's
+process died) as ``not-run``.
 
 Canonical check cells: a submission is graded against the check cells of its **reference** notebook, not its own,
 so that deleting or editing a check cell (e.g. to ``pass``) gains nothing. The reference is the solution notebook
@@ -25,35 +33,47 @@ or its tags removed) fails with the code ``check-missing``; it still counts in t
 (``--no-reference``, no matching name, or no solutions folder) the notebook's own check cells are graded, and the
 table says so.
 
-Output: a table per notebook with a total such as ``3/5`` and, under each failed exercise, the hint for its code
-(the catalogue's description of the mistake, else the check's message); ``--json`` or ``--csv`` for machine-readable
-results (the CSV has one row per exercise and, per notebook, a row ``total`` whose ``passed`` is the number passed
-and whose ``message`` is ``passed/total``). The kernels' own warnings (e.g. ipykernel's about TCP without
-encryption) are not shown; their errors are.
-A notebook that cannot be read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still
-graded. Exit status: 0 whenever grading ran (results, including unreadable notebooks, are in the output); 2 for
-a command-line usage error (including a ``--solutions`` path that does not exist).
+Output: each notebook's result is written as soon as it is known (``-j N`` grades N notebooks at once, each in a
+child process of its own, so a crash loses nothing already written and the batch goes on): a table per notebook
+with a total such as ``3/5``, ``--jsonl`` (one JSON object per line), ``--csv`` (header first, then rows), or
+``--json`` (one document at the end). Under each failed exercise the table shows
+the hint for its code (the catalogue's description of the mistake, else the check's message); the CSV has, per
+notebook, a row ``total`` whose ``passed`` is the number passed and whose ``message`` is ``passed/total``. Nothing a
+submission prints reaches this output. A notebook that cannot be
+read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0
+whenever grading ran; 2 for a command-line usage error (including a ``--solutions`` path that does not exist).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import io
 import json
 import re
+import secrets
+import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
 
+from ..checks import hidden
 from ..mistakes import CODES
+from . import judge, references
 from .exercises import CHECK_TAG, exercise_number, parse_heading
-from .kernel import execute_notebook
+from .sandbox import Limits, Sandbox, SandboxError
 
 DEFAULT_TIMEOUT_S = 60
-CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")
+DEFAULT_NOTEBOOK_TIMEOUT_S = 300
+GRACE_S = 30  # a notebook's child process is killed this long after the notebook's time limit
+RESULT_PREFIX = "attention-grade-result "
+CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")  # a diagnosis code at the start of a message
 AUTO = "auto"  # reference=AUTO: the solutions/ folder of the current directory, if there is one
 CHECK_MISSING = "check-missing"
 TOTAL = "total"  # the `exercise` of a notebook's total row in the CSV
@@ -104,19 +124,6 @@ def _check_cells(nb) -> list[tuple[int, int, str, str]]:
             level = heading.level if heading and heading.number == number else ""
             found.append((i, number, title, level))
     return found
-
-
-def _outcome(cell) -> tuple[bool, str | None, str | None]:
-    if cell.get("execution_count") is None:
-        return False, "not-run", "the cell did not run (the kernel stopped before it)"
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            ename, evalue = out.get("ename", "Error"), str(out.get("evalue", ""))
-            if ename == "KeyboardInterrupt":
-                return False, "timeout", "the cell was interrupted: it ran longer than the time limit"
-            m = CODE.match(evalue)
-            return False, (m.group(1) if m else ename), (evalue.splitlines()[0] if evalue else ename)
-    return True, None, None
 
 
 def default_reference() -> Path | None:
@@ -175,11 +182,117 @@ def _plan(nb, ref_nb):
     return plan
 
 
-def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S,
-                   reference: str | Path | None = AUTO) -> NotebookResult:
-    """Run one notebook in a fresh kernel and grade its check cells (the reference's, see the module docstring)."""
-    from nbclient.exceptions import DeadKernelError
+def class_exercises(ref_nb) -> dict[int, bool]:
+    """``{exercise number: whether its reference solution gives the check a class}``: only those checks may run
+    inside the sandbox (a class handed to a function's check would otherwise let the submission judge itself)."""
+    found = {}
+    for index, number, _, _ in _check_cells(ref_nb):
+        definitions = references.definitions(ref_nb, index)
+        exprs = judge.expressions(judge.parse_check(ref_nb.cells[index].source))
+        found[number] = any(isinstance(definitions.get(e), ast.ClassDef) for e in exprs)
+    return found
 
+
+def _sandbox_cells(nb, plan, classes: dict | None = None) -> tuple[list[dict], dict]:
+    """The job for the sandbox (every code cell; at check cells the expressions the check is given, and whether a
+    class may be checked there: ``classes``, see :func:`class_exercises`; None: always) and ``{check cell key:
+    parsed checker calls or None}``."""
+    check_indices = {index for *_, indices in plan for index in indices}
+    numbers = {index: number for number, _, _, indices in plan for index in indices}
+    cells, parsed = [], {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        entry = {"key": str(index), "source": cell.source, "check": None}
+        if index in check_indices:
+            calls = judge.parse_check(cell.source)
+            parsed[str(index)] = calls
+            entry["check"] = {"exprs": judge.expressions(calls), "run_in_sandbox": calls is None,
+                              "classes": True if classes is None else classes.get(numbers[index], False)}
+        cells.append(entry)
+    return cells, parsed
+
+
+def reference_uses(ref_nb) -> dict[int, set[str]]:
+    """``{exercise number: the reference-like tokens its solution uses}``: what a submission may use too."""
+    uses: dict[int, set[str]] = {}
+    for index, number, _, _ in _check_cells(ref_nb):
+        for expr in judge.expressions(judge.parse_check(ref_nb.cells[index].source)):
+            uses.setdefault(number, set()).update(references.flagged(ref_nb, index, expr))
+    return uses
+
+
+def _judge_point(event, calls, sandbox, nb, index, allowed, class_allowed):
+    """The outcome of one check cell reported by the sandbox; ``allowed``: what the reference solution uses
+    (None: no reference, no check for calls to the reference); ``class_allowed``: whether this check may take a
+    class, and so run inside the sandbox. A verdict from the sandbox counts only then: the submission could
+    forge the report."""
+    objects = event.get("objects") or {}
+    given_class = any(isinstance(o, dict) and o.get("kind") == "class" for o in objects.values())
+    if calls is None or class_allowed and given_class:
+        return judge.sandbox_verdict(event.get("verdict") or {})
+    for expr in judge.expressions(calls):
+        info = objects.get(expr) or {}
+        if info.get("kind") == "class":
+            return False, "wrong-type", (f"[wrong-type] {expr} is a class; this exercise asks for a function "
+                                         f"(see the exercise's instructions)")
+        name = info.get("name") if info.get("kind") in ("function", "class") else None
+        problem = None if allowed is None else references.forbidden_use(nb, index, expr, calls[0].checker, name,
+                                                                         allowed)
+        if problem:
+            return False, "calls-reference", problem
+    return judge.run_checks(calls, sandbox, str(index), objects, sandbox.limits.cell_s)
+
+
+def run_in_sandbox(nb, plan, limits: Limits, uses: dict | None = None, classes: dict | None = None) -> dict:
+    """``{cell index: (passed, code, message)}`` for the check cells that were reached; ``uses``: see
+    :func:`reference_uses` (None: calls to the reference are not looked for)."""
+    numbers = {index: number for number, _, _, indices in plan for index in indices}
+    cells, parsed = _sandbox_cells(nb, plan, classes)
+    deadline = time.monotonic() + limits.notebook_s
+    outcomes: dict = {}
+    restart = True
+    while restart and time.monotonic() < deadline and len(outcomes) < len(parsed):
+        restart = False
+        with Sandbox(cells, limits, deadline) as sandbox:
+            try:
+                sandbox.start()
+                while True:
+                    event = sandbox.next_event()
+                    if event["op"] == "done":
+                        break
+                    key = str(event.get("key"))
+                    if key in parsed and key not in outcomes:
+                        number = numbers[int(key)]
+                        allowed = None if uses is None else uses.get(number, set())
+                        class_allowed = classes is None or classes.get(number, False)
+                        outcomes[key] = _judge_point(event, parsed[key], sandbox, nb, int(key), allowed,
+                                                     class_allowed)
+                    if sandbox.closed:  # a call ran out of time: start again for the checks after this one
+                        restart = True
+                        break
+                    sandbox.resume()
+            except SandboxError:
+                pass
+    if time.monotonic() >= deadline:
+        missing = (False, "timeout", f"the notebook ran longer than its time limit ({limits.notebook_s:g} s)")
+    else:
+        missing = (False, "not-run", "the cell did not run (the submission's process stopped before it)")
+    for key in parsed:
+        outcomes.setdefault(key, missing)
+    return {int(k): v for k, v in outcomes.items()}
+
+
+def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO,
+                   limits: Limits | None = None, seed: int | None = None) -> NotebookResult:
+    """Run one notebook in a sandbox and grade its check cells (the reference's, see the module docstring),
+    with the checkers' hidden cases drawn from ``seed`` (default: a fresh random seed)."""
+    limits = limits or Limits(cell_s=timeout, notebook_s=max(DEFAULT_NOTEBOOK_TIMEOUT_S, timeout))
+    with hidden.drawn_from(secrets.randbelow(2**31) if seed is None else seed):
+        return _grade_notebook(path, reference, limits)
+
+
+def _grade_notebook(path, reference, limits) -> NotebookResult:
     result = NotebookResult(str(path))
     path = Path(path)
     nb, result.error = _read(path)
@@ -196,28 +309,24 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S,
     if not plan:
         result.error = "no check cells (cells tagged 'check') found"
         return result
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    if any(indices for *_, indices in plan):
-        try:
-            execute_notebook(nb, path.parent.resolve(), timeout, allow_errors=True, interrupt_on_timeout=True)
-        except DeadKernelError:
-            pass  # the check cells that did not run are graded 'not-run'
+    uses, classes = (reference_uses(ref_nb), class_exercises(ref_nb)) if ref_nb is not None else (None, None)
+    outcomes = run_in_sandbox(nb, plan, limits, uses, classes) if any(indices for *_, indices in plan) else {}
     for number, title, level, indices in plan:
         if not indices:
             result.exercises.append(ExerciseResult(
                 number, title, level, False, CHECK_MISSING, f"the check cell of exercise {number} (tags 'check' and "
                 f"'exercise-{number}') is missing from the notebook: restore it from the exercise notebook"))
             continue
-        outcomes = [_outcome(nb.cells[index]) for index in indices]  # several copies: all must pass
-        passed, code, message = next((o for o in outcomes if not o[0]), outcomes[0])
+        found = [outcomes[index] for index in indices]  # several copies: all must pass
+        passed, code, message = next((o for o in found if not o[0]), found[0])
         result.exercises.append(ExerciseResult(number, title, level, passed, code, message))
     return result
 
 
-def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO) -> list[NotebookResult]:
-    return [grade_notebook(p, timeout, reference) for p in paths]
+def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO,
+          limits: Limits | None = None, seed: int | None = None) -> list[NotebookResult]:
+    """Grade each notebook in this process, one after the other (the command line runs them in parallel)."""
+    return [grade_notebook(p, timeout, reference, limits, seed) for p in paths]
 
 
 def hint(result: ExerciseResult) -> str:
@@ -263,14 +372,78 @@ def format_csv(results: list[NotebookResult]) -> str:
     return buf.getvalue()
 
 
+def _from_dict(data: dict) -> NotebookResult:
+    result = NotebookResult(str(data["notebook"]), error=data.get("error"), reference=data.get("reference"))
+    result.exercises = [ExerciseResult(**e) for e in data.get("exercises", [])]
+    return result
+
+
+def _grade_in_child(path: str, args) -> NotebookResult:
+    """Grade one notebook in a child process of its own: whatever happens to it, this process and the batch go
+    on, and the child is killed at the notebook's time limit plus a grace period."""
+    cmd = [sys.executable, "-m", "attention_course.course.grade", "--one", path, "--timeout", str(args.timeout),
+           "--notebook-timeout", str(args.notebook_timeout), "--memory-mb", str(args.memory_mb),
+           "--seed", str(args.seed)]
+    cmd += ["--no-reference"] if args.reference is None else ["--solutions", str(args.reference)]
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=args.notebook_timeout + GRACE_S, start_new_session=True, check=False)
+        lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+        if done.returncode == 0 and len(lines) == 1:
+            return _from_dict(json.loads(lines[0][len(RESULT_PREFIX):]))
+        return NotebookResult(path, error=f"the grader's process for this notebook failed (exit {done.returncode})")
+    except subprocess.TimeoutExpired:
+        return NotebookResult(path, error=f"grading took longer than {args.notebook_timeout + GRACE_S:g} s")
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        return NotebookResult(path, error=f"the grader's process for this notebook failed ({type(err).__name__})")
+
+
+class _Writer:
+    """Writes each result as soon as it is known, in the chosen format (``--json``: one document at the end)."""
+
+    def __init__(self, fmt: str, out=None):
+        self.fmt, self.out, self.lock, self.results = fmt, out or sys.stdout, threading.Lock(), []
+        if fmt == "csv":
+            self._write(format_csv([]).rstrip("\n"))
+
+    def _write(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def add(self, result: NotebookResult) -> None:
+        with self.lock:
+            self.results.append(result)
+            if self.fmt == "jsonl":
+                self._write(json.dumps(result.as_dict(), ensure_ascii=False))
+            elif self.fmt == "csv":
+                rows = format_csv([result]).rstrip("\n").split("\n", 1)
+                if len(rows) > 1:
+                    self._write(rows[1])
+            elif self.fmt == "table":
+                self._write(format_table([result]))
+
+    def finish(self, order: list[str]) -> None:
+        if self.fmt == "json":
+            rank = {p: i for i, p in enumerate(order)}
+            self._write(format_json(sorted(self.results, key=lambda r: rank.get(r.notebook, len(rank)))))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attention_course.grade",
-                                     description="Run exercise notebooks and report which exercises pass.")
-    parser.add_argument("notebooks", nargs="+", help="submitted .ipynb files")
+                                     description="Run exercise notebooks in a sandbox and report which exercises pass.")
+    parser.add_argument("notebooks", nargs="*", help="submitted .ipynb files")
     fmt = parser.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument("--json", action="store_true", help="print one JSON document at the end")
+    fmt.add_argument("--jsonl", action="store_true", help="print one JSON line per notebook as soon as it is graded")
     fmt.add_argument("--csv", action="store_true", help="print CSV (one row per exercise)")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
+    parser.add_argument("--notebook-timeout", type=int, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
+                        help="time limit per notebook, in seconds")
+    parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory limit per notebook")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the checkers' hidden cases (default: a random one per run)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
+    parser.add_argument("--one", metavar="NOTEBOOK", help=argparse.SUPPRESS)  # the child process of _grade_in_child
     ref = parser.add_mutually_exclusive_group()
     ref.add_argument("--solutions", "--reference", dest="reference", metavar="PATH", default=AUTO,
                      help="folder of solution notebooks (matched by name) or one solution notebook whose check cells "
@@ -280,9 +453,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.reference not in (AUTO, None) and not Path(args.reference).exists():
         parser.error(f"--solutions {args.reference}: no such file or folder")
-    results = grade(args.notebooks, args.timeout, args.reference)
-    print(format_json(results) if args.json else format_csv(results).rstrip("\n") if args.csv else
-          format_table(results))
+    if args.jobs < 1 or args.timeout < 1 or args.notebook_timeout < 1 or args.memory_mb < 64:
+        parser.error("--jobs, --timeout, --notebook-timeout must be positive and --memory-mb at least 64")
+    if args.reference not in (AUTO, None):
+        args.reference = Path(args.reference).resolve()
+    elif args.reference == AUTO:
+        args.reference = default_reference()
+    args.seed = secrets.randbelow(2**31) if args.seed is None else args.seed
+    if args.seed < 0:
+        parser.error("--seed must be a non-negative integer")
+    limits = Limits(cell_s=args.timeout, notebook_s=args.notebook_timeout, memory_mb=args.memory_mb)
+    if args.one:
+        result = grade_notebook(args.one, args.timeout, args.reference, limits, args.seed)
+        sys.stdout.write(RESULT_PREFIX + json.dumps(result.as_dict(), ensure_ascii=False) + "\n")
+        return 0
+    if not args.notebooks:
+        parser.error("give at least one notebook")
+    writer = _Writer("json" if args.json else "jsonl" if args.jsonl else "csv" if args.csv else "table")
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(_grade_in_child, str(p), args) for p in args.notebooks]
+        for future in as_completed(futures):
+            writer.add(future.result())
+    writer.finish([str(p) for p in args.notebooks])
     return 0
 
 

@@ -1,0 +1,114 @@
+"""Hidden cases: extra inputs the checkers draw at grading time, from a seed the grader picks.
+
+Students self-check in their notebooks with the fixed public cases only. The grader (in its own process, never
+in the submission's) calls :func:`enable` with a seed; from then on the checkers that take them add the cases
+below: larger T and D (code that only works up to some size fails), Tq > Tk and Tq < Tk, batches of 5 and more
+(masks with their own row per example), rows whose maxima are far apart (a softmax that subtracts the global
+maximum gives NaN), arrays of more than 60 elements, and integer arrays for the softmax. The diagnoses work on them
+as on the public cases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+_seed: int | None = None
+
+
+def enable(seed: int) -> None:
+    """Add the hidden cases, drawn from ``seed``, to every check from now on (the grader's process only)."""
+    global _seed
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    _seed = int(seed)
+
+
+def disable() -> None:
+    global _seed
+    _seed = None
+
+
+@contextlib.contextmanager
+def drawn_from(seed: int):
+    """Hidden cases on, from ``seed``, inside the ``with`` block; the previous state is restored after it."""
+    global _seed
+    previous = _seed
+    enable(seed)
+    try:
+        yield
+    finally:
+        _seed = previous
+
+
+def active() -> bool:
+    return _seed is not None
+
+
+def _rng(topic: int) -> np.random.Generator:
+    return np.random.default_rng([_seed, topic])
+
+
+def sdpa_shapes(fully_masked_rows: bool) -> list[tuple]:
+    """(batch dims, Tq, Tk, Dk, Dv, mask kind) of the hidden scaled dot-product attention cases."""
+    if not active():
+        return []
+    rng = _rng(1)
+
+    def n(lo, hi):
+        return int(rng.integers(lo, hi + 1))
+
+    shapes = [
+        ((n(5, 7),), n(10, 16), n(10, 16), n(17, 40), n(17, 40), None),  # T > 9, D > 16, B >= 5
+        ((n(5, 6),), n(11, 15), n(4, 8), 8, 8, "random-batched"),  # Tq > Tk, a mask row per example
+        ((n(5, 6), 2), n(3, 6), n(12, 18), 16, 8, "random-batched"),  # Tq < Tk
+        ((n(5, 8),), n(9, 13), n(9, 13), 12, 12, "padding"),  # one length per example
+        ((2,), n(5, 8), n(10, 14), 8, 8, "causal"),  # causal, Tq < Tk: bottom-right aligned
+    ]
+    if fully_masked_rows:
+        shapes += [((n(5, 6),), n(9, 12), n(3, 6), 8, 8, "causal"),  # causal with Tq > Tk: empty first rows
+                   ((n(5, 7),), n(4, 8), n(8, 12), 8, 8, "padding-empty")]
+    return shapes
+
+
+def softmax_inputs() -> list[tuple[str, np.ndarray]]:
+    """(description, x) of the hidden softmax cases."""
+    if not active():
+        return []
+    rng = _rng(2)
+    t = int(rng.integers(10, 17))
+    far = rng.standard_normal((4, t)) + np.array([[0.0], [2000.0], [-1500.0], [900.0]])
+    big = rng.standard_normal((int(rng.integers(5, 8)), 3, int(rng.integers(11, 20)))) * 4
+    ints = rng.integers(-6, 7, size=(3, t))
+    return [(f"a (4, {t}) matrix whose rows have maxima far apart (0, 2000, -1500, 900)", far),
+            (f"a {big.shape} array of {big.size} values", big),
+            (f"a (3, {t}) array of integers (dtype int64)", ints),
+            ("[[0, 1], [2000, 2001]]", np.array([[0.0, 1.0], [2000.0, 2001.0]]))]
+
+
+def causal_sizes() -> list[tuple[int, int]]:
+    """(Tq, Tk) of the hidden causal-mask cases: larger, and Tq > Tk (bottom-right aligned: the first Tq - Tk
+    rows attend nothing)."""
+    if not active():
+        return []
+    rng = _rng(3)
+    return [(int(rng.integers(10, 16)), int(rng.integers(17, 24))), (int(rng.integers(8, 12)), int(rng.integers(3, 7))),
+            (int(rng.integers(12, 20)),) * 2]
+
+
+def padding_batches() -> list[tuple[list[int], int]]:
+    """(lengths, T) of the hidden padding-mask cases: batches of 5 to 8, T > 9."""
+    if not active():
+        return []
+    rng = _rng(4)
+    t = int(rng.integers(10, 17))
+    return [([int(x) for x in rng.integers(0, t + 1, size=int(rng.integers(5, 9)))], t)]
+
+
+def one_query_shapes() -> list[tuple[int, int, int]]:
+    """(Tk, Dk, Dv) of the hidden one-query cases."""
+    if not active():
+        return []
+    rng = _rng(5)
+    return [(int(rng.integers(10, 40)), int(rng.integers(17, 33)), int(rng.integers(9, 25)))]

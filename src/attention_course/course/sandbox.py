@@ -1,0 +1,429 @@
+"""Run one submission in a disposable sandbox; the grader talks to it only through arrays.
+
+Untrusted code only computes; trusted code judges. The grader (:mod:`.grade`) starts
+``python -m attention_course.course.sandbox worker /sandbox`` in a sandbox, with a temporary folder holding a
+copy of the notebook's code as its only writable folder. The worker runs the code cells top to bottom (IPython,
+a time limit per cell); at each check cell it does NOT run the check: it keeps the objects the check would be
+given (e.g. the function ``softmax``). It then answers the grader's calls: the grader's checker, in the grader's
+own process, calls a stand-in for ``softmax`` on inputs it drew; the stand-in sends the inputs to the worker,
+which calls the student's function and sends the outputs back (:mod:`.wire`: arrays, never pickles). The
+expected values never enter the sandbox, so nothing the submission does to its own modules (``check_*``,
+``np.allclose``, IPython hooks) can change a verdict.
+
+Backends (:func:`backend`):
+
+* ``bwrap`` (bubblewrap, Debian package ``bubblewrap``): new user, mount, PID, network, IPC and UTS namespaces;
+  the file system holds only the system folders, the Python installation and the package read-only (the
+  course's ``solutions/``, the repository and other submissions are not there), a private ``/tmp`` and the
+  submission's folder; no network; an unprivileged user with no capabilities; killing the sandbox kills every
+  process in it (PID namespace, ``--die-with-parent``).
+* ``rlimit`` (where bubblewrap is missing): the same worker, resource limits and scrubbed environment, but it
+  can read every file the grader's user can, use the network and signal the user's other processes. Weaker:
+  use it only for trusted classes, or install bubblewrap.
+
+Both: a scrubbed environment, limits on memory (``RLIMIT_AS``), CPU time, file size, core dumps and processes
+(``RLIMIT_NPROC``, and a ``pids`` cgroup where the grader may create one: root ignores ``RLIMIT_NPROC``), its own
+session and process group killed at the end, a hard time limit per notebook (the grader kills the sandbox) and
+per cell, and a size limit on every reply. The worker's stdout and stderr go to ``/dev/null``: nothing the
+submission prints reaches the grader's output.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import wire
+from .kernel import KERNEL_ENV
+
+SANDBOX_DIR = "/sandbox"
+JOB_FILE = "job.json"
+SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
+# The few files of /etc that Python and its libraries read; the rest of /etc (keys, credentials) stays out.
+ETC = ["/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/nsswitch.conf",
+       "/etc/passwd", "/etc/group", "/etc/alternatives", "/etc/matplotlibrc", "/etc/mime.types"]
+
+
+@dataclass
+class Limits:
+    """Resource limits of one submission."""
+
+    notebook_s: float = 300.0  # wall time of the whole notebook, cells and calls together
+    cell_s: float = 60.0  # wall time of one cell
+    memory_mb: int = 8192  # address space (TensorFlow reserves a lot of it)
+    processes: int = 256  # processes and threads
+    file_mb: int = 64  # size of any file written
+    output_mb: int = 64  # size of one reply
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The grader's side
+# ------------------------------------------------------------------------------------------------------------
+
+_BACKEND: str | None = None
+
+
+def backend() -> str:
+    """``"bwrap"`` when bubblewrap runs here, else ``"rlimit"`` (weaker: see the module docstring)."""
+    global _BACKEND
+    if _BACKEND is None:
+        _BACKEND = "rlimit"
+        if os.environ.get("ATTENTION_COURSE_SANDBOX") != "rlimit" and shutil.which("bwrap"):
+            command = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--uid", str(SANDBOX_UID),
+                       "--die-with-parent", "true"]
+            probe = subprocess.run(command, capture_output=True, timeout=30, check=False)
+            if probe.returncode == 0:
+                _BACKEND = "bwrap"
+    return _BACKEND
+
+
+def _package_root() -> Path:
+    import attention_course
+
+    return Path(attention_course.__file__).resolve().parents[1]
+
+
+def _readonly_paths() -> list[str]:
+    """What the sandbox may read: system folders, the Python installation, site-packages, the package."""
+    paths = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", *ETC, sys.base_prefix, sys.prefix,
+             str(Path(sys.executable).resolve().parents[1]), str(_package_root())]
+    paths += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    unique = []
+    for p in paths:
+        if p and os.path.exists(p) and p not in unique:
+            unique.append(p)
+    return unique
+
+
+def _environment(limits: Limits) -> dict:
+    env = dict(KERNEL_ENV)
+    env.update({
+        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+        "PYTHONPATH": str(_package_root()), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": "/tmp", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    })
+    return env
+
+
+def _command(folder: Path, env: dict) -> tuple[list[str], dict]:
+    worker = [sys.executable, "-s", "-B", "-m", "attention_course.course.sandbox", "worker"]
+    if backend() != "bwrap":
+        return worker + [str(folder)], env
+    cmd = ["bwrap"]
+    for path in _readonly_paths():
+        cmd += ["--ro-bind", path, path]
+    cmd += ["--bind", str(folder), SANDBOX_DIR, "--chdir", SANDBOX_DIR, "--dev", "/dev", "--proc", "/proc",
+            "--tmpfs", "/tmp", "--unshare-all", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--die-with-parent", "--new-session", "--clearenv"]
+    for key, value in env.items():
+        cmd += ["--setenv", key, value]
+    return cmd + worker + [SANDBOX_DIR], {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def _pids_cgroup(limits: Limits) -> Path | None:
+    """A fresh ``pids`` cgroup limited to ``limits.processes``, where this process may create one (v1 or v2)."""
+    for parent in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
+        if not (parent / "cgroup.procs").exists() or not os.access(parent, os.W_OK):
+            continue
+        try:
+            group = Path(tempfile.mkdtemp(prefix="attention-grade-", dir=parent))
+        except OSError:
+            continue
+        try:
+            (group / "pids.max").write_text(str(limits.processes))
+            return group
+        except OSError:
+            _remove_cgroup(group)
+    return None
+
+
+def _remove_cgroup(group: Path | None) -> None:
+    if group is not None:
+        try:
+            group.rmdir()
+        except OSError:
+            pass
+
+
+def _preexec(limits: Limits, cgroup: Path | None):
+    def apply():  # pragma: no cover - runs in the child between fork and exec
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        mb = 2**20
+        cpu = int(limits.notebook_s) + 5
+        for name, value in ((resource.RLIMIT_AS, limits.memory_mb * mb), (resource.RLIMIT_CPU, cpu),
+                            (resource.RLIMIT_FSIZE, limits.file_mb * mb), (resource.RLIMIT_CORE, 0),
+                            (resource.RLIMIT_NPROC, limits.processes + _processes_now())):
+            resource.setrlimit(name, (value, value))
+
+    return apply
+
+
+def _processes_now() -> int:
+    """RLIMIT_NPROC counts every process of the user: the limit is on top of those already running."""
+    if os.getuid() == 0:
+        return 0
+    try:
+        return sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and p.stat().st_uid == os.getuid())
+    except OSError:
+        return 4096
+
+
+class SandboxError(Exception):
+    """The sandbox did not answer: it died, timed out, or sent something malformed."""
+
+
+class Sandbox:
+    """One run of a submission's code cells in a sandbox, then calls to the objects its check cells name.
+
+    ``cells``: ``[{"source": ..., "check": None}]`` for code cells and ``{"source": ..., "check": {"exercise": N,
+    "exprs": [...]}}`` for check cells (``exprs``: the expressions whose values the check is given).
+    """
+
+    def __init__(self, cells: list[dict], limits: Limits, deadline: float):
+        self.cells, self.limits, self.deadline = cells, limits, deadline
+        self.proc: subprocess.Popen | None = None
+        self.folder: Path | None = None
+        self.cgroup: Path | None = None
+        self.closed = False
+
+    def start(self) -> None:
+        """Start the worker; it runs the cells and stops at each check cell (see :meth:`next_event`)."""
+        self.folder = Path(tempfile.mkdtemp(prefix="attention-grade-"))
+        job = {"cells": self.cells, "cell_s": self.limits.cell_s}
+        (self.folder / JOB_FILE).write_text(json.dumps(job))
+        cmd, env = _command(self.folder, _environment(self.limits))
+        # preexec_fn (limits, cgroup) is safe here: the command line grades each notebook in a single-threaded
+        # child process of its own.
+        self.cgroup = _pids_cgroup(self.limits)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     cwd=self.folder, env=env, start_new_session=True, close_fds=True,
+                                     preexec_fn=_preexec(self.limits, self.cgroup))  # noqa: PLW1509 - see below
+
+    def next_event(self) -> dict:
+        """The worker's next report: ``{"op": "check", "key": cell index, "objects": {expr: info}, "verdict":
+        ...}`` at a check cell (answer its calls, then :meth:`resume`), or ``{"op": "done"}``; SandboxError when
+        the worker died or ran out of time."""
+        header, _ = self._read()
+        if header.get("op") not in ("check", "done") or not isinstance(header.get("objects", {}), dict):
+            self.close()
+            raise SandboxError("the submission's process sent an invalid report")
+        return header
+
+    def resume(self) -> None:
+        """Let the worker go on to the next cells."""
+        self._send({"op": "continue"}, {})
+
+    def _send(self, header: dict, arrays: dict) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise SandboxError("the submission's process is not running")
+        try:
+            wire.write_message(self.proc.stdin.fileno(), header, arrays)
+        except OSError:
+            self.close()
+            raise SandboxError("the submission's process ended") from None
+
+    def _read(self, deadline: float | None = None):
+        deadline = min(self.deadline, deadline or self.deadline)
+        try:
+            return wire.read_message(self.proc.stdout.fileno(), deadline, self.limits.output_mb * 2**20)
+        except wire.WireError as err:
+            self.close()
+            raise SandboxError(str(err)) from None
+
+    def call(self, key: str, expr: str, args: tuple, kwargs: dict):
+        """The reply of the student's object ``expr`` (as it was at check cell ``key``) called on ``args``:
+        ``(header, arrays)``. Raises SandboxError when there is no reply; anything that interrupts the wait
+        (the check's own time limit) closes the sandbox, whose replies would otherwise be out of step."""
+        arrays: dict = {}
+        request = {"op": "call", "key": key, "expr": expr,
+                   "args": wire.encode(list(args), arrays), "kwargs": wire.encode(dict(kwargs), arrays)}
+        self._send(request, arrays)
+        try:
+            return self._read()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Kill every process of the sandbox and delete its folder."""
+        self.closed = True
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            for stream in (self.proc.stdin, self.proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        _remove_cgroup(self.cgroup)
+        self.cgroup = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The worker, inside the sandbox: untrusted code runs here
+# ------------------------------------------------------------------------------------------------------------
+
+
+class _CellTimeout(KeyboardInterrupt):
+    """Raised by the per-cell alarm (a KeyboardInterrupt: ``except Exception`` does not catch it)."""
+
+
+def _alarm(signum, frame):
+    raise _CellTimeout
+
+
+def _describe(obj) -> dict:
+    """What the grader learns about an object a check is given: a function (its name and signature), a class
+    (the check then runs in the sandbox), or a value (sent as data)."""
+    if inspect.isclass(obj):
+        return {"kind": "class", "name": getattr(obj, "__name__", "")}
+    if callable(obj):
+        try:
+            params = [[p.name, int(p.kind), p.default is not inspect.Parameter.empty]
+                      for p in inspect.signature(obj).parameters.values()]
+        except (TypeError, ValueError):
+            params = None
+        name = getattr(obj, "__name__", "")
+        return {"kind": "function", "name": name if isinstance(name, str) else "", "params": params}
+    arrays: dict = {}
+    tree = wire.encode(obj, arrays)
+    return {"kind": "value", "value": tree, "arrays": {k: v.tolist() for k, v in arrays.items()},
+            "dtypes": {k: str(v.dtype) for k, v in arrays.items()}}
+
+
+def _run_cell(shell, source: str, seconds: float):
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return shell.run_cell(source, store_history=False, silent=False)
+    except BaseException:  # noqa: BLE001 - the submission's cell failed in any way: go on with the next
+        return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _check_point(shell, check: dict, source: str, seconds: float) -> dict:
+    """At a check cell: describe the objects its check is given; run the check itself only for classes."""
+    objects, report = {}, {}
+    for expr in check["exprs"]:
+        try:
+            objects[expr] = eval(expr, shell.user_ns)  # the submission's own namespace, in the sandbox
+            report[expr] = _describe(objects[expr])
+        except BaseException as err:  # noqa: BLE001 - e.g. NameError: the exercise was not done
+            report[expr] = {"kind": "error", "etype": type(err).__name__, "message": str(err)[:500]}
+    verdict = None
+    classes = check.get("classes", True) and any(r["kind"] == "class" for r in report.values())
+    if check.get("run_in_sandbox") or classes:
+        result = _run_cell(shell, source, seconds)
+        error = getattr(result, "error_in_exec", None) if result is not None else _CellTimeout()
+        verdict = {"passed": result is not None and error is None and getattr(result, "success", False),
+                   "etype": type(error).__name__ if error is not None else None,
+                   "message": str(error)[:1000] if error is not None else None}
+    return {"objects": report, "verdict": verdict, "_objects": objects}
+
+
+def _reply_to_call(request: dict, arrays: dict, kept: dict, seconds: float) -> tuple[dict, dict]:
+    from ..checks.runner import first_line, original_error
+
+    obj = kept.get(request.get("expr"), _MISSING)
+    if obj is _MISSING:
+        return {"ok": False, "etype": "NameError", "message": "no such object"}, {}
+    args = wire.decode(request["args"], arrays)
+    kwargs = wire.decode(request["kwargs"], arrays)
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        result = obj(*args, **kwargs)
+    except _CellTimeout:
+        return {"ok": False, "timeout": True}, {}
+    except BaseException as err:  # noqa: BLE001 - reported to the grader by name
+        err = original_error(err)
+        return {"ok": False, "etype": type(err).__name__, "message": first_line(err),
+                "not_implemented": isinstance(err, NotImplementedError)}, {}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    out: dict = {}
+    header = {"ok": True, "result": wire.encode(result, out), "args_after": wire.encode([args, kwargs], out)}
+    return header, out
+
+
+_MISSING = object()
+
+
+def _serve(reply_fd: int, request_fd: int, kept: dict, seconds: float) -> bool:  # pragma: no cover - in the sandbox
+    """Answer the grader's calls until it says continue (True) or closes the pipe (False)."""
+    while True:
+        try:
+            request, arrays = wire.read_message(request_fd)
+        except wire.WireError:
+            return False
+        if request.get("op") == "continue":
+            return True
+        try:
+            header, out = _reply_to_call(request, arrays, kept, seconds)
+        except BaseException as err:  # noqa: BLE001 - e.g. an undecodable request
+            header, out = {"ok": False, "etype": type(err).__name__, "message": str(err)[:300]}, {}
+        try:
+            wire.write_message(reply_fd, header, out)
+        except BaseException:  # noqa: BLE001 - e.g. a result the wire cannot carry
+            wire.write_message(reply_fd, {"ok": False, "etype": "WireError", "message": "unsendable result"})
+
+
+def worker(folder: str) -> int:  # pragma: no cover - runs in the sandbox (tests/test_grader_hostile.py)
+    """Run the job in ``folder`` (see :class:`Sandbox`): the cells in order; at each check cell report and
+    answer the grader's calls; then report done."""
+    reply_fd, request_fd = os.dup(1), os.dup(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)  # the submission's prints and os.write(1, ...) go nowhere
+    os.chdir(folder)
+    job = json.loads(Path(folder, JOB_FILE).read_text())
+    os.remove(Path(folder, JOB_FILE))
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    seconds = float(job.get("cell_s", 60))
+    for index, cell in enumerate(job["cells"]):
+        if not cell.get("check"):
+            _run_cell(shell, cell["source"], seconds)
+            continue
+        point = _check_point(shell, cell["check"], cell["source"], seconds)
+        kept = point.pop("_objects")
+        wire.write_message(reply_fd, {"op": "check", "key": str(cell.get("key", index)), **point})
+        if not _serve(reply_fd, request_fd, kept, seconds):
+            return 0
+    wire.write_message(reply_fd, {"op": "done"})
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the sandbox's entry point
+    if len(sys.argv) == 3 and sys.argv[1] == "worker":
+        sys.exit(worker(sys.argv[2]))
+    sys.exit("usage: python -m attention_course.course.sandbox worker FOLDER")

@@ -1,0 +1,156 @@
+"""The wire format between the grader and a sandboxed submission: framed messages of a JSON header and arrays.
+
+A message is 8 bytes of length then an ``.npz`` archive (read with ``allow_pickle=False``): the entry
+``__header__`` holds the JSON header, the others hold arrays. Values travel as trees of JSON with arrays
+referenced by name, so nothing the sandbox sends is ever unpickled or executed by the grader: torch tensors,
+TensorFlow tensors and NumPy arrays, numbers, strings, None, lists, tuples and dicts with string keys; any other
+object arrives as an :class:`Opaque` named after its type (the checks then report a wrong type).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import struct
+import time
+
+import numpy as np
+
+MAX_MESSAGE_BYTES = 64 * 2**20  # the output size limit of one reply from the sandbox
+
+
+class WireError(Exception):
+    """A message that is missing, too large, late or malformed."""
+
+
+class Opaque:
+    """Stands for an object of a type that does not travel (a student's result of an unexpected type)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"
+
+
+def opaque(type_name: str) -> Opaque:
+    name = type_name if type_name.isidentifier() else "object"
+    return type(name, (Opaque,), {})()
+
+
+def encode(value, arrays: dict, depth: int = 0):
+    """``value`` as a JSON tree; arrays are added to ``arrays`` under fresh names."""
+    if depth > 20:
+        return {"t": "opaque", "type": "nested"}
+    if value is None or isinstance(value, (bool, str)):
+        return {"t": "py", "v": value}
+    if isinstance(value, (int, float)) and type(value) in (int, float):
+        return {"t": "py", "v": value if not isinstance(value, float) or np.isfinite(value) else repr(value),
+                "f": isinstance(value, float)}
+    kind, arr = _as_numpy(value)
+    if arr is not None:
+        key = f"a{len(arrays)}"
+        arrays[key] = arr
+        return {"t": kind, "a": key}
+    if isinstance(value, (list, tuple)):
+        return {"t": type(value).__name__, "v": [encode(v, arrays, depth + 1) for v in value]}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"t": "dict", "v": {k: encode(v, arrays, depth + 1) for k, v in value.items()}}
+    return {"t": "opaque", "type": type(value).__name__}
+
+
+def _as_numpy(value):
+    if isinstance(value, np.ndarray):
+        return "numpy", value if value.dtype.kind in "biuf" else None
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        return "npscalar", np.asarray(value)
+    module = type(value).__module__ or ""
+    if module.startswith("torch") and type(value).__name__ in ("Tensor", "Parameter"):
+        import torch
+
+        tensor = value.detach().cpu()
+        if tensor.dtype in (torch.bfloat16, torch.float16):
+            tensor = tensor.float()
+        return ("torch", tensor.numpy()) if not tensor.is_complex() else (None, None)
+    if module.startswith(("tensorflow", "keras")) and hasattr(value, "numpy") and hasattr(value, "dtype"):
+        try:
+            return "tf", np.asarray(value.numpy())
+        except Exception:  # noqa: BLE001 - a symbolic tensor has no value
+            return None, None
+    return None, None
+
+
+def decode(tree, arrays: dict, framework_ok: bool = True):
+    """The value of an encoded tree (torch / TensorFlow tensors are rebuilt when ``framework_ok``)."""
+    kind = tree.get("t") if isinstance(tree, dict) else None
+    if kind == "py":
+        v = tree.get("v")
+        return float(v) if tree.get("f") else v
+    if kind in ("numpy", "torch", "tf", "npscalar"):
+        arr = arrays[tree["a"]]
+        if kind == "npscalar":
+            return arr[()]
+        if kind == "torch" and framework_ok:
+            import torch
+
+            return torch.from_numpy(np.array(arr))
+        if kind == "tf" and framework_ok:
+            import tensorflow as tf
+
+            return tf.constant(arr)
+        return np.array(arr)
+    if kind in ("list", "tuple"):
+        items = [decode(v, arrays, framework_ok) for v in tree["v"]]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict":
+        return {k: decode(v, arrays, framework_ok) for k, v in tree["v"].items()}
+    if kind == "opaque":
+        return opaque(str(tree.get("type", "object")))
+    raise WireError(f"unknown value kind {kind!r}")
+
+
+def pack(header: dict, arrays: dict | None = None) -> bytes:
+    buf = io.BytesIO()
+    data = {f"x_{k}": v for k, v in (arrays or {}).items()}
+    np.savez(buf, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **data)
+    body = buf.getvalue()
+    return struct.pack("<Q", len(body)) + body
+
+
+def unpack(body: bytes) -> tuple[dict, dict]:
+    try:
+        with np.load(io.BytesIO(body), allow_pickle=False) as npz:
+            header = json.loads(npz["__header__"].tobytes().decode())
+            arrays = {k[2:]: npz[k] for k in npz.files if k.startswith("x_")}
+    except Exception as err:  # noqa: BLE001 - anything malformed from the sandbox
+        raise WireError(f"malformed message ({type(err).__name__})") from None
+    if not isinstance(header, dict):
+        raise WireError("malformed message header")
+    return header, arrays
+
+
+def write_message(fd: int, header: dict, arrays: dict | None = None) -> None:
+    data = memoryview(pack(header, arrays))
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read_exactly(fd: int, n: int, deadline: float | None) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise WireError("no reply within the time limit")
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            raise WireError("the submission's process ended")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_message(fd: int, deadline: float | None = None, limit: int = MAX_MESSAGE_BYTES) -> tuple[dict, dict]:
+    (size,) = struct.unpack("<Q", _read_exactly(fd, 8, deadline))
+    if size > limit:
+        raise WireError(f"a reply of {size} bytes is over the output limit of {limit} bytes")
+    return unpack(_read_exactly(fd, size, deadline))

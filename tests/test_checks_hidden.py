@@ -1,0 +1,148 @@
+"""Hidden cases (issue 17, item 4): code that is wrong only outside the public cases passes the public checks
+and is caught, with the mistake named, once the grader switches the hidden cases on; right code passes them for
+every seed."""
+
+import numpy as np
+import pytest
+import torch
+
+from attention_course import checks, numpy_ref
+from attention_course.checks import hidden
+
+SEEDS = [0, 1, 12345]
+
+
+@pytest.fixture
+def grading():
+    def enable(seed):
+        hidden.enable(seed)
+
+    yield enable
+    hidden.disable()
+
+
+def _code(check, fn, **kw):
+    try:
+        check(fn, **kw)
+    except checks.CheckFailed as err:
+        return err.code
+    return None
+
+
+def global_max_softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_small_only(x):
+    return numpy_ref.softmax(x) if x.size <= 60 else np.full_like(x, 1.0 / x.shape[-1])
+
+
+def sdpa_zeros_when_long(q, k, v, mask=None):
+    out, _ = numpy_ref.scaled_dot_product_attention(q, k, v, mask)
+    return out if q.shape[-2] <= 9 else np.zeros_like(out)
+
+
+def sdpa_first_mask_row(q, k, v, mask=None):
+    """Uses example 0's mask for every example when the batch has 5 or more."""
+    if mask is not None and q.ndim == 3 and q.shape[0] >= 5 and mask.ndim == 3 and mask.shape[0] == q.shape[0]:
+        mask = np.broadcast_to(mask[:1], mask.shape)
+    return numpy_ref.scaled_dot_product_attention(q, k, v, mask)[0]
+
+
+def causal_top_left_when_taller(t_q, t_k=None):
+    t_k = t_q if t_k is None else t_k
+    if t_q > t_k:
+        return torch.ones(t_q, t_k, dtype=torch.bool).tril()
+    return torch.from_numpy(numpy_ref.causal_mask(t_q, t_k))
+
+
+def padding_first_five(lengths, t):
+    lengths = lengths.clone()
+    if len(lengths) >= 5:
+        lengths[4:] = lengths[0]
+    return (torch.arange(t)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+WRONG = [
+    (checks.check_softmax, global_max_softmax, {}, "softmax-global-max"),
+    (checks.check_softmax, softmax_small_only, {}, "wrong-output"),
+    (checks.check_numpy_attention, sdpa_zeros_when_long, {}, "wrong-output"),
+    (checks.check_numpy_attention, sdpa_first_mask_row, {}, "wrong-output"),
+    (checks.check_causal_mask, causal_top_left_when_taller, {}, "causal-top-left-aligned"),
+    (checks.check_padding_mask, padding_first_five, {}, "wrong-output"),
+]
+
+
+@pytest.mark.parametrize("check, fn, kw, code", WRONG, ids=[w[1].__name__ for w in WRONG])
+def test_public_cases_miss_it_hidden_cases_name_it(grading, check, fn, kw, code):
+    assert _code(check, fn, **kw) is None  # the public cases alone let it pass: why hidden cases are needed
+    for seed in SEEDS:
+        grading(seed)
+        assert _code(check, fn, **kw) == code, seed
+
+
+def test_global_max_softmax_is_nan_on_the_issue_example():
+    with np.errstate(all="ignore"):
+        assert np.isnan(global_max_softmax(np.array([[0.0, 1.0], [2000.0, 2001.0]]))).any()
+
+
+def _torch_sdpa(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return weights @ v, weights
+
+
+def _padding(lengths, t):
+    return (torch.arange(t)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+RIGHT = [
+    (checks.check_softmax, numpy_ref.softmax, {}),
+    (checks.check_attention_one_query,
+     lambda q, k, v: tuple(a[0] for a in numpy_ref.scaled_dot_product_attention(q[None], k, v)), {}),
+    (checks.check_numpy_attention, lambda q, k, v, mask=None: numpy_ref.scaled_dot_product_attention(q, k, v, mask),
+     {"fully_masked_rows": True}),
+    (checks.check_scaled_dot_product_attention, _torch_sdpa, {}),
+    (checks.check_causal_mask, lambda t_q, t_k=None: numpy_ref.causal_mask(t_q, t_k), {}),
+    (checks.check_padding_mask, _padding, {}),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_right_code_passes_the_hidden_cases(grading, seed, capsys):
+    grading(seed)
+    for check, fn, kw in RIGHT:
+        check(fn, **kw)
+    assert capsys.readouterr().out.count("✓") == len(RIGHT)
+
+
+def test_the_seed_is_checked():
+    with pytest.raises(ValueError, match="seed"):
+        hidden.enable(-1)
+    with pytest.raises(ValueError, match="seed"):
+        hidden.enable(1.5)
+    assert not hidden.active()
+
+
+def softmax_keeps_the_input_dtype(x):
+    out = np.empty_like(x)
+    out[...] = numpy_ref.softmax(x)
+    return out
+
+
+def test_an_integer_input_is_among_the_hidden_cases(grading):
+    assert _code(checks.check_softmax, softmax_keeps_the_input_dtype) is None
+    grading(0)
+    assert _code(checks.check_softmax, softmax_keeps_the_input_dtype) == "wrong-output"
+
+
+def test_the_grader_switches_them_on_only_while_it_grades():
+    with hidden.drawn_from(5):
+        assert hidden.active()
+        with hidden.drawn_from(6):
+            assert hidden.active()
+        assert hidden.active()
+    assert not hidden.active()

@@ -1,0 +1,275 @@
+"""Hostile submissions: each attack of issue 17 is one cell added to the untouched (unsolved) exercise notebook of
+chapter 1. They are graded in one parallel batch through the command line, next to a solved notebook: each is
+graded honestly (0/5), the solved one 5/5, nothing is written outside the sandbox, no forged line reaches the
+output, no process outlives grading, and the batch ends within the notebook limit plus the grace period."""
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import types
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell
+
+from attention_course.course import grade, judge, references, sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "01_soft_lookup_exercises.ipynb"
+# The attacks target a frozen copy of chapter 1's exercises (five implementation tasks), so that redesigning the
+# course's exercises does not change what these tests prove about the grader.
+FIXTURES = ROOT / "tests" / "data" / "grader"
+CELL_S, NOTEBOOK_S, JOBS = 8, 20, 2
+MARKER = f"attention-grade-survivor-{uuid.uuid4().hex}"
+FORGED = "FORGED-LINE"
+
+
+def _attacks(outside: Path, reference: Path) -> dict[str, str]:
+    package = Path(__import__("attention_course").__file__).parent
+    return {
+        "replace_checks": "from attention_course import checks\n"
+                          "for n in dir(checks):\n"
+                          "    if n.startswith('check_'):\n"
+                          "        setattr(checks, n, lambda *a, **k: print('ok'))",
+        "custom_exc": "get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)",
+        "input_transformer": "get_ipython().input_transformers_cleanup.append(\n"
+                             "    lambda lines: ['pass\\n'] if any('checks.' in l for l in lines) else lines)",
+        "patch_allclose": "import numpy as np\nnp.allclose = lambda *a, **k: True\n"
+                          "np.array_equal = lambda *a, **k: True\nnp.isclose = lambda a, b, **k: np.ones_like(a) > 0",
+        "read_solutions": "import attention_course, json, pathlib\n"
+                          "for root in [pathlib.Path(attention_course.__file__).parents[2], "
+                          f"pathlib.Path({str(ROOT)!r}), pathlib.Path({str(reference.parent)!r})]:\n"
+                          "    for path in list(root.glob('solutions/*.ipynb')) + list(root.glob('*.ipynb')):\n"
+                          "        try:\n"
+                          "            nb = json.loads(path.read_text())\n"
+                          "        except Exception:\n"
+                          "            continue\n"
+                          "        for c in nb['cells']:\n"
+                          "            if c['cell_type'] == 'code' and 'check' not in c['metadata'].get('tags', []):\n"
+                          "                try:\n"
+                          "                    exec(''.join(c['source']), globals())\n"
+                          "                except Exception:\n"
+                          "                    pass",
+        "write_outside": f"import pathlib\nfor p in [{str(outside / 'pwned.txt')!r}, '/tmp/../pwned.txt', "
+                         f"{str(reference)!r}, {str(package / 'pwned.py')!r}]:\n"
+                         "    try:\n"
+                         "        pathlib.Path(p).write_text('pwned')\n"
+                         "    except OSError:\n"
+                         "        pass",
+        "forged_output": "import os\n"
+                         f"line = b'{FORGED} ' + b'{{\"notebook\": \"x\", \"passed\": 5, \"total\": 5}}\\n'\n"
+                         f"os.write(1, line * 50)\nos.write(2, line)\nprint('{FORGED}')",
+        "kill_grader": "import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n        os.kill(pid, 9)\n"
+                       "    except OSError:\n        pass",
+        "hang": "import signal\nfor s in (signal.SIGINT, signal.SIGALRM, signal.SIGTERM):\n"
+                "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass",
+        "new_session_child": "import subprocess, sys\n"
+                             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{MARKER}'],\n"
+                             "                 start_new_session=True)",
+        "fork_bomb": "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+                     "        time.sleep(30)",
+    }
+
+
+def _with_cell(source: str):
+    nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
+    first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells.insert(first_code + 1, new_code_cell(source))
+    return nb
+
+
+def _classes_before_each_check():
+    """Each function under test replaced by a class, with the checks patched to pass: a check given a class
+    would run inside the sandbox, where the patch works; chapter 1's exercises ask for functions, so it must not."""
+    nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
+    cheat = ("from attention_course import checks\nfor n in dir(checks):\n    if n.startswith('check_'):\n"
+             "        setattr(checks, n, lambda *a, **k: None)\n"
+             "class softmax: pass\nclass attend: pass\nclass attention: pass\nclass causal_mask: pass\n"
+             "class safe_attention: pass")
+    for i in reversed([i for i, c in enumerate(nb.cells) if "check" in c.metadata.get("tags", [])]):
+        nb.cells.insert(i, new_code_cell(cheat))
+    return nb
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _survivors() -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and MARKER.encode() in (proc / "cmdline").read_bytes():
+                found.append(proc.name)
+        except OSError:
+            continue
+    return found
+
+
+def _run(args, timeout):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run([sys.executable, "-m", "attention_course.grade", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT, check=False)
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    assert sandbox.backend() == "bwrap", "these tests need bubblewrap (apt-get install bubblewrap)"
+    tmp = tmp_path_factory.mktemp("hostile")
+    outside, refs, subs = tmp / "outside", tmp / "reference", tmp / "submissions"
+    for folder in (outside, refs, subs):
+        folder.mkdir()
+    shutil.copy(FIXTURES / "solutions" / NAME, refs / NAME)
+    before = _digest(refs / NAME)
+    attacks = _attacks(outside, refs / NAME)
+    paths = []
+    for name, source in attacks.items():
+        nbformat.write(_with_cell(source), subs / f"{name}_{NAME}")
+        paths.append(subs / f"{name}_{NAME}")
+    nbformat.write(_classes_before_each_check(), subs / f"class_for_function_{NAME}")
+    paths.append(subs / f"class_for_function_{NAME}")
+    shutil.copy(FIXTURES / "solutions" / NAME, subs / f"solved_{NAME}")
+    paths.append(subs / f"solved_{NAME}")
+    args = ["--jsonl", "-j", str(JOBS), "--timeout", str(CELL_S), "--notebook-timeout", str(NOTEBOOK_S),
+            "--solutions", str(refs), *map(str, paths)]
+    start = time.monotonic()
+    done = _run(args, timeout=1800)
+    elapsed = time.monotonic() - start
+    time.sleep(1)
+    return {"done": done, "elapsed": elapsed, "attacks": attacks, "tmp": tmp, "outside": outside,
+            "reference": refs / NAME, "before": before, "n": len(paths), "survivors": _survivors(),
+            "package": Path(__import__("attention_course").__file__).parent}
+
+
+def _results(batch) -> dict[str, dict]:
+    lines = batch["done"].stdout.splitlines()
+    results = [json.loads(line) for line in lines]  # every line parses: nothing forged in between
+    return {Path(r["notebook"]).name.replace(f"_{NAME}", ""): r for r in results}
+
+
+def test_every_attack_is_graded_zero_and_the_solved_notebook_full(batch):
+    assert batch["done"].returncode == 0, batch["done"].stderr[-2000:]
+    results = _results(batch)
+    assert set(results) == set(batch["attacks"]) | {"solved", "class_for_function"}
+    assert (results["solved"]["passed"], results["solved"]["total"]) == (5, 5)
+    for name in [*batch["attacks"], "class_for_function"]:
+        r = results[name]
+        assert (r["passed"], r["total"], r["error"]) == (0, 5, None), (name, r)
+
+
+def test_the_diagnoses_are_honest(batch):
+    results = _results(batch)
+    for name in ("replace_checks", "custom_exc", "input_transformer", "patch_allclose", "read_solutions",
+                 "write_outside", "forged_output", "new_session_child"):
+        codes = {e["code"] for e in results[name]["exercises"]}
+        assert codes == {"not-implemented"}, (name, codes)
+    assert {e["code"] for e in results["hang"]["exercises"]} == {"timeout"}
+    assert {e["code"] for e in results["class_for_function"]["exercises"]} == {"wrong-type"}
+
+
+def test_nothing_is_written_outside_the_sandbox(batch):
+    assert list(batch["outside"].iterdir()) == []
+    assert not Path("/pwned.txt").exists() and not Path("/tmp/pwned.txt").exists()
+    assert _digest(batch["reference"]) == batch["before"]
+    assert not (batch["package"] / "pwned.py").exists()
+
+
+def test_no_forged_line_and_no_survivor(batch):
+    assert FORGED not in batch["done"].stdout and FORGED not in batch["done"].stderr
+    assert batch["survivors"] == []
+
+
+def test_the_batch_ends_within_the_limits(batch):
+    rounds = math.ceil(batch["n"] / JOBS)
+    assert batch["elapsed"] < rounds * (NOTEBOOK_S + grade.GRACE_S)
+
+
+def test_forged_output_does_not_reach_csv_or_table(batch):
+    path = next(batch["tmp"].glob(f"submissions/forged_output_{NAME}"))
+    common = ["--timeout", str(CELL_S), "--notebook-timeout", str(NOTEBOOK_S), "--solutions",
+              str(batch["reference"]), str(path)]
+    as_csv = _run(["--csv", *common], timeout=300)
+    rows = list(csv.reader(io.StringIO(as_csv.stdout)))
+    assert rows[0] == ["notebook", "exercise", "title", "level", "passed", "code", "message"]
+    assert len(rows) == 7 and all(r[4] == "0" for r in rows[1:])  # 5 exercises and the total
+    table = _run(common, timeout=300)
+    assert table.stdout.splitlines()[0] == f"{path}: 0/5"
+    assert FORGED not in as_csv.stdout + as_csv.stderr + table.stdout + table.stderr
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.name[:2])
+def test_the_solutions_do_not_count_as_calling_the_reference(path):
+    """What a solution uses of the library (chapter 2's modules build on it) its exercise allows; the rest is
+    rejected (see the cheats below)."""
+    nb = nbformat.read(path, as_version=4)
+    uses = grade.reference_uses(nb)
+    for index, number, _, _ in grade._check_cells(nb):
+        calls = judge.parse_check(nb.cells[index].source)
+        for expr in judge.expressions(calls):
+            assert references.forbidden_use(nb, index, expr, calls[0].checker, None, uses[number]) is None
+
+
+def test_calls_to_the_reference_are_rejected():
+    cheats = {
+        "from attention_course.numpy_ref import softmax as s\ndef softmax(x):\n    return s(x)": "calls the reference",
+        "import attention_course.numpy_ref as r\ndef softmax(x):\n    return r.softmax(x)": "calls the reference",
+        "import torch.nn.functional as F\ndef helper(x):\n    return F.scaled_dot_product_attention(x, x, x)\n"
+        "def softmax(x):\n    return helper(x)": "calls the reference",
+        "import inspect\ndef softmax(x):\n    return inspect.stack()": "looks at the call stack",
+        "def softmax(x):\n    return __import__('attention_course').numpy_ref.softmax(x)": "calls the reference",
+        "def softmax(x):\n    m = __import__('a' + 'ttention_course')\n    return m": "hides what it calls",
+    }
+    for source, why in cheats.items():
+        cheat = nbformat.read(FIXTURES / "solutions" / NAME, as_version=4)
+        index = next(i for i, c in enumerate(cheat.cells) if "exercise-1" in c.metadata.get("tags", []))
+        cheat.cells.insert(index, new_code_cell(source))
+        problem = references.forbidden_use(cheat, index + 1, "softmax")
+        assert problem is not None and problem.startswith("[calls-reference]") and why in problem, source
+
+
+@pytest.mark.parametrize("body, code", [("while True:\n        pass", "timeout"),
+                                        ("import os\n    os._exit(1)", "sandbox-ended")], ids=["loops", "exits"])
+def test_a_function_that_never_returns_fails_alone(tmp_path, body, code):
+    """Exercise 4's function loops forever (the check's own time limit stops the call) or ends the submission's
+    process: the sandbox is replaced by a fresh one, and exercise 5 is still graded (as are 1 to 3, before it)."""
+    nb = nbformat.read(FIXTURES / "solutions" / NAME, as_version=4)
+    check = next(i for i, c in enumerate(nb.cells) if "exercise-4" in c.metadata.get("tags", []))
+    nb.cells.insert(check, new_code_cell(f"def causal_mask(t_q, t_k=None):\n    {body}"))
+    nbformat.write(nb, tmp_path / NAME)
+    result = grade.grade_notebook(tmp_path / NAME, reference=None, limits=sandbox.Limits(cell_s=8, notebook_s=120))
+    assert [(e.passed, e.code) for e in result.exercises] == [(True, None)] * 3 + [(False, code), (True, None)]
+
+
+def test_the_rlimit_fallback_grades_the_same(tmp_path, monkeypatch):
+    """Without bubblewrap (weaker: see the instructor guide) the same worker judges the same way, under the same
+    resource limits and with a scrubbed environment."""
+    monkeypatch.setattr(sandbox, "_BACKEND", "rlimit")
+    shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
+    nbformat.write(_with_cell(_attacks(tmp_path, tmp_path / "none.ipynb")["patch_allclose"]), tmp_path / f"x_{NAME}")
+    limits = sandbox.Limits(cell_s=CELL_S, notebook_s=60)
+    paths = [tmp_path / f"solved_{NAME}", tmp_path / f"x_{NAME}"]
+    solved, attacked = grade.grade(paths, reference=FIXTURES / "solutions", limits=limits)
+    assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
+
+
+def test_a_forged_verdict_from_the_sandbox_does_not_count():
+    """The submission controls its process: it could send a report with a passing verdict for a function's
+    check. The grader takes a verdict from the sandbox only for a check that may take a class."""
+    event = {"op": "check", "objects": {"softmax": {"kind": "error", "etype": "NameError", "message": "x"}},
+             "verdict": {"passed": True}}
+    calls = judge.parse_check("checks.check_softmax(softmax)")
+    nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
+    box = types.SimpleNamespace(limits=sandbox.Limits())
+    assert grade._judge_point(event, calls, box, nb, 0, set(), False) == (False, "NameError", "NameError: x")
+    event["objects"]["softmax"] = {"kind": "class", "name": "softmax"}
+    assert grade._judge_point(event, calls, box, nb, 0, set(), True) == (True, None, None)
+    assert grade._judge_point(event, calls, box, nb, 0, set(), False)[:2] == (False, "wrong-type")

@@ -1,0 +1,119 @@
+"""The grader's wire format and the sandbox worker's pieces, in this process: values round-trip without
+pickles, malformed or oversized replies are refused, the worker describes objects and answers calls by name."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+from attention_course.course import judge, sandbox, wire
+
+
+def _round_trip(value, framework_ok=True):
+    arrays = {}
+    tree = wire.encode(value, arrays)
+    header, got = wire.unpack(wire.pack({"v": tree}, arrays)[8:])
+    return wire.decode(header["v"], got, framework_ok)
+
+
+def test_values_round_trip():
+    value = {"x": np.arange(6.0).reshape(2, 3), "t": torch.ones(2, dtype=torch.bool), "n": 3, "f": 2.5,
+             "s": "B", "none": None, "pair": (np.float32(1.5), [1, float("inf")])}
+    got = _round_trip(value)
+    assert np.array_equal(got["x"], value["x"]) and got["x"].dtype == np.float64
+    assert isinstance(got["t"], torch.Tensor) and got["t"].dtype == torch.bool
+    assert (got["n"], got["f"], got["s"], got["none"]) == (3, 2.5, "B", None)
+    assert isinstance(got["pair"], tuple) and got["pair"][0] == np.float32(1.5)
+    assert isinstance(_round_trip(torch.zeros(2, dtype=torch.bfloat16)), torch.Tensor)
+    assert isinstance(_round_trip(torch.ones(3), framework_ok=False), np.ndarray)
+
+
+def test_other_objects_arrive_as_named_opaque_values():
+    got = _round_trip(object())
+    assert isinstance(got, wire.Opaque) and type(got).__name__ == "object"
+    assert type(_round_trip(np.array(["a"]))).__name__ == "ndarray"
+    assert repr(wire.opaque("not a name")) == "<object>"
+
+
+def test_malformed_and_oversized_messages_are_refused():
+    with pytest.raises(wire.WireError, match="malformed"):
+        wire.unpack(b"not an npz archive")
+    read, write = os.pipe()
+    try:
+        wire.write_message(write, {"op": "x"}, {"a": np.zeros(1000)})
+        with pytest.raises(wire.WireError, match="over the output limit"):
+            wire.read_message(read, limit=100)
+    finally:
+        os.close(read)
+        os.close(write)
+    read, write = os.pipe()
+    os.close(write)
+    with pytest.raises(wire.WireError, match="ended"):
+        wire.read_message(read)
+    os.close(read)
+    with pytest.raises(wire.WireError, match="unknown value kind"):
+        wire.decode({"t": "pickle"}, {})
+
+
+@pytest.fixture(scope="module")
+def shell():
+    shell = InteractiveShell.instance()
+    shell.run_cell("import numpy as np\ndef double(x, scale=2):\n    return x * scale\nclass Model:\n    pass\n"
+                   "answer = 'C'\ndef slow(x):\n    while True:\n        pass\ndef mutate(x):\n    x += 1\n"
+                   "    return x", store_history=False)
+    return shell
+
+
+def test_the_worker_describes_what_a_check_is_given(shell):
+    point = sandbox._check_point(shell, {"exprs": ["double", "answer", "missing"]}, "", 5)
+    objects = point["objects"]
+    assert objects["double"] == {"kind": "function", "name": "double", "params": [["x", 1, False], ["scale", 1, True]]}
+    assert judge._value(objects["answer"]) == "C" and point["verdict"] is None
+    assert objects["missing"]["kind"] == "error" and objects["missing"]["etype"] == "NameError"
+    with pytest.raises(judge.Abort) as err:
+        judge._resolve(("expr", "missing"), None, "0", objects)
+    assert err.value.code == "NameError"
+
+
+def test_a_check_given_a_class_runs_in_the_sandbox(shell):
+    point = sandbox._check_point(shell, {"exprs": ["Model"]}, "raise AssertionError('[wrong-output] no')", 5)
+    assert point["objects"]["Model"]["kind"] == "class"
+    assert judge.sandbox_verdict(point["verdict"]) == (False, "wrong-output", "[wrong-output] no")
+
+
+def _call(kept, expr, *args, seconds=5):
+    arrays = {}
+    request = {"expr": expr, "args": wire.encode(list(args), arrays), "kwargs": wire.encode({}, arrays)}
+    return sandbox._reply_to_call(request, arrays, kept, seconds)
+
+
+def test_the_worker_answers_calls(shell):
+    kept = {name: shell.user_ns[name] for name in ("double", "slow", "mutate")}
+    header, out = _call(kept, "double", np.ones(3))
+    assert header["ok"] and np.array_equal(wire.decode(header["result"], out), np.full(3, 2.0))
+    header, out = _call(kept, "mutate", np.zeros(2))
+    after = wire.decode(header["args_after"], out)
+    assert np.array_equal(after[0][0], np.ones(2))  # the grader copies this back: [mutates-input] still works
+    assert _call(kept, "double", "a", "b")[0]["etype"] == "TypeError"
+    assert _call(kept, "nothing")[0]["etype"] == "NameError"
+    assert _call(kept, "slow", 1, seconds=0.2)[0] == {"ok": False, "timeout": True}
+
+
+def test_check_cells_are_parsed_into_checker_calls():
+    calls = judge.parse_check('checks.check_choice("q1", answer)\nchecks.check_softmax(f, timeout=3)')
+    assert [(c.checker, c.args, c.kwargs) for c in calls] == [
+        ("check_choice", [("literal", "q1"), ("expr", "answer")], {}),
+        ("check_softmax", [("expr", "f")], {"timeout": ("literal", 3)})]
+    assert judge.expressions(calls) == ["answer", "f"]
+    for source in ("pass", "x = 1", "checks.check_softmax(*fs)", "check_softmax(f)", "checks.other(f)", "(("):
+        assert judge.parse_check(source) is None, source
+
+
+def test_sandbox_limits_and_paths():
+    assert sandbox.backend() in ("bwrap", "rlimit")
+    paths = sandbox._readonly_paths()
+    assert "/etc" not in paths and all(os.path.exists(p) for p in paths)
+    env = sandbox._environment(sandbox.Limits())
+    assert env["HOME"] == "/tmp" and "PYTHONPATH" in env and not any("TOKEN" in k or "KEY" in k for k in env)
