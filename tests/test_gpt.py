@@ -81,6 +81,25 @@ def test_head_is_tied_and_parameters_count_once():
     assert make_model(positions=None, num_layers=1, attention_only=True).num_parameters() == v * d + attention + 4 * d
 
 
+def test_embedding_std_sets_the_embeddings_only():
+    torch.manual_seed(0)
+    model = TinyGPT(64, 32, 4, 2, max_len=128, tie_embeddings=False, embedding_std=1.0)
+    assert 0.9 < model.tok_emb.weight.std().item() < 1.1
+    assert 0.9 < model.pos_emb.table.weight.std().item() < 1.1
+    assert 0.015 < model.head.weight.std().item() < 0.025  # the head keeps GPT-2's 0.02
+    tied = TinyGPT(64, 32, 4, 2, max_len=128, embedding_std=1.0)
+    assert 0.9 < tied.tok_emb.weight.std().item() < 1.1
+    with pytest.raises(ValueError, match="embedding_std"):
+        TinyGPT(64, 32, 4, 2, embedding_std=0.0)
+
+
+def test_untied_head_has_its_own_matrix():
+    model = make_model(num_layers=1, tie_embeddings=False)
+    assert model.head.weight is not model.tok_emb.weight
+    tied = make_model(num_layers=1)
+    assert model.num_parameters() == tied.num_parameters() + model.head.weight.numel()
+
+
 @pytest.mark.parametrize("positions", ["learned", "rope"])
 def test_captured_weights_equal_a_recomputation(positions):
     """The returned weights are softmax(q k^T / sqrt(Dh)) with the causal mask, recomputed in float64 from each

@@ -1,8 +1,8 @@
 """TinyGPT: a small decoder-only language model built from the course's attention, blocks and positions.
 
 Token embedding, positions (chapter 10: learned, sinusoidal, rotary or none), ``num_layers`` pre-LN blocks
-(:class:`GPTBlock`), a final LayerNorm and an output head tied to the token embedding (the same (V, D) matrix
-reads tokens in and scores them out). ``generate`` decodes greedily with chapter 8's
+(:class:`GPTBlock`), a final LayerNorm and an output head, by default tied to the token embedding (the same (V, D)
+matrix reads tokens in and scores them out). ``generate`` decodes greedily with chapter 8's
 :class:`~attention_course.kv_cache.KVCache`.
 
 For looking inside (chapter 12): ``forward(ids, return_weights=True)`` also returns every layer's attention
@@ -90,15 +90,21 @@ class TinyGPT(nn.Module):
             layer) or None (no position information: a causal model can still infer some).
         causal: each position sees only itself and the past (False: every position sees all; no generation).
         attention_only: blocks without feed-forward networks (the models of chapter 12).
+        tie_embeddings: the output head reuses the token embedding matrix (GPT-2).
+        embedding_std: standard deviation of the initial token and learned position embeddings (GPT-2: 0.02).
+            Chapter 12's 2-layer induction model uses 1.0 (PyTorch's default for ``nn.Embedding``) and an untied
+            head: there the embeddings must dominate the residual stream at init so that layer 2 can still read
+            which token sits where.
         dropout: on attention weights, branch outputs and embeddings, in ``.train()`` mode only.
 
-    Weights start as in GPT-2: normal(0, 0.02), and the projections that write into the residual stream
+    Weights start as in GPT-2: normal(0, 0.02) (embeddings: normal(0, ``embedding_std``)), and the projections that write into the residual stream
     (``w_o``, ``linear2``) scaled by 1 / sqrt(2 L), so the stream's size does not grow with depth at init.
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, d_ff: int | None = None,
                  max_len: int = 256, positions: str | None = "learned", causal: bool = True,
-                 attention_only: bool = False, dropout: float = 0.0):
+                 attention_only: bool = False, tie_embeddings: bool = True, embedding_std: float = 0.02,
+                 dropout: float = 0.0):
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else d_ff
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
@@ -106,6 +112,8 @@ class TinyGPT(nn.Module):
             check_size(value, name)
         check_heads(d_model, num_heads)
         check_dropout(dropout)
+        if not embedding_std > 0:
+            raise ValueError(f"embedding_std must be > 0, got embedding_std={embedding_std}")
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got positions={positions!r}")
         if positions == "rope" and (d_model // num_heads) % 2:
@@ -123,16 +131,19 @@ class TinyGPT(nn.Module):
         )
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
-        self.head.weight = self.tok_emb.weight  # tied: one (V, D) matrix embeds and unembeds
-        self.apply(self._init_weights)
+        if tie_embeddings:
+            self.head.weight = self.tok_emb.weight  # one (V, D) matrix embeds and unembeds
+        self.apply(lambda module: self._init_weights(module, embedding_std))
         for name, p in self.named_parameters():
             if name.endswith(("w_o.weight", "linear2.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * num_layers))
+        if tie_embeddings and embedding_std != 0.02:  # the head's 0.02 init above overwrote the shared matrix
+            nn.init.normal_(self.tok_emb.weight, std=embedding_std)
 
     @staticmethod
-    def _init_weights(module: nn.Module) -> None:
+    def _init_weights(module: nn.Module, embedding_std: float) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+            nn.init.normal_(module.weight, std=embedding_std if isinstance(module, nn.Embedding) else 0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
@@ -141,7 +152,7 @@ class TinyGPT(nn.Module):
         return len(self.blocks)
 
     def num_parameters(self) -> int:
-        """Number of trainable numbers; the tied embedding/head matrix counts once."""
+        """Number of trainable numbers; a tied embedding/head matrix counts once."""
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, ids: Tensor, cache: KVCache | None = None, head_mask: Tensor | None = None,
