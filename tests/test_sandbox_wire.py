@@ -2,6 +2,10 @@
 pickles, malformed or oversized replies are refused, the worker describes objects and answers calls by name."""
 
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -117,3 +121,40 @@ def test_sandbox_limits_and_paths():
     assert "/etc" not in paths and all(os.path.exists(p) for p in paths)
     env = sandbox._environment(sandbox.Limits())
     assert env["HOME"] == "/tmp" and "PYTHONPATH" in env and not any("TOKEN" in k or "KEY" in k for k in env)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, only not yet reaped
+    except FileNotFoundError:
+        return False
+
+
+INTERMEDIATE = """
+import subprocess, sys, time
+from attention_course.course import sandbox
+preexec = sandbox._preexec(sandbox.Limits(), None) if sys.argv[1] == "sandbox" else None
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=preexec)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["sandbox", "plain"])
+def test_a_killed_grader_takes_its_worker_with_it(how):
+    """The worker is started with PR_SET_PDEATHSIG (what bwrap's --die-with-parent does): kill the process that
+    started it and the worker dies too. A plain child outlives it, which shows the test can fail."""
+    parent = subprocess.Popen([sys.executable, "-c", INTERMEDIATE, how], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        assert _alive(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + (5 if how == "sandbox" else 1)  # 1 s: long enough to see it survive
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(child) == (how == "plain")
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)

@@ -97,8 +97,9 @@ class TinyGPT(nn.Module):
             which token sits where.
         dropout: on attention weights, branch outputs and embeddings, in ``.train()`` mode only.
 
-    Weights start as in GPT-2: normal(0, 0.02) (embeddings: normal(0, ``embedding_std``)), and the projections that write into the residual stream
-    (``w_o``, ``linear2``) scaled by 1 / sqrt(2 L), so the stream's size does not grow with depth at init.
+    Weights start as in GPT-2: normal(0, 0.02) (embeddings: normal(0, ``embedding_std``)), and the projections
+    that write into the residual stream (``w_o``, ``linear2``) scaled by 1 / sqrt(2 L), so the stream's size does
+    not grow with depth at init.
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, d_ff: int | None = None,

@@ -18,8 +18,9 @@ Backends (:func:`backend`):
   submission's folder; no network; an unprivileged user with no capabilities; killing the sandbox kills every
   process in it (PID namespace, ``--die-with-parent``).
 * ``rlimit`` (where bubblewrap is missing): the same worker, resource limits and scrubbed environment, but it
-  can read every file the grader's user can, use the network and signal the user's other processes. Weaker:
-  use it only for trusted classes, or install bubblewrap.
+  can read every file the grader's user can, use the network and signal the user's other processes, and a
+  process it starts in a new session outlives a killed grader (the worker itself does not: ``PR_SET_PDEATHSIG``).
+  Weaker: use it only for trusted classes, or install bubblewrap.
 
 Both: a scrubbed environment, limits on memory (``RLIMIT_AS``), CPU time, file size, core dumps and processes
 (``RLIMIT_NPROC``, and a ``pids`` cgroup where the grader may create one: root ignores ``RLIMIT_NPROC``), its own
@@ -30,6 +31,7 @@ submission prints reaches the grader's output.
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import json
 import os
@@ -155,8 +157,20 @@ def _remove_cgroup(group: Path | None) -> None:
             pass
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal the kernel sends this process when its parent dies
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the grader that started it dies (bubblewrap's
+    ``--die-with-parent`` does the same for the bwrap backend), so a killed grader leaves no worker behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
 def _preexec(limits: Limits, cgroup: Path | None):
     def apply():  # pragma: no cover - runs in the child between fork and exec
+        _die_with_parent()
         if cgroup is not None:
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
         mb = 2**20
