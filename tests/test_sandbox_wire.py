@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,6 +122,17 @@ def test_sandbox_limits_and_paths():
     assert "/etc" not in paths and all(os.path.exists(p) for p in paths)
     env = sandbox._environment(sandbox.Limits())
     assert env["HOME"] == "/tmp" and "PYTHONPATH" in env and not any("TOKEN" in k or "KEY" in k for k in env)
+
+
+def test_a_package_under_tmp_stays_visible_in_the_sandbox(monkeypatch):
+    """bwrap mounts in order: the private /tmp must come before the read-only binds, or a clone or a virtual
+    environment under /tmp would be hidden and no cell could import the package."""
+    monkeypatch.setattr(sandbox, "backend", lambda: "bwrap")
+    monkeypatch.setattr(sandbox, "_readonly_paths", lambda: ["/usr", "/tmp/clone/.venv", "/tmp/clone/src"])
+    cmd, _ = sandbox._command(Path("/tmp/attention-grade-x"), {})
+    tmpfs = cmd.index("--tmpfs")
+    assert cmd[tmpfs + 1] == "/tmp"
+    assert all(tmpfs < i for i, arg in enumerate(cmd) if arg == "--ro-bind")
 
 
 def _alive(pid: int) -> bool:

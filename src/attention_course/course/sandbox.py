@@ -121,11 +121,13 @@ def _command(folder: Path, env: dict) -> tuple[list[str], dict]:
     worker = [sys.executable, "-s", "-B", "-m", "attention_course.course.sandbox", "worker"]
     if backend() != "bwrap":
         return worker + [str(folder)], env
-    cmd = ["bwrap"]
+    # bwrap mounts in order: the private /tmp first, so that a Python or a package that lives under /tmp (a
+    # clone in /tmp) is bound on top of it instead of hidden by it
+    cmd = ["bwrap", "--tmpfs", "/tmp"]
     for path in _readonly_paths():
         cmd += ["--ro-bind", path, path]
     cmd += ["--bind", str(folder), SANDBOX_DIR, "--chdir", SANDBOX_DIR, "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp", "--unshare-all", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--unshare-all", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
