@@ -93,3 +93,18 @@ def test_shift_pattern_question(capsys):
         with pytest.raises(CheckFailed) as info:
             checks.check_choice("12.shift-pattern", letter)
         assert info.value.code == code
+
+
+def test_ablate_previous_token_question(capsys):
+    """B is right; A (copying lives in layer 2) and C (redundancy covers it) fail with [wrong-answer] and their own
+    explanation; a letter that is not an option is invalid."""
+    checks.check_choice("12.ablate-previous-token", lambda: "B")
+    assert "✓ 12.ablate-previous-token: B is right" in capsys.readouterr().out
+    for letter, words in (("A", "intact"), ("C", "SAME job")):
+        with pytest.raises(CheckFailed) as info:
+            checks.check_choice("12.ablate-previous-token", letter)
+        assert info.value.code == "wrong-answer"
+        assert words in str(info.value)
+    with pytest.raises(CheckFailed) as info:
+        checks.check_choice("12.ablate-previous-token", "D")
+    assert info.value.code == "invalid-answer"

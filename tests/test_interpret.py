@@ -156,3 +156,33 @@ def test_ablation_changes_exactly_the_ablated_head():
         assert table[layer, head].item() == pytest.approx(by_hand)
     whole = copy_accuracy(model, ids, copy_target)
     assert (table != whole).any()  # some ablation changes some prediction: the mask reaches the model
+
+
+def test_stream_write_ratio_by_hand():
+    """Layer 0: |attention output| / |token + position embedding|, per position, averaged; hooks are removed and
+    the training mode is kept. Larger embeddings give a smaller ratio, in proportion."""
+    from attention_course.gpt import causal_self_attention
+    from attention_course.interpret import stream_write_ratio
+
+    model = random_model().train()
+    ids = torch.randint(0, 20, (3, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        positions = torch.arange(9)
+        stream = model.tok_emb(ids) + model.pos_emb(positions)  # (B, T, D)
+        block = model.blocks[0]
+        written, _ = causal_self_attention(block.attn, block.norm1(stream), positions)
+        by_hand = (written.norm(dim=-1) / stream.norm(dim=-1)).mean().item()
+        second_stream, _ = block(stream, positions)
+        block1 = model.blocks[1]
+        written1, _ = causal_self_attention(block1.attn, block1.norm1(second_stream), positions)
+        by_hand1 = (written1.norm(dim=-1) / second_stream.norm(dim=-1)).mean().item()
+    assert stream_write_ratio(model, ids) == pytest.approx(by_hand, rel=1e-5)
+    assert stream_write_ratio(model, ids, layer=1) == pytest.approx(by_hand1, rel=1e-5)
+    assert model.training
+    assert not model.blocks[0]._forward_pre_hooks and not model.blocks[0].attn.w_o._forward_hooks
+    with torch.no_grad():  # LayerNorm makes the written part (almost: its eps) scale-free: 10 x the stream, ~a tenth
+        model.tok_emb.weight.mul_(10.0)
+        model.pos_emb.table.weight.mul_(10.0)
+    assert stream_write_ratio(model, ids) == pytest.approx(by_hand / 10, rel=2e-2)
+    with pytest.raises(ValueError, match="layer"):
+        stream_write_ratio(model, ids, layer=2)

@@ -6,6 +6,7 @@
   occurrence of it, the signature of an induction head (Olsson et al., 2022).
 - :func:`copy_accuracy` and :func:`ablation_mask`: next-token accuracy on the copied part of a sequence, with
   chosen heads switched off through TinyGPT's ``head_mask``.
+- :func:`stream_write_ratio`: how large a layer's attention output is next to the residual stream it is added to.
 """
 
 from __future__ import annotations
@@ -111,3 +112,30 @@ def head_ablation_table(model: nn.Module, ids: Tensor, copy_target: Tensor) -> T
             mask = ablation_mask(layers, heads, (layer, head))
             table[layer, head] = copy_accuracy(model, ids, copy_target, head_mask=mask)
     return table
+
+
+@torch.no_grad()
+def stream_write_ratio(model: nn.Module, ids: Tensor, layer: int = 0) -> float:
+    """Mean over positions of |attention output of ``layer``| / |residual stream entering that layer|, in eval mode.
+
+    ids (B, T) -> a float. For layer 0 the stream is the token plus position embedding: a ratio far above 1 means
+    that what layer 0 writes swamps which token sits where. Read with forward hooks on TinyGPT's
+    ``blocks[layer]`` (its input) and ``blocks[layer].attn.w_o`` (the attention's output).
+    """
+    check_rank(ids, "ids", 2, "(B, T)")
+    if not 0 <= layer < model.num_layers:
+        raise ValueError(f"layer must lie in [0, {model.num_layers}), got layer={layer}")
+    block = model.blocks[layer]
+    seen = {}
+    hooks = [block.register_forward_pre_hook(lambda module, args: seen.update(stream=args[0])),
+             block.attn.w_o.register_forward_hook(lambda module, args, out: seen.update(written=out))]
+    was_training = model.training
+    model.eval()
+    try:
+        model(ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    ratio = seen["written"].norm(dim=-1) / seen["stream"].norm(dim=-1)  # (B, T)
+    return ratio.mean().item()

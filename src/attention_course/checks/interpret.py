@@ -1,4 +1,5 @@
-"""Checks of chapter 12: the prefix-matching (induction) score, finding the induction head, a predicted pattern."""
+"""Checks of chapter 12: the prefix-matching (induction) score, finding the induction head, a predicted pattern,
+a predicted ablation."""
 
 from __future__ import annotations
 
@@ -21,6 +22,20 @@ choice_question(
                                              "target at i is the digit 3 places further on.")),
         "D": ("predicted-uniform-pattern", ("uniform attention averages all digits, which cannot name one of "
                                             "them; with positions, the model can and does look up exactly one key.")),
+    },
+)
+
+choice_question(
+    "12.ablate-previous-token",
+    answer="B",
+    why="an induction head finds the token to copy as the key whose PREVIOUS token matches the query's token, and "
+        "only the previous-token heads of layer 1 write 'my previous token was A' into that key. Without them the "
+        "four induction heads, though intact, have nothing to match: the circuit needs both of its halves.",
+    wrong={
+        "A": "the induction heads are intact, but they find their target through what the previous-token heads "
+             "wrote into it. Switching off one stage of a circuit breaks it, wherever the copying itself happens.",
+        "C": "heads cover for each other when they do the SAME job, as the four induction heads did in the chapter. "
+             "Here every head with a high previous-token score is off, and no other head does that job.",
     },
 )
 
