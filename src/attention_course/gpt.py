@@ -138,13 +138,12 @@ class TinyGPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("w_o.weight", "linear2.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * num_layers))
-        if tie_embeddings and embedding_std != 0.02:  # the head's 0.02 init above overwrote the shared matrix
-            nn.init.normal_(self.tok_emb.weight, std=embedding_std)
 
-    @staticmethod
-    def _init_weights(module: nn.Module, embedding_std: float) -> None:
+    def _init_weights(self, module: nn.Module, embedding_std: float) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=embedding_std if isinstance(module, nn.Embedding) else 0.02)
+            # a tied head is the embedding matrix: it is drawn (again, last) with the embeddings' std
+            embeds = isinstance(module, nn.Embedding) or module.weight is self.tok_emb.weight
+            nn.init.normal_(module.weight, std=embedding_std if embeds else 0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
