@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from attention_course import checks, merge_heads, split_heads
+from attention_course.checks import hidden
 from attention_course.checks.questions import QUESTIONS
 from attention_course.positions import apply_rope
 
@@ -53,6 +54,16 @@ def make_module(position="ok", rerotate=False, rotate_values=False, pairing="int
 def test_right_module_passes(capsys):
     checks.check_rope_cached_attention(make_module())
     assert capsys.readouterr().out.startswith("✓ Module: 4 sequences fed in chunks")
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_grader_adds_a_hidden_sequence(seed, capsys):
+    """At grading time: a fifth sequence of random width, heads and chunks, in a batch of 5; mistakes still named."""
+    with hidden.drawn_from(seed):
+        checks.check_rope_cached_attention(make_module())
+        assert capsys.readouterr().out.startswith("✓ Module: 5 sequences fed in chunks")
+        with pytest.raises(checks.CheckFailed, match=r"^\[rope-position-not-offset\]"):
+            checks.check_rope_cached_attention(make_module(position="restart"))
 
 
 @pytest.mark.parametrize("kwargs, code", [

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from attention_course.course import grade, judge, references, sandbox
 
@@ -261,15 +261,59 @@ def test_the_rlimit_fallback_grades_the_same(tmp_path, monkeypatch):
     assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
 
 
-def test_a_forged_verdict_from_the_sandbox_does_not_count():
-    """The submission controls its process: it could send a report with a passing verdict for a function's
-    check. The grader takes a verdict from the sandbox only for a check that may take a class."""
+def test_a_forged_verdict_from_the_sandbox_does_not_count(monkeypatch):
+    """The submission controls its process: it could send a report with a passing verdict. For a plain checker
+    call the grader never reads it, for a function or a class alike: the checker runs here."""
     event = {"op": "check", "objects": {"softmax": {"kind": "error", "etype": "NameError", "message": "x"}},
              "verdict": {"passed": True}}
     calls = judge.parse_check("checks.check_softmax(softmax)")
     nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
     box = types.SimpleNamespace(limits=sandbox.Limits())
     assert grade._judge_point(event, calls, box, nb, 0, set(), False) == (False, "NameError", "NameError: x")
-    event["objects"]["softmax"] = {"kind": "class", "name": "softmax"}
-    assert grade._judge_point(event, calls, box, nb, 0, set(), True) == (True, None, None)
+    event["objects"]["softmax"] = {"kind": "class", "name": "softmax", "class": True, "types": []}
     assert grade._judge_point(event, calls, box, nb, 0, set(), False)[:2] == (False, "wrong-type")
+    monkeypatch.setattr(judge, "run_checks", lambda *a: (False, "judged-here", ""))
+    assert grade._judge_point(event, calls, box, nb, 0, set(), True)[:2] == (False, "judged-here")
+
+
+FEED_FORWARD = """import torch
+from torch import nn
+from attention_course import checks
+
+
+class MyFeedForward(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.linear2(self.dropout({hidden}))
+"""
+CHEATS = ("for n in dir(checks):\n    if n.startswith('check_'):\n        setattr(checks, n, lambda *a, **k: None)\n"
+          "torch.allclose = lambda *a, **k: True\nimport numpy as np\nnp.allclose = lambda *a, **k: True\n"
+          "get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)")
+
+
+def _class_notebook(hidden: str, *extra: str):
+    """One class exercise (chapter 11's feed-forward network), its check cell last."""
+    check = new_code_cell("checks.check_feed_forward(MyFeedForward)")
+    check.metadata["tags"] = ["check", "exercise-1"]
+    cells = [new_markdown_cell("# Exercises: a class"), new_markdown_cell("## Exercise 1 (core): Feed-forward"),
+             new_code_cell(FEED_FORWARD.format(hidden=hidden)), *map(new_code_cell, extra), check]
+    return new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                              "language": "python"}})
+
+
+def test_a_class_is_judged_by_the_grader_not_by_the_sandbox(tmp_path):
+    """A class exercise whose submission forgets the activation and patches every check, torch.allclose,
+    np.allclose and IPython's exception hook: the checker runs in the grader, builds the module by reference and
+    names the mistake. (When a class's check ran inside the sandbox, these patches made it pass.)"""
+    nbformat.write(_class_notebook("torch.relu(self.linear1(x))"), tmp_path / "reference.ipynb")
+    nbformat.write(_class_notebook("self.linear1(x)", CHEATS), tmp_path / "cheat.ipynb")
+    nbformat.write(_class_notebook("torch.relu(self.linear1(x))", CHEATS), tmp_path / "honest.ipynb")
+    limits = sandbox.Limits(cell_s=30, notebook_s=120)
+    cheat, honest = grade.grade([tmp_path / "cheat.ipynb", tmp_path / "honest.ipynb"],
+                                reference=tmp_path / "reference.ipynb", limits=limits)
+    assert [(e.passed, e.code) for e in cheat.exercises] == [(False, "ffn-activation-missing")]
+    assert [(e.passed, e.code) for e in honest.exercises] == [(True, None)]

@@ -1,6 +1,7 @@
 """The grader's wire format and the sandbox worker's pieces, in this process: values round-trip without
 pickles, malformed or oversized replies are refused, the worker describes objects and answers calls by name."""
 
+import inspect
 import os
 import signal
 import subprocess
@@ -13,6 +14,8 @@ import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 
+from attention_course import checks
+from attention_course.checks import runner
 from attention_course.course import judge, sandbox, wire
 
 
@@ -82,16 +85,22 @@ def test_the_worker_describes_what_a_check_is_given(shell):
     assert err.value.code == "NameError"
 
 
-def test_a_check_given_a_class_runs_in_the_sandbox(shell):
+def test_a_check_given_a_class_does_not_run_in_the_sandbox(shell):
+    """A class is described (its name, signature and bases), not checked there: the checker builds and calls
+    it by reference from the grader. Only a check cell that is not a plain checker call runs there."""
     point = sandbox._check_point(shell, {"exprs": ["Model"]}, "raise AssertionError('[wrong-output] no')", 5)
-    assert point["objects"]["Model"]["kind"] == "class"
+    model = point["objects"]["Model"]
+    assert (model["kind"], model["name"], model["class"], point["verdict"]) == ("class", "Model", True, None)
+    assert "builtins.object" in model["types"]
+    point = sandbox._check_point(shell, {"exprs": [], "run_in_sandbox": True},
+                                 "raise AssertionError('[wrong-output] no')", 5)
     assert judge.sandbox_verdict(point["verdict"]) == (False, "wrong-output", "[wrong-output] no")
 
 
 def _call(kept, expr, *args, seconds=5):
     arrays = {}
     request = {"expr": expr, "args": wire.encode(list(args), arrays), "kwargs": wire.encode({}, arrays)}
-    return sandbox._reply_to_call(request, arrays, kept, seconds)
+    return sandbox._reply_to_call(request, arrays, sandbox.Objects(kept), seconds)
 
 
 def test_the_worker_answers_calls(shell):
@@ -104,6 +113,81 @@ def test_the_worker_answers_calls(shell):
     assert _call(kept, "double", "a", "b")[0]["etype"] == "TypeError"
     assert _call(kept, "nothing")[0]["etype"] == "NameError"
     assert _call(kept, "slow", 1, seconds=0.2)[0] == {"ok": False, "timeout": True}
+
+
+class Loopback:
+    """The grader's side of a sandbox whose worker runs in this process: every request and reply still crosses
+    the wire format (packed and unpacked), and the worker's table keeps the objects it hands out."""
+
+    def __init__(self, named: dict):
+        self.table = sandbox.Objects(named)
+        self.requests = 0
+
+    def _ask(self, request, arrays):
+        self.requests += 1
+        header, arrays = wire.unpack(wire.pack(request, arrays)[8:])
+        reply, out = sandbox._reply_to_call(header, arrays, self.table, 10)
+        return wire.unpack(wire.pack(reply, out)[8:])
+
+    def call(self, key, expr, args, kwargs, keep=None):
+        arrays = {}
+        request = {"op": "call", "key": key, "expr": expr, "args": wire.encode(list(args), arrays, keep=keep),
+                   "kwargs": wire.encode(dict(kwargs), arrays, keep=keep)}
+        return self._ask(request, arrays)
+
+    def attribute(self, key, expr, name):
+        return self._ask({"op": "getattr", "key": key, "expr": expr, "name": name}, {})
+
+
+def _remote_class(cls):
+    box = Loopback({cls.__name__: cls})
+    return judge.Remote(box, "0", cls.__name__, sandbox._describe(cls)), box
+
+
+def test_a_remote_module_is_built_loaded_and_called_by_reference():
+    """What the module checks do to a student's class, done through the wire: the module and its layers stay in
+    the worker, weights copied into a layer change the module there, outputs come back as data."""
+    remote_cls, box = _remote_class(torch.nn.Linear)
+    assert runner.is_class(remote_cls) and remote_cls.__name__ == "Linear"
+    assert repr(remote_cls) == "<class Linear in the sandbox>"
+    assert list(inspect.signature(remote_cls).parameters)[:2] == ["in_features", "out_features"]
+    layer = remote_cls(3, 2).eval()
+    assert type(layer).__name__ == "Linear" and isinstance(layer, judge.Remote)
+    assert runner.is_instance(layer, torch.nn.Module) and not runner.is_instance(layer, torch.nn.LayerNorm)
+    assert tuple(layer.weight.shape) == (2, 3) and layer.weight.dtype == torch.float32
+    layer.weight.copy_(torch.arange(6.0).reshape(2, 3))  # in the worker, without autograd
+    layer.bias.copy_(torch.zeros(2))
+    out = layer(torch.ones(1, 3))
+    assert isinstance(out, torch.Tensor) and out.tolist() == [[3.0, 12.0]]
+    state = layer.state_dict()  # an OrderedDict of tensors: data
+    assert sorted(state) == ["bias", "weight"] and isinstance(state["weight"], torch.Tensor)
+    keys = layer.load_state_dict(state, strict=False)  # a named tuple: kept, its fields read by reference
+    assert keys.missing_keys == [] and keys.unexpected_keys == []
+    with pytest.raises(RuntimeError, match="size mismatch"):  # the worker's RuntimeError is one here too
+        layer.load_state_dict({"weight": torch.zeros(5, 5), "bias": torch.zeros(2)})
+    assert getattr(layer, "w_q", None) is None  # AttributeError in the worker
+    with pytest.raises(AttributeError, match="cannot set"):
+        layer.weight = None
+    with pytest.raises(AttributeError):
+        layer.__array__  # noqa: B018 - special names are never forwarded
+    assert not runner.is_instance(torch.nn.Linear(2, 2), torch.nn.LayerNorm)  # local objects: plain isinstance
+    assert box.table.objects  # the module and its layers live in the worker's table
+
+
+def test_module_checks_judge_a_remote_class_and_name_its_mistake():
+    """The module checkers run unchanged on the stand-in: a correct class passes, a planted bug is named."""
+    from attention_course import block, bug_zoo
+    from attention_course.multi_head import MultiHeadAttention
+
+    checks.check_multi_head_attention(_remote_class(MultiHeadAttention)[0])
+    checks.check_pre_ln_block(_remote_class(type("PreLNBlock", (block.EncoderBlock,), {
+        "__init__": lambda self, d, h, f, dropout=0.0: block.EncoderBlock.__init__(self, d, h, f, dropout,
+                                                                                      norm_first=True)}))[0])
+
+    with pytest.raises(checks.CheckFailed, match=r"^\[missing-scale\]"):
+        checks.check_single_head_attention(_remote_class(bug_zoo.SHAMissingScale)[0])
+    with pytest.raises(checks.CheckFailed, match=r"^\[weight-not-transposed\]"):
+        checks.check_single_head_attention(_remote_class(bug_zoo.SHAWeightNotTransposed)[0])
 
 
 def test_check_cells_are_parsed_into_checker_calls():

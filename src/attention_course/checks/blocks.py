@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from .. import block
 from ..masks import padding_mask
+from . import hidden
 from .diagnosis import diagnose
 from .modules import _require_eval_outputs
 from .questions import choice_question, number_question
@@ -24,6 +25,7 @@ from .runner import (
     close,
     display_name,
     fail,
+    is_instance,
     run_check,
     shape_text,
 )
@@ -54,7 +56,7 @@ def _build(cls, label: str, args: tuple, dropout: float | None) -> torch.nn.Modu
     call_text = f"{label}({', '.join(map(str, args))}{', dropout=' + str(dropout) if kwargs else ''})"
     names = ("d_model", "num_heads", "d_ff") if len(args) == 3 else ("d_model", "d_ff")
     module = call(cls, dict(zip(names, args, strict=True)) | kwargs, label, positional=len(args), call_text=call_text)
-    if not isinstance(module, torch.nn.Module):
+    if not is_instance(module, torch.nn.Module):
         raise fail("wrong-type", f"{label}(...) built a {type(module).__name__}; expected a torch.nn.Module.")
     return module.eval()
 
@@ -215,12 +217,18 @@ def _describe(config, mask, memory=None, memory_mask=None):
     return text + (f", padding mask of shape {shape_text(mask.shape)}" if mask is not None else ", no mask")
 
 
+def _configs():
+    """The public configurations, then the hidden ones (batches of 5 and more, each example with its padding)."""
+    return _CONFIGS + [(*sizes, True) for sizes in hidden.block_sizes()]
+
+
 def _check_encoder_body(cls, label, norm_first, test_dropout):
-    for i, config in enumerate(_CONFIGS, 1):
+    configs = _configs()
+    for i, config in enumerate(configs, 1):
         d_model, num_heads, d_ff = config[:3]
         ref = _randomised(block.EncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first), seed=i)
         x, _, mask, _ = _case(config, seed=10 + i)
-        case = f"case {i} of {len(_CONFIGS)}: {_describe(config, mask)}"
+        case = f"case {i} of {len(configs)}: {_describe(config, mask)}"
         module = _build(cls, label, (d_model, num_heads, d_ff), None)
         _load(module, ref, label)
         out = _run(module, {"x": x, "mask": mask}, label, case, positional=1)
@@ -234,7 +242,7 @@ def _check_encoder_body(cls, label, norm_first, test_dropout):
             outs = [_run(noisy, {"x": x, "mask": mask}, label, case, positional=1) for _ in range(2)]
             _require_eval_outputs(outs, expected, ATOL, RTOL, case)
     order = "x + drop(branch(norm(x)))" if norm_first else "norm(x + drop(branch(x)))"
-    text = (f"✓ {display_name(cls, label)}: {len(_CONFIGS)} random cases (head counts 2 to 4, d_ff != d_model, "
+    text = (f"✓ {display_name(cls, label)}: {len(configs)} random cases (head counts 2 to 4, d_ff != d_model, "
             f"with and without padding) match the reference {order}")
     return text + ("; dropout is off in eval mode" if test_dropout else "")
 
@@ -257,11 +265,12 @@ def check_post_ln_block(cls, *, test_dropout: bool = True, timeout: float = DEFA
 
 
 def _check_decoder_body(cls, label, test_dropout):
-    for i, config in enumerate(_CONFIGS, 1):
+    configs = _configs()
+    for i, config in enumerate(configs, 1):
         d_model, num_heads, d_ff = config[:3]
         ref = _randomised(block.DecoderBlock(d_model, num_heads, d_ff, norm_first=True), seed=20 + i)
         x, memory, _, memory_mask = _case(config, seed=30 + i)
-        case = f"case {i} of {len(_CONFIGS)}: {_describe(config, None, memory, memory_mask)}"
+        case = f"case {i} of {len(configs)}: {_describe(config, None, memory, memory_mask)}"
         module = _build(cls, label, (d_model, num_heads, d_ff), None)
         _load(module, ref, label)
         args = {"x": x, "memory": memory, "memory_mask": memory_mask}
@@ -275,7 +284,7 @@ def _check_decoder_body(cls, label, test_dropout):
             _load(noisy, ref, label)
             outs = [_run(noisy, args, label, case, positional=2) for _ in range(2)]
             _require_eval_outputs(outs, expected, ATOL, RTOL, case)
-    text = (f"✓ {display_name(cls, label)}: {len(_CONFIGS)} random cases (Tq != Tk, head counts 2 to 4, with and "
+    text = (f"✓ {display_name(cls, label)}: {len(configs)} random cases (Tq != Tk, head counts 2 to 4, with and "
             "without the memory's padding mask) match the reference: causal self-attention, cross-attention to the "
             "memory, feed-forward")
     return text + ("; dropout is off in eval mode" if test_dropout else "")
@@ -293,6 +302,7 @@ def check_decoder_block(cls, *, test_dropout: bool = True, timeout: float = DEFA
 
 def _check_ffn_body(cls, label, test_dropout):
     configs = [(8, 32, (2, 5)), (12, 20, (3, 4)), (6, 6, (1, 7))]
+    configs += [(d_model, d_ff, (b, t)) for d_model, _, d_ff, b, t, _ in hidden.block_sizes()]
     for i, (d_model, d_ff, (b, t)) in enumerate(configs, 1):
         ref = _randomised(block.FeedForward(d_model, d_ff, "relu"), seed=40 + i)
         x = torch.randn(b, t, d_model, generator=torch.Generator().manual_seed(50 + i))

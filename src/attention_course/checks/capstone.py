@@ -12,10 +12,21 @@ import numpy as np
 import torch
 
 from .. import numpy_ref
+from . import hidden
 from .diagnosis import diagnose
 from .positions import rope_variant
 from .questions import choice_question, number_question
-from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, fail, run_check, shape_text
+from .runner import (
+    DEFAULT_TIMEOUT,
+    as_array,
+    call,
+    close,
+    display_name,
+    fail,
+    is_instance,
+    run_check,
+    shape_text,
+)
 
 # (d_model, num_heads, chunk lengths): a prompt alone, a prompt then single tokens, chunks of several tokens
 _CASES = [(16, 2, (5,)), (24, 4, (3, 1, 1, 2)), (32, 4, (1, 1, 1, 1, 1)), (12, 2, (2, 4, 1))]
@@ -83,7 +94,7 @@ def _load(module, params, case):
     with torch.no_grad():
         for name in "qkvo":
             linear = getattr(module, f"w_{name}", None)
-            if not isinstance(linear, torch.nn.Linear) or linear.bias is None:
+            if not is_instance(linear, torch.nn.Linear) or linear.bias is None:
                 raise fail("missing-attribute", f"Your module needs w_{name}, an nn.Linear(d_model, d_model) with "
                            "a bias: the check loads known weights into it.", case=case)
             linear.weight.copy_(torch.tensor(params[f"w_{name}"].T, dtype=torch.float32))
@@ -108,10 +119,11 @@ def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
 
     def body():
         rng = np.random.default_rng(14)
-        for n, (d, h, chunks) in enumerate(_CASES, 1):
-            case = f"case {n} of {len(_CASES)}: d_model={d}, num_heads={h}, chunks of {list(chunks)} tokens"
+        cases = _CASES + hidden.capstone_sizes()
+        for n, (d, h, chunks) in enumerate(cases, 1):
+            case = f"case {n} of {len(cases)}: d_model={d}, num_heads={h}, chunks of {list(chunks)} tokens"
             params = numpy_ref.init_mha_params(d, seed=n)
-            x = rng.standard_normal((2, sum(chunks), d))
+            x = rng.standard_normal((2 if n <= len(_CASES) else 5, sum(chunks), d))  # hidden: a batch of 5
             torch.manual_seed(0)
             module = call(cls, {"d_model": d, "num_heads": h}, label, positional=2)
             module.eval()
@@ -136,7 +148,7 @@ def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
             candidates = [(code, detail, lambda kw=kw: (chunked_variant(x, params, h, chunks, **kw)[0], None))
                           for code, detail, kw in _VARIANTS]
             diagnose(out_s, None, candidates, case, ref_out, None, atol=atol, rtol=rtol)
-        return (f"✓ {label}: {len(_CASES)} sequences fed in chunks (a prompt, single tokens, several at once; "
+        return (f"✓ {label}: {len(cases)} sequences fed in chunks (a prompt, single tokens, several at once; "
                 "2 to 4 heads) match full causal RoPE attention over the whole sequence, and the cache holds "
                 "every rotated key and value")
 

@@ -89,18 +89,19 @@ def sdpa_cases(fully_masked_rows: bool, seed: int = 0):
         yield q, k, v, mask, desc
 
 
-def to_framework(x, framework: str):
+def to_framework(x, framework: str, dtype: str | None = None):
     """A float64/bool NumPy case array as the student's function receives it: a NumPy copy (float64), or a float32
-    torch tensor / TensorFlow tensor (masks stay boolean)."""
+    torch tensor / TensorFlow tensor (masks stay boolean); ``dtype`` ("float32", "float64"): another float dtype
+    (see :func:`.hidden.other_dtype`)."""
     if x is None:
         return None
     if framework == "numpy":
-        return x.copy()
+        return x.astype(dtype or np.float64) if x.dtype != np.bool_ else x.copy()
     if framework == "tf":
         return to_tf(x)
     if x.dtype == np.bool_:
         return torch.from_numpy(x.copy())
-    return torch.tensor(x, dtype=torch.float32)
+    return torch.tensor(x, dtype=getattr(torch, dtype or "float32"))
 
 
 def to_tf(a):
@@ -141,6 +142,24 @@ def mha_cases(d_model, seed=5):
     mask[2] = False
     cases.append((s, s, s, mask, "self-attention, x (2, 4, D), mask (4, 4) whose row 2 is fully masked"))
     return cases
+
+
+def hidden_batch_cases(d_in, b, t_q, t_k, seed, key_in=None):
+    """Hidden (query, key, value, mask, description) cases of a module with ``b`` >= 5 examples (see
+    :mod:`.hidden`): cross-attention with Tq != Tk and a padding mask of its own per example, then causal
+    self-attention. ``key_in``: the masks' shape for a module whose masks broadcast to (B, Tq, Tk) (single-head)
+    rather than (B, H, Tq, Tk)."""
+    rng = np.random.default_rng(seed)
+    lengths = [int(n) for n in rng.integers(1, t_k + 1, size=b)]
+    padding = numpy_ref.padding_mask(lengths, t_k)  # (B, 1, 1, Tk)
+    padding = padding[:, 0] if key_in == "single-head" else padding
+    x = rng.standard_normal((b, t_q, d_in))
+    memory = rng.standard_normal((b, t_k, d_in))
+    return [(rng.standard_normal((b, t_q, d_in)), memory, memory, padding,
+             f"cross-attention, query {shape_text((b, t_q, d_in))}, key and value {shape_text(memory.shape)}, padding "
+             f"mask {shape_text(padding.shape)} for lengths {lengths}"),
+            (x, x, x, numpy_ref.causal_mask(t_q), f"self-attention, x {shape_text(x.shape)}, causal mask "
+             f"{shape_text((t_q, t_q))}")]
 
 
 def mha_cross_dim_cases(d_model, kdim, vdim, seed=6):

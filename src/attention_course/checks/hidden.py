@@ -4,8 +4,10 @@ Students self-check in their notebooks with the fixed public cases only. The gra
 in the submission's) calls :func:`enable` with a seed; from then on the checkers that take them add the cases
 below: larger T and D (code that only works up to some size fails), Tq > Tk and Tq < Tk, batches of 5 and more
 (masks with their own row per example), rows whose maxima are far apart (a softmax that subtracts the global
-maximum gives NaN), arrays of more than 60 elements, and integer arrays for the softmax. The diagnoses work on them
-as on the public cases.
+maximum gives NaN), arrays of more than 60 elements, integer and float32 arrays for the softmax, and the dtype the
+public cases do not use (float32 NumPy arrays, float64 torch tensors) for scaled dot-product attention. The module
+checks (single-head, multi-head, blocks, the capstone) add a size of their own: more heads, wider features,
+batches of 5 and more, Tq != Tk, a padding mask per example. The diagnoses work on them as on the public cases.
 """
 
 from __future__ import annotations
@@ -81,10 +83,66 @@ def softmax_inputs() -> list[tuple[str, np.ndarray]]:
     far = rng.standard_normal((4, t)) + np.array([[0.0], [2000.0], [-1500.0], [900.0]])
     big = rng.standard_normal((int(rng.integers(5, 8)), 3, int(rng.integers(11, 20)))) * 4
     ints = rng.integers(-6, 7, size=(3, t))
+    single = (rng.standard_normal((3, t)) * 3).astype(np.float32)
     return [(f"a (4, {t}) matrix whose rows have maxima far apart (0, 2000, -1500, 900)", far),
             (f"a {big.shape} array of {big.size} values", big),
             (f"a (3, {t}) array of integers (dtype int64)", ints),
+            (f"a (3, {t}) array of dtype float32", single),
             ("[[0, 1], [2000, 2001]]", np.array([[0.0, 1.0], [2000.0, 2001.0]]))]
+
+
+def other_dtype(framework: str) -> str | None:
+    """The dtype in which the hidden attention cases are sent once more: the one the public cases of
+    ``framework`` do not use (NumPy: float64 -> float32; torch: float32 -> float64)."""
+    if not active():
+        return None
+    return {"numpy": "float32", "torch": "float64"}.get(framework)
+
+
+def _n(rng, lo: int, hi: int) -> int:
+    return int(rng.integers(lo, hi + 1))
+
+
+def mha_sizes() -> list[tuple[int, int, int, int, int]]:
+    """(d_model, num_heads, B, Tq, Tk) of the hidden multi-head attention cases: 4 to 6 heads of 3 to 5 features,
+    B >= 5, Tq != Tk (one way, then the other)."""
+    if not active():
+        return []
+    rng = _rng(6)
+    heads = _n(rng, 4, 6)
+    return [(heads * _n(rng, 3, 5), heads, _n(rng, 5, 7), _n(rng, 10, 14), _n(rng, 5, 9))]
+
+
+def single_head_sizes() -> list[tuple[int, int, int, int, int]]:
+    """(d_in, d_out, B, Tq, Tk) of the hidden single-head cases: d_in != d_out, both > 8, B >= 5, Tq != Tk."""
+    if not active():
+        return []
+    rng = _rng(7)
+    d_in = _n(rng, 9, 14)
+    return [(d_in, d_in + _n(rng, 1, 6), _n(rng, 5, 7), _n(rng, 3, 6), _n(rng, 10, 14))]
+
+
+def block_sizes() -> list[tuple[int, int, int, int, int, int]]:
+    """(d_model, num_heads, d_ff, B, T, Tk of the memory) of the hidden transformer-block cases (2 to 4 heads, as
+    the public ones), with a padding mask per example."""
+    if not active():
+        return []
+    rng = _rng(8)
+    heads = _n(rng, 2, 4)
+    return [(heads * _n(rng, 3, 6), heads, _n(rng, 10, 40), _n(rng, 5, 7), _n(rng, 9, 13), _n(rng, 5, 8))]
+
+
+def capstone_sizes() -> list[tuple[int, int, tuple[int, ...]]]:
+    """(d_model, num_heads, chunk lengths) of a hidden capstone case: 2 to 4 heads of an even width, a prompt,
+    then chunks of 1 to 3 tokens, 10 to 16 tokens in all."""
+    if not active():
+        return []
+    rng = _rng(9)
+    heads = _n(rng, 2, 4)
+    chunks, total = [_n(rng, 4, 7)], _n(rng, 10, 16)
+    while sum(chunks) < total:
+        chunks.append(_n(rng, 1, 3))
+    return [(heads * 2 * _n(rng, 2, 4), heads, tuple(chunks))]
 
 
 def causal_sizes() -> list[tuple[int, int]]:

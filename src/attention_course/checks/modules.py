@@ -15,7 +15,16 @@ import numpy as np
 import torch
 
 from .. import numpy_ref
-from .cases import mha_cases, mha_cross_dim_cases, single_head_cases, single_head_params, to_framework, to_tf
+from . import hidden
+from .cases import (
+    hidden_batch_cases,
+    mha_cases,
+    mha_cross_dim_cases,
+    single_head_cases,
+    single_head_params,
+    to_framework,
+    to_tf,
+)
 from .core import sdpa_check_body
 from .diagnosis import diagnose, mha_candidates, single_head_candidates
 from .questions import choice_question, number_question
@@ -27,6 +36,8 @@ from .runner import (
     close,
     display_name,
     fail,
+    is_class,
+    is_instance,
     run_check,
     shape_text,
     split_result,
@@ -44,6 +55,9 @@ def _mha_configs(cross_dims: bool):
     for d_model, num_heads in _MHA_CONFIGS:
         params = numpy_ref.init_mha_params(d_model, seed=d_model)
         configs.append((d_model, num_heads, None, None, params, mha_cases(d_model)))
+    for d_model, num_heads, b, t_q, t_k in hidden.mha_sizes():
+        params = numpy_ref.init_mha_params(d_model, seed=d_model + 1)
+        configs.append((d_model, num_heads, None, None, params, hidden_batch_cases(d_model, b, t_q, t_k, seed=t_q)))
     if cross_dims:
         d_model, num_heads, kdim, vdim = _MHA_CROSS_DIM_CONFIG
         params = numpy_ref.init_mha_params(d_model, kdim, vdim, seed=kdim + vdim)
@@ -73,7 +87,8 @@ def _mha_case_prefix(d_model, num_heads, kdim, vdim):
 
 def _mha_success(label, n, cross_dims):
     dims = ", also with kdim, vdim != d_model;" if cross_dims else ","
-    return f"✓ {label}: {n} cases (2 sizes; self- and cross-attention{dims} Tq != Tk, masks) match the reference"
+    sizes = len(_MHA_CONFIGS) + len(hidden.mha_sizes())
+    return f"✓ {label}: {n} cases ({sizes} sizes; self- and cross-attention{dims} Tq != Tk, masks) match the reference"
 
 
 def _call_mha(module, query, key, value, mask, framework, label, training=None):
@@ -95,7 +110,7 @@ _MHA_MISSING = ("Name the projections self.w_q, self.w_k, self.w_v and self.w_o,
 
 def _has_linears(module, names=("w_q", "w_k", "w_v")) -> bool:
     """Whether the checker loads the weights itself: the module has nn.Linear attributes w_q, w_k, w_v."""
-    return all(isinstance(getattr(module, name, None), torch.nn.Linear) for name in names)
+    return all(is_instance(getattr(module, name, None), torch.nn.Linear) for name in names)
 
 
 def _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v", "w_o"), advice=_MHA_MISSING):
@@ -108,7 +123,7 @@ def _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v", "w_o"), a
     effective = dict(params)
     if _has_linears(module):
         for name, lin in linears.items():
-            if not isinstance(lin, nn.Linear):
+            if not is_instance(lin, nn.Linear):
                 continue  # a module without w_o: diagnosed from its output
             w = params[name].T
             if tuple(lin.weight.shape) != w.shape:
@@ -124,7 +139,7 @@ def _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v", "w_o"), a
     if callable(getattr(module, "load_numpy_params", None)):
         call(module.load_numpy_params, {"params": params}, f"{label}.load_numpy_params")
         return effective
-    missing = [name for name, lin in linears.items() if not isinstance(lin, nn.Linear)]
+    missing = [name for name, lin in linears.items() if not is_instance(lin, nn.Linear)]
     raise fail("missing-attribute", f"Your module has no nn.Linear attribute(s) {', '.join(missing)} (and no "
                 f"load_numpy_params method), so the checker cannot load known weights. {advice}")
 
@@ -144,7 +159,7 @@ def _torch_module(cls, label, sizes, dropout, **kwargs):
     """Build the student's torch module (with ``dropout=`` unless None, and ``kwargs``) in eval mode."""
     kwargs = kwargs if dropout is None else {"dropout": dropout, **kwargs}
     module = _construct_with(cls, label, sizes, **kwargs)
-    if not isinstance(module, torch.nn.Module):
+    if not is_instance(module, torch.nn.Module):
         raise fail("wrong-type", f"{label}(...) built a {type(module).__name__}; expected a torch.nn.Module.")
     return module.eval()
 
@@ -277,7 +292,7 @@ def check_einsum_attention(fn_or_cls, *, timeout: float = DEFAULT_TIMEOUT):
       cross-attention with keys (B, Tk, kdim) and values (B, Tk, vdim) of other widths than d_model;
     * any other function -> ``fn(q, k, v, mask=None)`` as :func:`check_scaled_dot_product_attention`.
     """
-    if inspect.isclass(fn_or_cls):
+    if is_class(fn_or_cls):
         check_multi_head_attention(fn_or_cls, timeout=timeout)
         return
     label = display_name(fn_or_cls, "einsum attention")
@@ -371,10 +386,12 @@ def _check_single_head_body(cls, label, test_dropout, atol=2e-5, rtol=1e-4):
     def load(module, params):
         return _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v"), advice=_SINGLE_HEAD_MISSING)
 
-    for d_in, d_out in _SINGLE_HEAD_CONFIGS:
+    configs = [(d_in, d_out, single_head_cases(d_in)) for d_in, d_out in _SINGLE_HEAD_CONFIGS]
+    configs += [(d_in, d_out, hidden_batch_cases(d_in, b, t_q, t_k, seed=d_out, key_in="single-head"))
+                for d_in, d_out, b, t_q, t_k in hidden.single_head_sizes()]
+    for d_in, d_out, cases in configs:
         module = _torch_module(cls, label, {"d_in": d_in, "d_out": d_out}, None)
         effective = load(module, single_head_params(d_in, d_out, seed=d_in + d_out))
-        cases = single_head_cases(d_in)
         for i, (query, key, value, mask, desc) in enumerate(cases, 1):
             n += 1
             case = f"d_in={d_in}, d_out={d_out}, case {i} of {len(cases)}: {desc}"
@@ -388,7 +405,7 @@ def _check_single_head_body(cls, label, test_dropout, atol=2e-5, rtol=1e-4):
             layout_code = "weight-not-transposed" if _has_linears(module) else "weight-layout-transposed"
             diagnose(out_s, w_s, single_head_candidates(query, key, value, effective, mask, layout_code), case,
                       ref_out, ref_w, atol=atol, rtol=rtol)
-    text = (f"✓ {label}: {n} cases ({len(_SINGLE_HEAD_CONFIGS)} sizes, d_in != d_out too; self- and cross-attention, "
+    text = (f"✓ {label}: {n} cases ({len(configs)} sizes, d_in != d_out too; self- and cross-attention, "
             "Tq != Tk, masks) match the reference")
     if not test_dropout:
         return text

@@ -19,6 +19,7 @@ renders its own traceback (``_render_traceback_``), so stored notebook outputs c
 
 from __future__ import annotations
 
+import inspect
 import math
 import signal
 import threading
@@ -289,6 +290,27 @@ def as_array(value, what: str, case: str, kind: str = "float") -> np.ndarray:
             )
         return arr
     return arr.astype(np.float64)
+
+
+def _sandbox_field(value, name: str, default):
+    """A field of the grader's stand-in for an object in its sandbox (``course.judge.Remote``), read without
+    running any ``__getattr__`` of the object (a local module's, a student's)."""
+    try:
+        return object.__getattribute__(value, name)
+    except AttributeError:
+        return default
+
+
+def is_instance(value, cls: type) -> bool:
+    """``isinstance(value, cls)``; for the grader's stand-in of an object in its sandbox, by the qualified class
+    names the sandbox reported."""
+    return isinstance(value, cls) or f"{cls.__module__}.{cls.__qualname__}" in _sandbox_field(
+        value, "_sandbox_types", ())
+
+
+def is_class(value) -> bool:
+    """Whether ``value`` is a class (or the grader's stand-in for a class in its sandbox)."""
+    return inspect.isclass(value) or _sandbox_field(value, "_sandbox_class", False) is True
 
 
 def type_name(value) -> str:

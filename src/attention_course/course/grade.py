@@ -12,10 +12,11 @@ broken exercise does not stop the later ones, a time limit per cell (``--timeout
 ``exercise-N``; see CONTRIBUTING.md, "Adding an exercise"). The sandbox does not run a check cell such as
 ``checks.check_softmax(softmax)``: it reports what ``softmax`` is, and the checker runs here, in the grader's
 process, calling the student's function through a stand-in that sends the inputs to the sandbox and gets the
-outputs back (:mod:`.judge`). The checkers add hidden cases drawn from ``--seed`` (default: random per run;
-:mod:`attention_course.checks.hidden`). A function that calls the reference implementation fails with
-``calls-reference`` (:mod:`.references`). Checks given a class, and check cells that are not plain
-``checks.check_*(...)`` calls, still run inside the sandbox (see the instructor guide).
+outputs back (:mod:`.judge`); a class is built, loaded with weights and called by reference the same way. The
+checkers add hidden cases drawn from ``--seed`` (default: random per run; :mod:`attention_course.checks.hidden`).
+A function or class that calls the reference implementation fails with ``calls-reference`` (:mod:`.references`).
+Only a check cell that is not a plain ``checks.check_*(...)`` call, which can happen only without a reference,
+runs inside the sandbox (see the instructor guide).
 
 A failing check's diagnosis code (``[missing-scale]``, ...) is reported; other errors by exception name (e.g.
 ``NameError``), a check stopped by a time limit as ``timeout``, and a check cell that never ran (the submission's
@@ -183,8 +184,8 @@ def _plan(nb, ref_nb):
 
 
 def class_exercises(ref_nb) -> dict[int, bool]:
-    """``{exercise number: whether its reference solution gives the check a class}``: only those checks may run
-    inside the sandbox (a class handed to a function's check would otherwise let the submission judge itself)."""
+    """``{exercise number: whether its reference solution gives the check a class}`` (a class handed to a
+    function's check gets a clear message)."""
     found = {}
     for index, number, _, _ in _check_cells(ref_nb):
         definitions = references.definitions(ref_nb, index)
@@ -193,12 +194,10 @@ def class_exercises(ref_nb) -> dict[int, bool]:
     return found
 
 
-def _sandbox_cells(nb, plan, classes: dict | None = None) -> tuple[list[dict], dict]:
-    """The job for the sandbox (every code cell; at check cells the expressions the check is given, and whether a
-    class may be checked there: ``classes``, see :func:`class_exercises`; None: always) and ``{check cell key:
-    parsed checker calls or None}``."""
+def _sandbox_cells(nb, plan) -> tuple[list[dict], dict]:
+    """The job for the sandbox (every code cell; at check cells the expressions the check is given) and
+    ``{check cell key: parsed checker calls or None}``."""
     check_indices = {index for *_, indices in plan for index in indices}
-    numbers = {index: number for number, _, _, indices in plan for index in indices}
     cells, parsed = [], {}
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -207,8 +206,7 @@ def _sandbox_cells(nb, plan, classes: dict | None = None) -> tuple[list[dict], d
         if index in check_indices:
             calls = judge.parse_check(cell.source)
             parsed[str(index)] = calls
-            entry["check"] = {"exprs": judge.expressions(calls), "run_in_sandbox": calls is None,
-                              "classes": True if classes is None else classes.get(numbers[index], False)}
+            entry["check"] = {"exprs": judge.expressions(calls), "run_in_sandbox": calls is None}
         cells.append(entry)
     return cells, parsed
 
@@ -224,16 +222,15 @@ def reference_uses(ref_nb) -> dict[int, set[str]]:
 
 def _judge_point(event, calls, sandbox, nb, index, allowed, class_allowed):
     """The outcome of one check cell reported by the sandbox; ``allowed``: what the reference solution uses
-    (None: no reference, no check for calls to the reference); ``class_allowed``: whether this check may take a
-    class, and so run inside the sandbox. A verdict from the sandbox counts only then: the submission could
-    forge the report."""
-    objects = event.get("objects") or {}
-    given_class = any(isinstance(o, dict) and o.get("kind") == "class" for o in objects.values())
-    if calls is None or class_allowed and given_class:
+    (None: no reference, no check for calls to the reference); ``class_allowed``: whether this check takes a
+    class. The verdict comes from the checker run here; only a check cell that is not a plain checker call (no
+    reference) runs in the sandbox, and its report is taken as it is."""
+    if calls is None:
         return judge.sandbox_verdict(event.get("verdict") or {})
+    objects = event.get("objects") or {}
     for expr in judge.expressions(calls):
         info = objects.get(expr) or {}
-        if info.get("kind") == "class":
+        if info.get("kind") == "class" and not class_allowed:
             return False, "wrong-type", (f"[wrong-type] {expr} is a class; this exercise asks for a function "
                                          f"(see the exercise's instructions)")
         name = info.get("name") if info.get("kind") in ("function", "class") else None
@@ -248,7 +245,7 @@ def run_in_sandbox(nb, plan, limits: Limits, uses: dict | None = None, classes: 
     """``{cell index: (passed, code, message)}`` for the check cells that were reached; ``uses``: see
     :func:`reference_uses` (None: calls to the reference are not looked for)."""
     numbers = {index: number for number, _, _, indices in plan for index in indices}
-    cells, parsed = _sandbox_cells(nb, plan, classes)
+    cells, parsed = _sandbox_cells(nb, plan)
     deadline = time.monotonic() + limits.notebook_s
     outcomes: dict = {}
     restart = True

@@ -5,18 +5,20 @@ A check cell such as ``checks.check_softmax(softmax)`` or ``checks.check_choice(
 (:func:`parse_check`): the checker's name, literal arguments (taken from the reference notebook's check cell, so
 trusted) and expressions to be evaluated in the submission (``softmax``, ``answer``). At that cell the sandbox
 reports what each expression is: a function becomes a stand-in (:func:`stand_in`) that the checker calls like
-the student's function, a value arrives as data. The checker runs here, with the hidden cases of
+the student's function, a value arrives as data. A class becomes a :class:`Remote`, a stand-in for an object
+that stays in the sandbox: the module checks build the student's module through it, load known weights into its
+layers and call it, all by reference. The checker runs here, with the hidden cases of
 :mod:`attention_course.checks.hidden` switched on, and its verdict is the exercise's.
 
-Exercises protected less: a check given a class (the module checks construct objects, set weights and call
-methods) or a check cell that is not a plain ``checks.check_*(...)`` call runs inside the sandbox, and the
-grader takes the verdict it reports; the sandbox still keeps it away from other submissions and the solutions,
-but the submission could fake that verdict. :data:`SANDBOX_VERDICT_NOTE` says so in the results.
+One exception: a check cell that is not a plain ``checks.check_*(...)`` call (possible only when a notebook is
+graded with its own check cells, without a reference) runs inside the sandbox, and the grader takes the verdict
+it reports (:func:`sandbox_verdict`), which the submission could fake.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import inspect
 import io
@@ -29,7 +31,6 @@ from . import wire
 from .sandbox import Sandbox, SandboxError
 
 CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")
-SANDBOX_VERDICT_NOTE = "checked inside the sandbox (a class): see the instructor guide"
 
 
 @dataclass
@@ -89,12 +90,21 @@ class Abort(BaseException):
 
 
 def _student_error(header: dict) -> BaseException:
-    message = str(header.get("message") or "")[:500]
+    """The student's exception, rebuilt by name: a built-in exception class stays one (a check that catches
+    ``RuntimeError`` or ``AttributeError`` from a module catches it from one in the sandbox too); any other
+    name becomes a plain Exception of that name."""
+    message = str(header.get("message") or "")[:2000]
     if header.get("not_implemented"):
         return NotImplementedError(message)
     name = str(header.get("etype") or "Exception")
     name = name if name.isidentifier() else "Exception"
-    return type(name, (Exception,), {"__module__": "submission"})(message)
+    base = getattr(builtins, name, None)
+    if not (isinstance(base, type) and issubclass(base, Exception)):
+        base = Exception
+    try:
+        return type(name, (base,), {"__module__": "submission"})(message)
+    except TypeError:  # a built-in whose constructor takes other arguments (UnicodeDecodeError)
+        return type(name, (Exception,), {"__module__": "submission"})(message)
 
 
 def _copy_back(original, after) -> None:
@@ -116,6 +126,39 @@ def _copy_back(original, after) -> None:
                 original.copy_(torch.from_numpy(np.array(after)).to(original.dtype))
 
 
+def _reply(header: dict, arrays: dict, remote, args=(), kwargs=None, what: str = "the function"):
+    """The value of a reply from the sandbox (the student's exception when it raised); ``remote(tree)``: the
+    stand-in for an object the sandbox kept. What a call left in its arguments is written back into them."""
+    if header.get("timeout"):
+        raise Abort("timeout", f"{what} ran longer than the time limit per call")
+    if not header.get("ok"):
+        raise _student_error(header)
+    try:
+        result = wire.decode(header.get("result"), arrays, remote=remote)
+        if "args_after" in header:
+            _copy_back([list(args), kwargs or {}], wire.decode(header["args_after"], arrays, framework_ok=False))
+    except (wire.WireError, KeyError, TypeError, ValueError):
+        raise Abort("wrong-type", f"the result of {what} could not be read") from None
+    return result
+
+
+def _ended(err: SandboxError) -> Abort:
+    return Abort("sandbox-ended", f"the submission's process stopped answering: {err}")
+
+
+def _signature(params) -> inspect.Signature | None:
+    """The signature the sandbox reported (``[[name, kind, has a default], ...]``), defaults shown as None."""
+    if not isinstance(params, list):
+        return None
+    try:
+        return inspect.Signature([
+            inspect.Parameter(str(n), inspect._ParameterKind(int(kind)),
+                              default=None if has_default else inspect.Parameter.empty)
+            for n, kind, has_default in params])
+    except (TypeError, ValueError):
+        return None
+
+
 def stand_in(sandbox: Sandbox, key: str, expr: str, info: dict):
     """A function that calls the student's object ``expr`` in the sandbox: same name, same signature."""
 
@@ -123,30 +166,78 @@ def stand_in(sandbox: Sandbox, key: str, expr: str, info: dict):
         try:
             header, arrays = sandbox.call(key, expr, args, kwargs)
         except SandboxError as err:
-            raise Abort("sandbox-ended", f"the submission's process stopped answering: {err}") from None
-        if header.get("timeout"):
-            raise Abort("timeout", "the function ran longer than the time limit per call")
-        if not header.get("ok"):
-            raise _student_error(header)
-        try:
-            result = wire.decode(header.get("result"), arrays)
-            _copy_back([list(args), kwargs], wire.decode(header.get("args_after"), arrays, framework_ok=False))
-        except (wire.WireError, KeyError, TypeError, ValueError):
-            raise Abort("wrong-type", "the function's result could not be read") from None
-        return result
+            raise _ended(err) from None
+        return _reply(header, arrays, None, args, kwargs)
 
     student_function.__name__ = info.get("name") or expr
     student_function.__qualname__ = student_function.__name__
-    params = info.get("params")
-    if isinstance(params, list):
-        try:
-            student_function.__signature__ = inspect.Signature([
-                inspect.Parameter(str(n), inspect._ParameterKind(int(kind)),
-                                  default=None if has_default else inspect.Parameter.empty)
-                for n, kind, has_default in params])
-        except (TypeError, ValueError):
-            pass
+    signature = _signature(info.get("params"))
+    if signature is not None:
+        student_function.__signature__ = signature
     return student_function
+
+
+class Remote:
+    """A stand-in for an object that stays in the sandbox: the student's class, a module it built, one of the
+    module's layers or parameters, a bound method.
+
+    Calling it, or reading an attribute, asks the sandbox; arrays, numbers, shapes and dtypes come back as data,
+    any other object as another Remote. So a module check runs in the grader's process as on a local module: it
+    builds the student's module (``cls(12, 3)``), loads known weights into its layers
+    (``module.w_q.weight.copy_(w)`` copies in the sandbox) and compares what the module returns for inputs it
+    drew. ``checks.runner.is_instance`` and ``is_class`` read the classes the sandbox reported; the submission
+    could misreport them, but a verdict still rests on outputs computed for inputs it has never seen. Python's
+    own probes of special names (``__array__``, ``__len__``) are not forwarded. Its type is named after the
+    object's, so messages read "built a Linear"."""
+
+    _named: dict[str, type] = {}
+
+    def __new__(cls, sandbox: Sandbox, key: str, target: str, info: dict):
+        name = str(info.get("type") or "object")
+        name = name if name.isidentifier() else "object"
+        if name not in Remote._named:
+            Remote._named[name] = type(name, (Remote,), {})
+        return object.__new__(Remote._named[name])
+
+    def __init__(self, sandbox: Sandbox, key: str, target: str, info: dict):
+        name = info.get("name") if isinstance(info.get("name"), str) else ""
+        fields = {"_sandbox": sandbox, "_key": key, "_target": target, "_wire_ref": {"t": "ref", "id": target},
+                  "_sandbox_types": tuple(str(t) for t in info.get("types") or ()),
+                  "_sandbox_class": info.get("class") is True, "__name__": name or target, "__qualname__": name,
+                  "__signature__": _signature(info.get("params"))}
+        for field_name, value in fields.items():
+            object.__setattr__(self, field_name, value)
+
+    def _remote(self, tree: dict) -> Remote:
+        return Remote(self._sandbox, self._key, str(tree.get("id")), tree)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        try:
+            header, arrays = self._sandbox.attribute(self._key, self._target, name)
+        except SandboxError as err:
+            raise _ended(err) from None
+        return _reply(header, arrays, self._remote, what=f"reading .{name}")
+
+    def __call__(self, *args, **kwargs):
+        try:
+            header, arrays = self._sandbox.call(self._key, self._target, args, kwargs, keep=_keep)
+        except SandboxError as err:
+            raise _ended(err) from None
+        return _reply(header, arrays, self._remote, args, kwargs, what=f"{self.__name__}(...)")
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"cannot set .{name} of an object in the sandbox")
+
+    def __repr__(self) -> str:
+        what = f"class {self.__name__}" if self._sandbox_class else type(self).__name__
+        return f"<{what} in the sandbox>"
+
+
+def _keep(value) -> dict | None:
+    """How a Remote travels back to the sandbox as an argument: by reference."""
+    return value._wire_ref if isinstance(value, Remote) else None
 
 
 def _value(info: dict):
@@ -161,6 +252,8 @@ def _resolve(arg, sandbox: Sandbox, key: str, objects: dict):
     info = objects.get(value) or {}
     if info.get("kind") == "function":
         return stand_in(sandbox, key, value, info)
+    if info.get("kind") == "class":
+        return Remote(sandbox, key, value, info)
     if info.get("kind") == "value":
         try:
             return _value(info)
@@ -204,7 +297,7 @@ def run_checks(calls: list[CheckCall], sandbox: Sandbox, key: str, objects: dict
 
 
 def sandbox_verdict(verdict: dict) -> tuple[bool, str | None, str | None]:
-    """The verdict of a check that ran inside the sandbox (classes; see the module docstring)."""
+    """The verdict of a check cell that ran inside the sandbox (see the module docstring)."""
     if verdict.get("passed") is True:
         return True, None, None
     etype = str(verdict.get("etype") or "Error")

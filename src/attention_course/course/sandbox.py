@@ -31,6 +31,7 @@ submission prints reaches the grader's output.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import inspect
 import json
@@ -257,13 +258,23 @@ class Sandbox:
             self.close()
             raise SandboxError(str(err)) from None
 
-    def call(self, key: str, expr: str, args: tuple, kwargs: dict):
-        """The reply of the student's object ``expr`` (as it was at check cell ``key``) called on ``args``:
-        ``(header, arrays)``. Raises SandboxError when there is no reply; anything that interrupts the wait
-        (the check's own time limit) closes the sandbox, whose replies would otherwise be out of step."""
+    def call(self, key: str, expr: str, args: tuple, kwargs: dict, keep=None):
+        """The reply of the student's object ``expr`` (as it was at check cell ``key``, or a number the sandbox
+        handed out since) called on ``args``: ``(header, arrays)``. ``keep``: see :func:`.wire.encode` (the
+        grader's stand-ins for objects in the sandbox travel as references)."""
         arrays: dict = {}
-        request = {"op": "call", "key": key, "expr": expr,
-                   "args": wire.encode(list(args), arrays), "kwargs": wire.encode(dict(kwargs), arrays)}
+        request = {"op": "call", "key": key, "expr": expr, "args": wire.encode(list(args), arrays, keep=keep),
+                   "kwargs": wire.encode(dict(kwargs), arrays, keep=keep)}
+        return self._ask(request, arrays)
+
+    def attribute(self, key: str, expr: str, name: str):
+        """The reply with the attribute ``name`` of the object ``expr``: ``(header, arrays)``."""
+        return self._ask({"op": "getattr", "key": key, "expr": expr, "name": name}, {})
+
+    def _ask(self, request: dict, arrays: dict):
+        """Send a request and read its reply. Raises SandboxError when there is no reply; anything that
+        interrupts the wait (the check's own time limit) closes the sandbox, whose replies would otherwise be
+        out of step."""
         self._send(request, arrays)
         try:
             return self._read()
@@ -315,19 +326,36 @@ def _alarm(signum, frame):
     raise _CellTimeout
 
 
-def _describe(obj) -> dict:
-    """What the grader learns about an object a check is given: a function (its name and signature), a class
-    (the check then runs in the sandbox), or a value (sent as data)."""
-    if inspect.isclass(obj):
-        return {"kind": "class", "name": getattr(obj, "__name__", "")}
-    if callable(obj):
-        try:
-            params = [[p.name, int(p.kind), p.default is not inspect.Parameter.empty]
-                      for p in inspect.signature(obj).parameters.values()]
-        except (TypeError, ValueError):
-            params = None
+def _signature(obj) -> list | None:
+    """``[[name, kind, has a default], ...]`` of a callable's parameters (a class: its constructor's)."""
+    try:
+        return [[p.name, int(p.kind), p.default is not inspect.Parameter.empty]
+                for p in inspect.signature(obj).parameters.values()]
+    except (TypeError, ValueError):
+        return None
+
+
+def _identity(obj) -> dict:
+    """What the grader learns about an object it may call: its type, the classes it is an instance of (a class:
+    its own bases) by qualified name, and for a class or function its name and signature."""
+    is_class = inspect.isclass(obj)
+    mro = obj.__mro__ if is_class else type(obj).__mro__
+    info = {"type": type(obj).__name__, "class": is_class,
+            "types": [f"{c.__module__}.{c.__qualname__}" for c in mro]}
+    if is_class or inspect.isroutine(obj):
         name = getattr(obj, "__name__", "")
-        return {"kind": "function", "name": name if isinstance(name, str) else "", "params": params}
+        info.update(name=name if isinstance(name, str) else "", params=_signature(obj))
+    return info
+
+
+def _describe(obj) -> dict:
+    """What the grader learns about an object a check is given: a class (a stand-in builds and calls its
+    objects in the sandbox), a function (its name and signature), or a value (sent as data)."""
+    if inspect.isclass(obj):
+        return {"kind": "class", **_identity(obj)}
+    if callable(obj):
+        name = getattr(obj, "__name__", "")
+        return {"kind": "function", "name": name if isinstance(name, str) else "", "params": _signature(obj)}
     arrays: dict = {}
     tree = wire.encode(obj, arrays)
     return {"kind": "value", "value": tree, "arrays": {k: v.tolist() for k, v in arrays.items()},
@@ -346,7 +374,8 @@ def _run_cell(shell, source: str, seconds: float):
 
 
 def _check_point(shell, check: dict, source: str, seconds: float) -> dict:
-    """At a check cell: describe the objects its check is given; run the check itself only for classes."""
+    """At a check cell: describe the objects its check is given; run the check cell itself only when it is not
+    a plain ``checks.check_*(...)`` call (graded without a reference: the notebook's own check cells)."""
     objects, report = {}, {}
     for expr in check["exprs"]:
         try:
@@ -355,8 +384,7 @@ def _check_point(shell, check: dict, source: str, seconds: float) -> dict:
         except BaseException as err:  # noqa: BLE001 - e.g. NameError: the exercise was not done
             report[expr] = {"kind": "error", "etype": type(err).__name__, "message": str(err)[:500]}
     verdict = None
-    classes = check.get("classes", True) and any(r["kind"] == "class" for r in report.values())
-    if check.get("run_in_sandbox") or classes:
+    if check.get("run_in_sandbox"):
         result = _run_cell(shell, source, seconds)
         error = getattr(result, "error_in_exec", None) if result is not None else _CellTimeout()
         verdict = {"passed": result is not None and error is None and getattr(result, "success", False),
@@ -365,35 +393,77 @@ def _check_point(shell, check: dict, source: str, seconds: float) -> dict:
     return {"objects": report, "verdict": verdict, "_objects": objects}
 
 
-def _reply_to_call(request: dict, arrays: dict, kept: dict, seconds: float) -> tuple[dict, dict]:
-    from ..checks.runner import first_line, original_error
+class Objects:
+    """The objects the grader may use at one check cell: those the check cell names, by expression, and those
+    handed out since (a module the student's class built, one of its layers, a bound method), by number."""
 
-    obj = kept.get(request.get("expr"), _MISSING)
-    if obj is _MISSING:
+    def __init__(self, named: dict):
+        self.objects = dict(named)
+        self._refs: dict[int, str] = {}  # id() of a handed-out object -> its number (each is kept alive here)
+
+    def keep(self, obj) -> dict:
+        """The reference tree of ``obj`` (see :func:`.wire.encode`), the same for the same object."""
+        ref = self._refs.get(id(obj))
+        if ref is None:
+            ref = self._refs[id(obj)] = f"#{len(self._refs)}"
+            self.objects[ref] = obj
+        return {"t": "ref", "id": ref, **_identity(obj)}
+
+    def find(self, tree: dict):
+        ref = tree.get("id")
+        if ref not in self.objects:
+            raise LookupError(f"no object {ref!r} in the sandbox")
+        return self.objects[ref]
+
+
+def _no_grad():
+    """The grader's calls run without autograd, as the checks do (loading weights copies into parameters)."""
+    torch = sys.modules.get("torch")
+    return torch.no_grad() if torch is not None else contextlib.nullcontext()
+
+
+def _is_tensor(value) -> bool:
+    return type(value).__module__.startswith("torch") and type(value).__name__ in ("Tensor", "Parameter")
+
+
+def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) -> tuple[dict, dict]:
+    """Answer one request: ``call`` the object ``expr`` (an expression of the check cell or a number) on the
+    request's arguments, or read its ``getattr`` attribute ``name``. Results that are not data (a module, a
+    layer) are kept and sent as references; an attribute that is a tensor too, so that loading weights into it
+    changes the module."""
+    from ..checks.runner import original_error
+
+    target = table.objects.get(request.get("expr"), _MISSING)
+    if target is _MISSING:
         return {"ok": False, "etype": "NameError", "message": "no such object"}, {}
-    args = wire.decode(request["args"], arrays)
-    kwargs = wire.decode(request["kwargs"], arrays)
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    out: dict = {}
     try:
-        result = obj(*args, **kwargs)
+        with _no_grad():
+            if request.get("op") == "getattr":
+                value = getattr(target, str(request.get("name")))
+                result = table.keep(value) if _is_tensor(value) else wire.encode(value, out, keep=table.keep)
+                return {"ok": True, "result": result}, out
+            args = wire.decode(request["args"], arrays, remote=table.find)
+            kwargs = wire.decode(request["kwargs"], arrays, remote=table.find)
+            result = target(*args, **kwargs)
+            return {"ok": True, "result": wire.encode(result, out, keep=table.keep),
+                    "args_after": wire.encode([args, kwargs], out, keep=table.keep)}, out
     except _CellTimeout:
         return {"ok": False, "timeout": True}, {}
     except BaseException as err:  # noqa: BLE001 - reported to the grader by name
         err = original_error(err)
-        return {"ok": False, "etype": type(err).__name__, "message": first_line(err),
+        return {"ok": False, "etype": type(err).__name__, "message": str(err).strip()[:2000],
                 "not_implemented": isinstance(err, NotImplementedError)}, {}
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    out: dict = {}
-    header = {"ok": True, "result": wire.encode(result, out), "args_after": wire.encode([args, kwargs], out)}
-    return header, out
 
 
 _MISSING = object()
 
 
-def _serve(reply_fd: int, request_fd: int, kept: dict, seconds: float) -> bool:  # pragma: no cover - in the sandbox
+def _serve(reply_fd: int, request_fd: int, table: Objects, seconds: float) -> bool:  # pragma: no cover - in the sandbox
     """Answer the grader's calls until it says continue (True) or closes the pipe (False)."""
     while True:
         try:
@@ -403,7 +473,7 @@ def _serve(reply_fd: int, request_fd: int, kept: dict, seconds: float) -> bool: 
         if request.get("op") == "continue":
             return True
         try:
-            header, out = _reply_to_call(request, arrays, kept, seconds)
+            header, out = _reply_to_call(request, arrays, table, seconds)
         except BaseException as err:  # noqa: BLE001 - e.g. an undecodable request
             header, out = {"ok": False, "etype": type(err).__name__, "message": str(err)[:300]}, {}
         try:
@@ -431,9 +501,9 @@ def worker(folder: str) -> int:  # pragma: no cover - runs in the sandbox (tests
             _run_cell(shell, cell["source"], seconds)
             continue
         point = _check_point(shell, cell["check"], cell["source"], seconds)
-        kept = point.pop("_objects")
+        table = Objects(point.pop("_objects"))
         wire.write_message(reply_fd, {"op": "check", "key": str(cell.get("key", index)), **point})
-        if not _serve(reply_fd, request_fd, kept, seconds):
+        if not _serve(reply_fd, request_fd, table, seconds):
             return 0
     wire.write_message(reply_fd, {"op": "done"})
     return 0

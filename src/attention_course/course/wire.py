@@ -3,8 +3,11 @@
 A message is 8 bytes of length then an ``.npz`` archive (read with ``allow_pickle=False``): the entry
 ``__header__`` holds the JSON header, the others hold arrays. Values travel as trees of JSON with arrays
 referenced by name, so nothing the sandbox sends is ever unpickled or executed by the grader: torch tensors,
-TensorFlow tensors and NumPy arrays, numbers, strings, None, lists, tuples and dicts with string keys; any other
-object arrives as an :class:`Opaque` named after its type (the checks then report a wrong type).
+TensorFlow tensors and NumPy arrays, numbers, strings, None, torch dtypes and shapes, lists, tuples and dicts with
+string keys. Any other object travels as a reference when the sender keeps it (``keep``: the sandbox keeps the
+objects it hands out, a student's module or one of its layers, and answers calls to them by reference; see
+:class:`attention_course.course.judge.Remote`), and otherwise arrives as an :class:`Opaque` named after its type
+(the checks then report a wrong type).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ def opaque(type_name: str) -> Opaque:
     return type(name, (Opaque,), {})()
 
 
-def encode(value, arrays: dict, depth: int = 0):
-    """``value`` as a JSON tree; arrays are added to ``arrays`` under fresh names."""
+def encode(value, arrays: dict, depth: int = 0, keep=None):
+    """``value`` as a JSON tree; arrays are added to ``arrays`` under fresh names. ``keep(obj)``: the reference
+    tree of an object that is not data (``{"t": "ref", ...}``), or None to send it as opaque."""
     if depth > 20:
         return {"t": "opaque", "type": "nested"}
     if value is None or isinstance(value, (bool, str)):
@@ -51,11 +55,35 @@ def encode(value, arrays: dict, depth: int = 0):
         key = f"a{len(arrays)}"
         arrays[key] = arr
         return {"t": kind, "a": key}
-    if isinstance(value, (list, tuple)):
-        return {"t": type(value).__name__, "v": [encode(v, arrays, depth + 1) for v in value]}
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {"t": "dict", "v": {k: encode(v, arrays, depth + 1) for k, v in value.items()}}
-    return {"t": "opaque", "type": type(value).__name__}
+    dtype = _torch_dtype_name(value)
+    if dtype is not None:
+        return {"t": "dtype", "v": dtype}
+    plain = keep is None  # without references, any list, tuple or dict travels as data
+    if type(value) in (list, tuple) or _is_torch_size(value) or plain and isinstance(value, (list, tuple)):
+        kind = "list" if isinstance(value, list) else "tuple"  # a shape or a named tuple travels as a tuple
+        return {"t": kind, "v": [encode(v, arrays, depth + 1, keep) for v in value]}
+    if type(value) is dict or _is_ordered_dict(value) or plain and isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {"t": "dict", "v": {k: encode(v, arrays, depth + 1, keep) for k, v in value.items()}}
+    ref = keep(value) if keep is not None else None
+    return ref if ref is not None else {"t": "opaque", "type": type(value).__name__}
+
+
+def _is_torch_size(value) -> bool:
+    return type(value).__name__ == "Size" and (type(value).__module__ or "").startswith("torch")
+
+
+def _is_ordered_dict(value) -> bool:
+    """An OrderedDict (a module's ``state_dict()``) is data: a mapping of names to tensors."""
+    import collections
+
+    return type(value) is collections.OrderedDict
+
+
+def _torch_dtype_name(value) -> str | None:
+    if type(value).__name__ != "dtype" or not (type(value).__module__ or "").startswith("torch"):
+        return None
+    return str(value).removeprefix("torch.")
 
 
 def _as_numpy(value):
@@ -79,8 +107,9 @@ def _as_numpy(value):
     return None, None
 
 
-def decode(tree, arrays: dict, framework_ok: bool = True):
-    """The value of an encoded tree (torch / TensorFlow tensors are rebuilt when ``framework_ok``)."""
+def decode(tree, arrays: dict, framework_ok: bool = True, remote=None):
+    """The value of an encoded tree (torch / TensorFlow tensors are rebuilt when ``framework_ok``);
+    ``remote(tree)``: the object a reference stands for (without it, a reference arrives as opaque)."""
     kind = tree.get("t") if isinstance(tree, dict) else None
     if kind == "py":
         v = tree.get("v")
@@ -99,10 +128,19 @@ def decode(tree, arrays: dict, framework_ok: bool = True):
             return tf.constant(arr)
         return np.array(arr)
     if kind in ("list", "tuple"):
-        items = [decode(v, arrays, framework_ok) for v in tree["v"]]
+        items = [decode(v, arrays, framework_ok, remote) for v in tree["v"]]
         return items if kind == "list" else tuple(items)
     if kind == "dict":
-        return {k: decode(v, arrays, framework_ok) for k, v in tree["v"].items()}
+        return {k: decode(v, arrays, framework_ok, remote) for k, v in tree["v"].items()}
+    if kind == "dtype":
+        import torch
+
+        dtype = getattr(torch, str(tree.get("v")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise WireError(f"unknown dtype {tree.get('v')!r}")
+        return dtype
+    if kind == "ref":
+        return remote(tree) if remote is not None else opaque(str(tree.get("type", "object")))
     if kind == "opaque":
         return opaque(str(tree.get("type", "object")))
     raise WireError(f"unknown value kind {kind!r}")
