@@ -59,6 +59,29 @@ def attend_loop(query, keys, values):
     return sum(w * v for w, v in zip(weights, values, strict=True)), weights
 
 
+def stream(q, k, v, form="lse", rescale="right", overflow=False, normalize=True):
+    """Chapter 9's stream over the keys of one query, right or with one of the known mistakes: ``form`` "lse"
+    (running log-sum-exp and output) or "max" (running maximum, sum and accumulator)."""
+    ref, total, out = -np.inf, 0.0, np.zeros(v.shape[-1])
+    for k_j, v_j in zip(k, v, strict=True):
+        s = float(q @ k_j) / math.sqrt(len(q))
+        if form == "lse":
+            new = np.log(np.exp(ref) + np.exp(s)) if overflow else np.logaddexp(ref, s)
+        else:
+            new = max(ref, s)
+        with np.errstate(all="ignore"):
+            factor = {"right": np.exp(ref - new), "none": 1.0, "inverted": np.exp(new - ref)}[rescale]
+            factor = 0.0 if ref == -np.inf else factor
+            p = np.exp(s - new)
+        total, out, ref = total * factor + p, out * factor + p * v_j, new
+    return out / total if form == "max" and normalize else out
+
+
+def stream_max(q, k, v):
+    """The chapter's form: running maximum, sum and accumulator, divided at the end."""
+    return stream(q, k, v, form="max")
+
+
 def causal_numpy(t_q, t_k=None):
     t_k = t_q if t_k is None else t_k
     return np.arange(t_k)[None, :] <= np.arange(t_q)[:, None] + (t_k - t_q)
@@ -171,6 +194,10 @@ class ScratchMHA(nn.Module):
         (checks.check_numpy_attention, attention_numpy),
         (checks.check_numpy_attention, attention_numpy_output_only),
         (checks.check_attention_one_query, attend_loop),
+        (checks.check_attention_one_query, stream),
+        (checks.check_streaming_attention, stream),
+        (checks.check_streaming_attention, stream_max),
+        (checks.check_streaming_attention, attend_loop),
         (checks.check_softmax, softmax_np),
         (checks.check_softmax, numpy_ref.softmax),
         (checks.check_causal_mask, causal_numpy),
@@ -575,6 +602,14 @@ CASES = [
     (checks.check_softmax, lambda x: "softmax", "wrong-type"),
     (checks.check_softmax, softmax_returns_list, "wrong-shape"),  # a list is fine, but not a flattened one
     (checks.check_attention_one_query, lambda q, k, v: attend_loop(q, k, k), "values-from-keys"),
+    (checks.check_streaming_attention, functools.partial(stream, rescale="none"), "stream-not-rescaled"),
+    (checks.check_streaming_attention, functools.partial(stream, rescale="inverted"), "stream-not-rescaled"),
+    (checks.check_streaming_attention, functools.partial(stream, form="max", rescale="none"), "stream-not-rescaled"),
+    (checks.check_streaming_attention, functools.partial(stream, form="max", normalize=False),
+     "weights-not-normalized"),
+    (checks.check_streaming_attention, functools.partial(stream, overflow=True), "softmax-overflow"),
+    (checks.check_streaming_attention, lambda q, k, v: stream(q * math.sqrt(len(q)), k, v), "missing-scale"),
+    (checks.check_streaming_attention, lambda q, k, v: stream(q, k, k), "values-from-keys"),
     (checks.check_causal_mask, causal_float, "wrong-type"),
     (checks.check_causal_mask, causal_square_only, "wrong-shape"),
     (checks.check_causal_mask, lambda t_q, t_k=None: ac.causal_mask(t_q, t_k)[None], "wrong-shape"),

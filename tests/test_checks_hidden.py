@@ -103,6 +103,8 @@ RIGHT = [
     (checks.check_softmax, numpy_ref.softmax, {}),
     (checks.check_attention_one_query,
      lambda q, k, v: tuple(a[0] for a in numpy_ref.scaled_dot_product_attention(q[None], k, v)), {}),
+    (checks.check_streaming_attention,
+     lambda q, k, v: numpy_ref.scaled_dot_product_attention(q[None], k, v)[0][0], {}),
     (checks.check_numpy_attention, lambda q, k, v, mask=None: numpy_ref.scaled_dot_product_attention(q, k, v, mask),
      {"fully_masked_rows": True}),
     (checks.check_scaled_dot_product_attention, _torch_sdpa, {}),

@@ -448,3 +448,15 @@ mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair
         "position q_rank * block + i, key j of rank k_rank at k_rank * block + j; the query may attend the key iff "
         "key position <= query position.",
         chapter=13, topic="distributed")
+
+
+# ==================================================================================================================
+# Chapter 9: efficient attention (the online softmax, streams over the keys)
+# ==================================================================================================================
+
+mistake("stream-not-rescaled", "a stream over the keys that does not rescale what it accumulated when a key arrives",
+        "Your output matches a stream in which {detail}. What was accumulated before key j was weighted against the "
+        "scores seen so far; once key j arrives, the old keys hold a smaller share of the total weight (the running "
+        "sum grew, or the maximum rose): multiply what was accumulated by that share, exp(old - new) of the running "
+        "log-sum-exp or maximum, before adding the new key's term.",
+        chapter=9, topic="core")

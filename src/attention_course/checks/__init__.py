@@ -30,7 +30,13 @@ The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (na
 from ..mistakes import CODES
 from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block, check_pre_ln_block
 from .capstone import check_rope_cached_attention
-from .core import check_attention_one_query, check_numpy_attention, check_scaled_dot_product_attention, check_softmax
+from .core import (
+    check_attention_one_query,
+    check_numpy_attention,
+    check_scaled_dot_product_attention,
+    check_softmax,
+    check_streaming_attention,
+)
 from .distributed import check_ring_causal_mask, check_ring_merge, check_row_parallel_output
 from .field_guide import check_additive_mask, check_layers_created_once
 from .heads import check_merge_heads, check_split_heads
@@ -86,4 +92,5 @@ __all__ = [
     "check_sinusoidal_positions",
     "check_softmax",
     "check_split_heads",
+    "check_streaming_attention",
 ]

@@ -12,7 +12,17 @@ from . import hidden
 from .cases import sdpa_cases, to_framework, with_neg_inf
 from .diagnosis import core_variants, diagnose, sdpa_variant
 from .questions import choice_question, number_question
-from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, run_check, shape_text, split_result
+from .runner import (
+    DEFAULT_TIMEOUT,
+    as_array,
+    call,
+    close,
+    display_name,
+    fail,
+    run_check,
+    shape_text,
+    split_result,
+)
 
 
 def sdpa_check_body(fn, framework, fully_masked_rows, label, atol, rtol, name=None):
@@ -71,6 +81,38 @@ def check_numpy_attention(fn, *, fully_masked_rows: bool = False, timeout: float
     run_check(lambda: sdpa_check_body(fn, "numpy", fully_masked_rows, label, 1e-8, 1e-6, name), timeout)
 
 
+def _one_query_candidates(q, k, v):
+    """The known mistakes of attention for one query (the attention core's, without a softmax over queries)."""
+    dk, dv, tk = q.shape[-1], v.shape[-1], k.shape[0]
+    variants = [c for c in core_variants(dk, dv, 1, tk, 2, False, False) if c[0] != "softmax-wrong-axis"]
+    return [(c, d, lambda kw=kw: tuple(a[0] for a in sdpa_variant(q[None], k, v, None, **kw))) for c, d, kw in variants]
+
+
+def _one_query_body(fn, label, cases, candidates):
+    """``cases``: (q, k, v, description, large) tuples; ``candidates(q, k, v)``: the mistakes to name."""
+    for i, (q, k, v, text, large) in enumerate(cases, 1):
+        shapes_text = f"q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}"
+        case = f"case {i} of {len(cases)}: {shapes_text}{text}"
+        result = call(fn, {"q": q.copy(), "k": k.copy(), "v": v.copy()}, label)
+        out_s, w_s = split_result(result, case)
+        out_s = as_array(out_s, "output" if w_s is not None else "result", case)
+        w_s = None if w_s is None else as_array(w_s, "weights", case)
+        ref_out, ref_w = (a[0] for a in numpy_ref.scaled_dot_product_attention(q[None], k, v))
+        if close(out_s, ref_out, 1e-8, 1e-6) and (w_s is None or close(w_s, ref_w, 1e-8, 1e-6)):
+            continue
+        if large and out_s.shape == ref_out.shape and not np.all(np.isfinite(out_s)):
+            raise fail("softmax-overflow", "Your output has NaN or inf when the scores reach about +-1000: e^1000 "
+                       "overflows to inf (and e^-1000 underflows to 0, so a sum of them is 0). Never exponentiate a "
+                       "raw score: keep the log-sum-exp in log space, np.logaddexp(a, b) = log(e^a + e^b), and "
+                       "exponentiate only differences such as s - lse, which are never positive.", case=case)
+        diagnose(out_s, w_s, candidates(q, k, v), case, ref_out, ref_w, atol=1e-8, rtol=1e-6)
+
+
+def _one_query_cases(shapes, rng):
+    return [(rng.standard_normal(dk), rng.standard_normal((tk, dk)), rng.standard_normal((tk, dv)), "", False)
+            for tk, dk, dv in shapes]
+
+
 def check_attention_one_query(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Chapter 1: check ``fn(q, k, v)`` for ONE query: q (Dk,), k (Tk, Dk), v (Tk, Dv) NumPy arrays ->
     output (Dv,) or (output, weights (Tk,))."""
@@ -78,25 +120,71 @@ def check_attention_one_query(fn, *, timeout: float = DEFAULT_TIMEOUT):
     def body():
         rng = np.random.default_rng(1)
         shapes = [(4, 6, 6), (1, 3, 3), (5, 8, 3), (7, 4, 10), (3, 16, 16), (9, 2, 5), *hidden.one_query_shapes()]
-        for i, (tk, dk, dv) in enumerate(shapes, 1):
-            q, k, v = rng.standard_normal(dk), rng.standard_normal((tk, dk)), rng.standard_normal((tk, dv))
-            shapes_text = f"q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}"
-            case = f"case {i} of {len(shapes)}: {shapes_text}"
-            result = call(fn, {"q": q.copy(), "k": k.copy(), "v": v.copy()}, "attention_one_query")
-            out_s, w_s = split_result(result, case)
-            out_s = as_array(out_s, "output" if w_s is not None else "result", case)
-            w_s = None if w_s is None else as_array(w_s, "weights", case)
-            ref_out, ref_w = (a[0] for a in numpy_ref.scaled_dot_product_attention(q[None], k, v))
-            if close(out_s, ref_out, 1e-8, 1e-6) and (w_s is None or close(w_s, ref_w, 1e-8, 1e-6)):
-                continue
-            variants = [c for c in core_variants(dk, dv, 1, tk, 2, False, False) if c[0] != "softmax-wrong-axis"]
-            candidates = [
-                (c, d, lambda kw=kw: tuple(a[0] for a in sdpa_variant(q[None], k, v, None, **kw)))
-                for c, d, kw in variants
-            ]
-            diagnose(out_s, w_s, candidates, case, ref_out, ref_w, atol=1e-8, rtol=1e-6)
+        cases = _one_query_cases(shapes, rng)
+        _one_query_body(fn, "attention_one_query", cases, _one_query_candidates)
         return (f"✓ {display_name(fn, 'attention for one query')}: {len(shapes)} random cases (one query; several Tk, "
                 "d_k != d_v) match the reference")
+
+    run_check(body, timeout)
+
+
+def _stream(q, k, v, rescale="right", form="lse", normalize=True):
+    """Chapter 9's streams over the keys of one query, right or wrong, float64: ``form`` "lse" keeps the
+    log-sum-exp and the running output, "max" the running maximum, sum and accumulator; ``rescale`` "right",
+    "none" (what was accumulated is never rescaled) or "inverted" (rescaled by the inverse factor); with
+    ``normalize=False`` the "max" form returns its accumulator without dividing by the sum."""
+    scores = k @ q / math.sqrt(q.shape[-1])
+    ref, total, out = -np.inf, 0.0, np.zeros(v.shape[-1])  # ref: the running lse or maximum
+    for s, v_j in zip(scores, v, strict=True):
+        new = np.logaddexp(ref, s) if form == "lse" else max(ref, s)
+        factor = 0.0 if ref == -np.inf else {"right": math.exp(ref - new), "none": 1.0,
+                                             "inverted": math.exp(new - ref)}[rescale]
+        p = math.exp(s - new)
+        total = total * factor + p
+        out = out * factor + p * v_j
+        ref = new
+    if form == "max" and normalize:
+        out = out / total
+    return out, None
+
+
+def _streaming_candidates(q, k, v):
+    """The streams' own mistakes first (they are what this exercise is about), then the attention core's."""
+    stream = [
+        ("stream-not-rescaled", "the running output is never rescaled: the old keys keep their full weight when a "
+         "new key arrives", {"rescale": "none"}),
+        ("stream-not-rescaled", "the running sum and accumulator are never rescaled when the maximum rises",
+         {"rescale": "none", "form": "max"}),
+        ("stream-not-rescaled", "the running output is rescaled by the inverse factor, e^(lse_new - lse_old): it "
+         "grows where it should shrink", {"rescale": "inverted"}),
+        ("stream-not-rescaled", "the running sum and accumulator are rescaled by the inverse factor, "
+         "e^(m_new - m_old)", {"rescale": "inverted", "form": "max"}),
+        ("weights-not-normalized", "you return the accumulator without dividing it by the running sum",
+         {"form": "max", "normalize": False}),
+    ]
+    return [(c, d, lambda kw=kw: _stream(q, k, v, **kw)) for c, d, kw in stream] + _one_query_candidates(q, k, v)
+
+
+def check_streaming_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Chapter 9: check ``fn(q, k, v)`` for ONE query, as :func:`check_attention_one_query`, for code that streams
+    over the keys. Cases with scores of about +-1000 are added (exponentiating a raw score overflows there:
+    ``[softmax-overflow]``), and the streams' own mistakes are named: what was accumulated not rescaled, or
+    rescaled by the inverse factor, when a key arrives (``[stream-not-rescaled]``), an accumulator returned
+    without its division by the running sum (``[weights-not-normalized]``)."""
+
+    def body():
+        rng = np.random.default_rng(9)
+        shapes = [(6, 4, 3), (1, 3, 3), (9, 8, 5), (4, 2, 6), *hidden.one_query_shapes()]
+        cases = _one_query_cases(shapes, rng)
+        q = rng.standard_normal(4)
+        cases.append((q * 30, rng.standard_normal((7, 4)) * 30, rng.standard_normal((7, 3)),
+                      ", scores of about +-1000", True))
+        far = -q * 1000 / (q @ q) * 2  # every score about -1000 (q . k / sqrt(4) = -1000 before the noise)
+        cases.append((q, far + rng.standard_normal((5, 4)), rng.standard_normal((5, 2)),
+                      ", every score about -1000", True))
+        _one_query_body(fn, "streaming_attend", cases, _streaming_candidates)
+        return (f"✓ {display_name(fn, 'streaming attention')}: {len(cases)} random cases (one query; several Tk, "
+                "d_k != d_v, scores up to +-1000) match the reference")
 
     run_check(body, timeout)
 
