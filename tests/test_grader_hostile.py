@@ -261,6 +261,39 @@ def test_the_rlimit_fallback_grades_the_same(tmp_path, monkeypatch):
     assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
 
 
+def test_under_rlimit_a_process_in_a_new_session_dies_with_a_killed_grader(tmp_path):
+    """The rlimit backend has no PID namespace: a process the submission starts in a new session escapes the
+    process-group kill, and when the submission then kills its grader process the orphan would live on under init.
+    The command line's processes are subreapers: the orphan is re-parented to the top-level grader, which kills
+    it, and the batch goes on."""
+    marker = f"attention-grade-orphan-{uuid.uuid4().hex}"
+    attack = ("import os, subprocess, sys\n"
+              f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],\n"
+              "                 start_new_session=True)\n"
+              "os.kill(os.getppid(), 9)")
+    nbformat.write(_with_cell(attack), tmp_path / f"orphan_{NAME}")
+    shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), ATTENTION_COURSE_SANDBOX="rlimit")
+    args = ["--jsonl", "-j", "2", "--timeout", str(CELL_S), "--notebook-timeout", "60", "--solutions",
+            str(FIXTURES / "solutions"), str(tmp_path / f"orphan_{NAME}"), str(tmp_path / f"solved_{NAME}")]
+    done = subprocess.run([sys.executable, "-m", "attention_course.grade", *args], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=ROOT, check=False)
+    results = {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
+    assert results[f"solved_{NAME}"]["passed"] == 5 and results[f"orphan_{NAME}"]["passed"] == 0
+    time.sleep(1)
+    survivors = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, marker)]
+    for pid in survivors:
+        os.kill(int(pid), 9)
+    assert survivors == []
+
+
+def _cmdline_has(proc: Path, marker: str) -> bool:
+    try:
+        return marker.encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def test_a_forged_verdict_from_the_sandbox_does_not_count(monkeypatch):
     """The submission controls its process: it could send a report with a passing verdict. For a plain checker
     call the grader never reads it, for a function or a class alike: the checker runs here."""

@@ -68,7 +68,7 @@ from ..checks import hidden
 from ..mistakes import CODES
 from . import judge, references
 from .exercises import CHECK_TAG, exercise_number, parse_heading
-from .sandbox import Limits, Sandbox, SandboxError
+from .sandbox import Limits, Sandbox, SandboxError, adopt_orphans, kill_adopted
 
 DEFAULT_TIMEOUT_S = 60
 DEFAULT_NOTEBOOK_TIMEOUT_S = 300
@@ -375,22 +375,38 @@ def _from_dict(data: dict) -> NotebookResult:
     return result
 
 
+_CHILDREN_LOCK = threading.Lock()
+_LIVE_CHILDREN: set[int] = set()  # the per-notebook processes this process started and still waits for
+
+
 def _grade_in_child(path: str, args) -> NotebookResult:
     """Grade one notebook in a child process of its own: whatever happens to it, this process and the batch go
-    on, and the child is killed at the notebook's time limit plus a grace period."""
+    on, and the child is killed at the notebook's time limit plus a grace period. Then every orphan this process
+    adopted (see :func:`.sandbox.adopt_orphans`) is killed: a submission that killed its grader process does not
+    leave processes behind, even under the rlimit backend."""
     cmd = [sys.executable, "-m", "attention_course.course.grade", "--one", path, "--timeout", str(args.timeout),
            "--notebook-timeout", str(args.notebook_timeout), "--memory-mb", str(args.memory_mb),
            "--seed", str(args.seed)]
     cmd += ["--no-reference"] if args.reference is None else ["--solutions", str(args.reference)]
     try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=args.notebook_timeout + GRACE_S, start_new_session=True, check=False)
-        lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-        if done.returncode == 0 and len(lines) == 1:
+        with _CHILDREN_LOCK:  # registered before another thread can take it for an orphan
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+            _LIVE_CHILDREN.add(child.pid)
+        try:
+            out, _ = child.communicate(timeout=args.notebook_timeout + GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            return NotebookResult(path, error=f"grading took longer than {args.notebook_timeout + GRACE_S:g} s")
+        finally:
+            with _CHILDREN_LOCK:
+                _LIVE_CHILDREN.discard(child.pid)
+                kill_adopted(keep=set(_LIVE_CHILDREN))
+        lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+        if child.returncode == 0 and len(lines) == 1:
             return _from_dict(json.loads(lines[0][len(RESULT_PREFIX):]))
-        return NotebookResult(path, error=f"the grader's process for this notebook failed (exit {done.returncode})")
-    except subprocess.TimeoutExpired:
-        return NotebookResult(path, error=f"grading took longer than {args.notebook_timeout + GRACE_S:g} s")
+        return NotebookResult(path, error=f"the grader's process for this notebook failed (exit {child.returncode})")
     except (OSError, ValueError, TypeError, KeyError) as err:
         return NotebookResult(path, error=f"the grader's process for this notebook failed ({type(err).__name__})")
 
@@ -460,8 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed < 0:
         parser.error("--seed must be a non-negative integer")
     limits = Limits(cell_s=args.timeout, notebook_s=args.notebook_timeout, memory_mb=args.memory_mb)
+    adopt_orphans()
     if args.one:
         result = grade_notebook(args.one, args.timeout, args.reference, limits, args.seed)
+        kill_adopted()
         sys.stdout.write(RESULT_PREFIX + json.dumps(result.as_dict(), ensure_ascii=False) + "\n")
         return 0
     if not args.notebooks:

@@ -18,9 +18,10 @@ Backends (:func:`backend`):
   submission's folder; no network; an unprivileged user with no capabilities; killing the sandbox kills every
   process in it (PID namespace, ``--die-with-parent``).
 * ``rlimit`` (where bubblewrap is missing): the same worker, resource limits and scrubbed environment, but it
-  can read every file the grader's user can, use the network and signal the user's other processes, and a
-  process it starts in a new session outlives a killed grader (the worker itself does not: ``PR_SET_PDEATHSIG``).
-  Weaker: use it only for trusted classes, or install bubblewrap.
+  can read every file the grader's user can, use the network and signal the user's other processes. A killed
+  grader process takes its worker with it (``PR_SET_PDEATHSIG``), and the command line's processes adopt and kill
+  what a submission started in a new session (:func:`adopt_orphans`); only when the instructor kills the whole
+  command line does such a process live on. Weaker: use it only for trusted classes, or install bubblewrap.
 
 Both: a scrubbed environment, limits on memory (``RLIMIT_AS``), CPU time, file size, core dumps and processes
 (``RLIMIT_NPROC``, and a ``pids`` cgroup where the grader may create one: root ignores ``RLIMIT_NPROC``), its own
@@ -169,6 +170,52 @@ def _die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphaned descendants are re-parented to this process, not to init
+
+
+def adopt_orphans() -> None:
+    """Make this process the subreaper of its descendants: a process that a submission starts in a new session
+    (out of reach of the sandbox's process-group kill), whose parent then dies, becomes a child of this process
+    instead of init's, so :func:`kill_adopted` can end it. The grader's command line calls this in each of its
+    processes; it matters for the rlimit backend (bubblewrap's PID namespace already ends every process)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _children() -> list[int]:
+    """The pids of this process's children (from /proc: field 4 of stat is the parent's pid)."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_adopted(keep=frozenset()) -> int:
+    """SIGKILL and reap every child of this process but ``keep`` (the children it started on purpose), again while
+    more orphans arrive (their own children, re-parented here as they die); the number killed."""
+    killed = 0
+    for _ in range(100):
+        found = [pid for pid in _children() if pid not in keep]
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        killed += len(found)
+    return killed
 
 
 def _preexec(limits: Limits, cgroup: Path | None):
