@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from attention_course import checks, numpy_ref
+from attention_course import block, checks, numpy_ref
 from attention_course.checks import hidden
+from attention_course.multi_head import MultiHeadAttention
+from attention_course.single_head import SingleHeadAttention
 
 SEEDS = [0, 1, 12345]
 
@@ -148,3 +150,58 @@ def test_the_grader_switches_them_on_only_while_it_grades():
             assert hidden.active()
         assert hidden.active()
     assert not hidden.active()
+
+
+def sdpa_float_keys(q, k, v, mask=None):
+    """Turns the keys into float32 (as code that converts one input with .float() does): fine while every input is
+    float32, a dtype error once the grader sends float64 tensors."""
+    return _torch_sdpa(q, k.float(), v, mask)
+
+
+def test_the_hidden_cases_send_the_other_dtype(grading):
+    assert _code(checks.check_scaled_dot_product_attention, sdpa_float_keys) is None
+    grading(0)
+    assert _code(checks.check_scaled_dot_product_attention, sdpa_float_keys) == "raised-exception"
+    seen = set()
+
+    def numpy_attention(q, k, v, mask=None):
+        seen.add(q.dtype)
+        return numpy_ref.scaled_dot_product_attention(q, k, v, mask)[0]
+
+    checks.check_numpy_attention(numpy_attention)
+    assert seen == {np.dtype(np.float64), np.dtype(np.float32)}
+
+
+class FirstMaskWhenLarge(MultiHeadAttention):
+    """Uses example 0's mask for the whole batch once it has 5 examples or more."""
+
+    def forward(self, query, key, value, mask=None):
+        if mask is not None and mask.dim() == 4 and mask.shape[0] >= 5:
+            mask = mask[:1]
+        return super().forward(query, key, value, mask)
+
+
+class PreLNBlock(block.EncoderBlock):
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0):
+        super().__init__(d_model, num_heads, d_ff, dropout, norm_first=True)
+
+
+class FeedForward(block.FeedForward):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__(d_model, d_ff, "relu", dropout)
+
+
+def test_module_checks_add_a_hidden_size(grading, capsys):
+    """The module checks add a size of their own (more heads, a batch of 5 or more with a padding mask per
+    example): a module that is wrong only there passes the public cases and fails the hidden ones; right modules
+    pass them."""
+    assert _code(checks.check_multi_head_attention, FirstMaskWhenLarge) is None
+    public = capsys.readouterr().out
+    grading(SEEDS[1])
+    assert _code(checks.check_multi_head_attention, FirstMaskWhenLarge) is not None
+    checks.check_multi_head_attention(MultiHeadAttention)
+    checks.check_single_head_attention(SingleHeadAttention)
+    checks.check_pre_ln_block(PreLNBlock)
+    checks.check_feed_forward(FeedForward)
+    graded = capsys.readouterr().out
+    assert "(2 sizes;" in public and "(3 sizes;" in graded and graded.count("✓") == 4
