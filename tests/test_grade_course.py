@@ -1,0 +1,44 @@
+"""The grader on the whole course, as an instructor runs it before a deadline: every solution notebook gets full
+marks and every exercise notebook as handed out gets none, in one parallel batch with the hidden cases on. The
+module exercises (chapters 2, 3, 6, 7, 11 and the capstone) are judged by reference from the grader's process, so
+this also proves that each of their checks works through the sandbox's wire."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("course")
+    for path in SOLUTIONS:
+        shutil.copy(path, tmp / f"solved_{path.name}")
+        shutil.copy(ROOT / "exercises" / path.name, tmp / f"handed_out_{path.name}")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    # generous time limits: in CI this batch shares two cores with the other tests
+    args = ["--jsonl", "-j", "2", "--seed", "2026", "--timeout", "300", "--notebook-timeout", "900",
+            "--solutions", str(ROOT / "solutions"), *map(str, sorted(tmp.glob("*.ipynb")))]
+    done = subprocess.run([sys.executable, "-m", "attention_course.grade", *args], capture_output=True, text=True,
+                          timeout=1500, env=env, cwd=ROOT, check=False)
+    return {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name[:2])
+def test_every_solution_gets_full_marks(graded, path):
+    result = graded[f"solved_{path.name}"]
+    failed = [(e["exercise"], e["code"], e["message"]) for e in result["exercises"] if not e["passed"]]
+    assert result["error"] is None and failed == [] and result["passed"] == result["total"] > 0
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name[:2])
+def test_every_exercise_notebook_as_handed_out_gets_none(graded, path):
+    result = graded[f"handed_out_{path.name}"]
+    assert result["error"] is None and result["passed"] == 0 and result["total"] > 0
