@@ -694,6 +694,7 @@ def test_every_code_is_produced_somewhere():
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(12)}  # tests/test_checks_interpret.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(13)}  # tests/test_checks_distributed.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(14)}  # tests/test_checks_capstone.py
+    planted_elsewhere |= {"kernel-heads-interleaved", "qkv-chunks-swapped"}  # tests/test_checks_porting.py
     # the grader's: test_grade.py, test_grader_hostile.py; the hidden cases': test_checks_hidden.py
     planted_elsewhere |= {"calls-reference", "sandbox-ended", "not-run", "softmax-global-max"}
     codes = {c[2] for c in CASES} | {b.code for b in zoo} | planted_elsewhere

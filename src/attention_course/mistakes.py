@@ -254,6 +254,19 @@ mistake("weight-layout-transposed",
         "result is silently wrong.",
         chapter=5, topic="modules", examples=[("mha_params_with_f_linear", "check_einsum_attention"),
                                               ("EinsumMHALoadsTransposed", "check_einsum_attention")])
+mistake("kernel-heads-interleaved",
+        "per-head kernels that give feature f to head f % H (reshaped to (d_in, Dh, H)) instead of head f // Dh",
+        "Your {detail} give head h the features h, h + H, h + 2H, ...: the heads are interleaved. PyTorch and Keras "
+        "both give head h the consecutive features h * Dh .. (h + 1) * Dh - 1, so a (d_in, H * Dh) kernel becomes "
+        "(d_in, H, Dh) by a plain reshape, head axis first, and an (H * Dh, d_out) one becomes (H, Dh, d_out).",
+        chapter=6, topic="porting")
+mistake("qkv-chunks-swapped",
+        "nn.MultiheadAttention's packed in_proj_weight cut in the wrong order (rows 0:D query, D:2D key, 2D:3D value)",
+        "Your {detail}. nn.MultiheadAttention packs its three input projections along the ROWS of in_proj_weight "
+        "(3 D, D): rows 0 .. D-1 project the queries, D .. 2D-1 the keys, 2D .. 3D-1 the values, and in_proj_bias "
+        "follows the same order. When keys and values come from the same tensor a swap of those two still runs; only "
+        "the numbers are wrong.",
+        chapter=6, topic="porting")
 
 # ==================================================================================================================
 # Chapter 8: the KV cache, multi-query and grouped-query attention

@@ -24,7 +24,7 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
-:mod:`.distributed`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.distributed`, :mod:`.porting`) and :mod:`.questions` (checked letter and number questions).
 """
 
 from ..mistakes import CODES
@@ -50,6 +50,7 @@ from .modules import (
     check_parameter_count,
     check_single_head_attention,
 )
+from .porting import check_keras_weights_from_torch
 from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
@@ -69,6 +70,7 @@ __all__ = [
     "check_find_induction_head",
     "check_grouped_query_attention",
     "check_keras_attention",
+    "check_keras_weights_from_torch",
     "check_kv_cache_bytes",
     "check_layers_created_once",
     "check_merge_heads",
