@@ -473,3 +473,14 @@ mistake("stream-not-rescaled", "a stream over the keys that does not rescale wha
         "sum grew, or the maximum rose): multiply what was accumulated by that share, exp(old - new) of the running "
         "log-sum-exp or maximum, before adding the new key's term.",
         chapter=9, topic="core")
+mistake("window-off-by-one", "a sliding window that lets each query see one key too many or too few",
+        "Your output matches a window in which {detail}. Query i may attend key j when i - window < j <= i: itself "
+        "and the window - 1 keys before it, window keys in all.", chapter=9, topic="core")
+mistake("window-ignored", "blockwise attention over a sliding window that attends every earlier key",
+        "Your output is plain causal attention: each query attends every key up to itself. The window lets query i "
+        "see only keys j with i - window < j <= i: mask the others in each tile.", chapter=9, topic="core")
+mistake("tiles-not-skipped", "blockwise attention that computes tiles holding no allowed (query, key) pair",
+        "Your output is right, but {detail}. A tile of a query block and a key block whose pairs are all outside "
+        "the window costs as much as any other and adds nothing: skip it. With query block [a, a + bs) and key "
+        "block [b, b + bs), the tile holds an allowed pair when b <= a + bs - 1 (not all in the future) and "
+        "b + bs - 1 > a - window (not all too far in the past).", chapter=9, topic="core")

@@ -23,7 +23,7 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
-:mod:`.kv_cache`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
+:mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
 :mod:`.distributed`, :mod:`.porting`) and :mod:`.questions` (checked letter and number questions).
 """
 
@@ -54,6 +54,7 @@ from .porting import check_keras_weights_from_torch
 from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
+from .tiles import check_sliding_window_attention
 
 __all__ = [
     "CODES",
@@ -91,6 +92,7 @@ __all__ = [
     "check_row_parallel_output",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
+    "check_sliding_window_attention",
     "check_sinusoidal_positions",
     "check_softmax",
     "check_split_heads",

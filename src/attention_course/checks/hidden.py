@@ -132,6 +132,15 @@ def block_sizes() -> list[tuple[int, int, int, int, int, int]]:
     return [(heads * _n(rng, 3, 6), heads, _n(rng, 10, 40), _n(rng, 5, 7), _n(rng, 9, 13), _n(rng, 5, 8))]
 
 
+def window_sizes() -> list[tuple[int, int, int]]:
+    """(T, window, block size) of a hidden sliding-window case (chapter 9): longer, the window not a multiple of
+    the block."""
+    if not active():
+        return []
+    rng = _rng(10)
+    return [(_n(rng, 20, 30), _n(rng, 3, 8), _n(rng, 3, 6))]
+
+
 def capstone_sizes() -> list[tuple[int, int, tuple[int, ...]]]:
     """(d_model, num_heads, chunk lengths) of a hidden capstone case: 2 to 4 heads of an even width, a prompt,
     then chunks of 1 to 3 tokens, 10 to 16 tokens in all."""
