@@ -104,19 +104,19 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _survivors() -> list[str]:
+def _survivors(marker: str = MARKER) -> list[str]:
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and MARKER.encode() in (proc / "cmdline").read_bytes():
+            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes():
                 found.append(proc.name)
         except OSError:
             continue
     return found
 
 
-def _run(args, timeout):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+def _run(args, timeout, **env):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **env)
     return subprocess.run([sys.executable, "-m", "attention_course.grade", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT, check=False)
 
@@ -273,25 +273,16 @@ def test_under_rlimit_a_process_in_a_new_session_dies_with_a_killed_grader(tmp_p
               "os.kill(os.getppid(), 9)")
     nbformat.write(_with_cell(attack), tmp_path / f"orphan_{NAME}")
     shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), ATTENTION_COURSE_SANDBOX="rlimit")
     args = ["--jsonl", "-j", "2", "--timeout", str(CELL_S), "--notebook-timeout", "60", "--solutions",
             str(FIXTURES / "solutions"), str(tmp_path / f"orphan_{NAME}"), str(tmp_path / f"solved_{NAME}")]
-    done = subprocess.run([sys.executable, "-m", "attention_course.grade", *args], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=ROOT, check=False)
+    done = _run(args, timeout=600, ATTENTION_COURSE_SANDBOX="rlimit")
     results = {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
     assert results[f"solved_{NAME}"]["passed"] == 5 and results[f"orphan_{NAME}"]["passed"] == 0
     time.sleep(1)
-    survivors = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, marker)]
+    survivors = _survivors(marker)
     for pid in survivors:
         os.kill(int(pid), 9)
     assert survivors == []
-
-
-def _cmdline_has(proc: Path, marker: str) -> bool:
-    try:
-        return marker.encode() in (proc / "cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 def test_a_forged_verdict_from_the_sandbox_does_not_count(monkeypatch):

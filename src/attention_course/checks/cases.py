@@ -144,15 +144,14 @@ def mha_cases(d_model, seed=5):
     return cases
 
 
-def hidden_batch_cases(d_in, b, t_q, t_k, seed, key_in=None):
+def hidden_batch_cases(d_in, b, t_q, t_k, seed, single_head=False):
     """Hidden (query, key, value, mask, description) cases of a module with ``b`` >= 5 examples (see
     :mod:`.hidden`): cross-attention with Tq != Tk and a padding mask of its own per example, then causal
-    self-attention. ``key_in``: the masks' shape for a module whose masks broadcast to (B, Tq, Tk) (single-head)
-    rather than (B, H, Tq, Tk)."""
+    self-attention. ``single_head``: the padding mask is (B, 1, Tk), for scores (B, Tq, Tk), not (B, 1, 1, Tk)."""
     rng = np.random.default_rng(seed)
     lengths = [int(n) for n in rng.integers(1, t_k + 1, size=b)]
     padding = numpy_ref.padding_mask(lengths, t_k)  # (B, 1, 1, Tk)
-    padding = padding[:, 0] if key_in == "single-head" else padding
+    padding = padding[:, 0] if single_head else padding
     x = rng.standard_normal((b, t_q, d_in))
     memory = rng.standard_normal((b, t_k, d_in))
     return [(rng.standard_normal((b, t_q, d_in)), memory, memory, padding,

@@ -387,7 +387,7 @@ def _check_single_head_body(cls, label, test_dropout, atol=2e-5, rtol=1e-4):
         return _load_torch_mha(module, params, label, names=("w_q", "w_k", "w_v"), advice=_SINGLE_HEAD_MISSING)
 
     configs = [(d_in, d_out, single_head_cases(d_in)) for d_in, d_out in _SINGLE_HEAD_CONFIGS]
-    configs += [(d_in, d_out, hidden_batch_cases(d_in, b, t_q, t_k, seed=d_out, key_in="single-head"))
+    configs += [(d_in, d_out, hidden_batch_cases(d_in, b, t_q, t_k, seed=d_out, single_head=True))
                 for d_in, d_out, b, t_q, t_k in hidden.single_head_sizes()]
     for d_in, d_out, cases in configs:
         module = _torch_module(cls, label, {"d_in": d_in, "d_out": d_out}, None)

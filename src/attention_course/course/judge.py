@@ -201,7 +201,7 @@ class Remote:
 
     def __init__(self, sandbox: Sandbox, key: str, target: str, info: dict):
         name = info.get("name") if isinstance(info.get("name"), str) else ""
-        fields = {"_sandbox": sandbox, "_key": key, "_target": target, "_wire_ref": {"t": "ref", "id": target},
+        fields = {"_sandbox": sandbox, "_key": key, "_target": target,
                   "_sandbox_types": tuple(str(t) for t in info.get("types") or ()),
                   "_sandbox_class": info.get("class") is True, "__name__": name or target, "__qualname__": name,
                   "__signature__": _signature(info.get("params"))}
@@ -237,7 +237,7 @@ class Remote:
 
 def _keep(value) -> dict | None:
     """How a Remote travels back to the sandbox as an argument: by reference."""
-    return value._wire_ref if isinstance(value, Remote) else None
+    return {"t": "ref", "id": value._target} if isinstance(value, Remote) else None
 
 
 def _value(info: dict):

@@ -200,10 +200,9 @@ def _children() -> list[int]:
     return found
 
 
-def kill_adopted(keep=frozenset()) -> int:
+def kill_adopted(keep=frozenset()) -> None:
     """SIGKILL and reap every child of this process but ``keep`` (the children it started on purpose), again while
-    more orphans arrive (their own children, re-parented here as they die); the number killed."""
-    killed = 0
+    more orphans arrive (their own children, re-parented here as they die)."""
     for _ in range(100):
         found = [pid for pid in _children() if pid not in keep]
         if not found:
@@ -214,8 +213,6 @@ def kill_adopted(keep=frozenset()) -> int:
                 os.waitpid(pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
-        killed += len(found)
-    return killed
 
 
 def _preexec(limits: Limits, cgroup: Path | None):
@@ -390,9 +387,13 @@ def _identity(obj) -> dict:
     info = {"type": type(obj).__name__, "class": is_class,
             "types": [f"{c.__module__}.{c.__qualname__}" for c in mro]}
     if is_class or inspect.isroutine(obj):
-        name = getattr(obj, "__name__", "")
-        info.update(name=name if isinstance(name, str) else "", params=_signature(obj))
+        info.update(name=_name(obj), params=_signature(obj))
     return info
+
+
+def _name(obj) -> str:
+    name = getattr(obj, "__name__", "")
+    return name if isinstance(name, str) else ""
 
 
 def _describe(obj) -> dict:
@@ -401,8 +402,7 @@ def _describe(obj) -> dict:
     if inspect.isclass(obj):
         return {"kind": "class", **_identity(obj)}
     if callable(obj):
-        name = getattr(obj, "__name__", "")
-        return {"kind": "function", "name": name if isinstance(name, str) else "", "params": _signature(obj)}
+        return {"kind": "function", "name": _name(obj), "params": _signature(obj)}
     arrays: dict = {}
     tree = wire.encode(obj, arrays)
     return {"kind": "value", "value": tree, "arrays": {k: v.tolist() for k, v in arrays.items()},
@@ -469,10 +469,6 @@ def _no_grad():
     return torch.no_grad() if torch is not None else contextlib.nullcontext()
 
 
-def _is_tensor(value) -> bool:
-    return type(value).__module__.startswith("torch") and type(value).__name__ in ("Tensor", "Parameter")
-
-
 def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) -> tuple[dict, dict]:
     """Answer one request: ``call`` the object ``expr`` (an expression of the check cell or a number) on the
     request's arguments, or read its ``getattr`` attribute ``name``. Results that are not data (a module, a
@@ -490,7 +486,7 @@ def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) 
         with _no_grad():
             if request.get("op") == "getattr":
                 value = getattr(target, str(request.get("name")))
-                result = table.keep(value) if _is_tensor(value) else wire.encode(value, out, keep=table.keep)
+                result = table.keep(value) if wire.is_torch_tensor(value) else wire.encode(value, out, keep=table.keep)
                 return {"ok": True, "result": result}, out
             args = wire.decode(request["args"], arrays, remote=table.find)
             kwargs = wire.decode(request["kwargs"], arrays, remote=table.find)

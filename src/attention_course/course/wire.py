@@ -12,6 +12,7 @@ objects it hands out, a student's module or one of its layers, and answers calls
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -69,21 +70,26 @@ def encode(value, arrays: dict, depth: int = 0, keep=None):
     return ref if ref is not None else {"t": "opaque", "type": type(value).__name__}
 
 
+def _is_torch(value, *type_names: str) -> bool:
+    """Whether ``value`` is a torch object of one of these types (without importing torch)."""
+    return type(value).__name__ in type_names and (type(value).__module__ or "").startswith("torch")
+
+
+def is_torch_tensor(value) -> bool:
+    return _is_torch(value, "Tensor", "Parameter")
+
+
 def _is_torch_size(value) -> bool:
-    return type(value).__name__ == "Size" and (type(value).__module__ or "").startswith("torch")
+    return _is_torch(value, "Size")
 
 
 def _is_ordered_dict(value) -> bool:
     """An OrderedDict (a module's ``state_dict()``) is data: a mapping of names to tensors."""
-    import collections
-
     return type(value) is collections.OrderedDict
 
 
 def _torch_dtype_name(value) -> str | None:
-    if type(value).__name__ != "dtype" or not (type(value).__module__ or "").startswith("torch"):
-        return None
-    return str(value).removeprefix("torch.")
+    return str(value).removeprefix("torch.") if _is_torch(value, "dtype") else None
 
 
 def _as_numpy(value):
@@ -92,7 +98,7 @@ def _as_numpy(value):
     if isinstance(value, np.generic) and value.dtype.kind in "biuf":
         return "npscalar", np.asarray(value)
     module = type(value).__module__ or ""
-    if module.startswith("torch") and type(value).__name__ in ("Tensor", "Parameter"):
+    if is_torch_tensor(value):
         import torch
 
         tensor = value.detach().cpu()
