@@ -205,3 +205,11 @@ def test_module_checks_add_a_hidden_size(grading, capsys):
     checks.check_feed_forward(FeedForward)
     graded = capsys.readouterr().out
     assert "(2 sizes;" in public and "(3 sizes;" in graded and graded.count("✓") == 4
+
+
+def test_topics_are_named_and_keep_their_draws():
+    """The topics' numbers are part of what the grader draws: renumbering one would change every hidden case."""
+    assert [t.value for t in hidden.Topic] == list(range(1, len(hidden.Topic) + 1))
+    with hidden.drawn_from(0):
+        assert hidden.window_sizes() == [(23, 5, 6)]
+        assert hidden.mha_sizes() == [(20, 5, 6, 11, 9)]

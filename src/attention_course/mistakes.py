@@ -269,6 +269,24 @@ mistake("qkv-chunks-swapped",
         chapter=6, topic="porting")
 
 # ==================================================================================================================
+# Chapter 7: the field guide's own bugs (a layer created in forward, a float mask that is not additive)
+# ==================================================================================================================
+
+mistake("layer-created-in-forward",
+        "a layer (e.g. nn.Linear) created inside forward(): new random weights on every call, never trained or saved",
+        "Your module is not a fixed function: {detail}. A layer created inside forward() draws new random weights on "
+        "every call; they are not among the module's parameters, so the optimiser never trains them and the "
+        "state_dict never saves them. Create every layer once, in __init__, and only call it in forward().",
+        chapter=7, topic="field_guide", examples=[("MHALinearInForward", "check_layers_created_once")])
+mistake("float-mask-not-additive",
+        "a boolean mask cast to float (1 = may attend, 0 = hidden) used as an additive float mask",
+        "Your float mask is the boolean mask cast to numbers ({detail}). A float attn_mask is ADDED to the scores, so "
+        "0/1 entries hide nothing: they only add 1 to the allowed scores. An additive mask is 0 where attending is "
+        "allowed and -inf (or a large negative number) where it is not, e.g. "
+        "torch.zeros(mask.shape).masked_fill(~mask, float('-inf')).",
+        chapter=7, topic="field_guide", examples=[("additive_mask_cast", "check_additive_mask")])
+
+# ==================================================================================================================
 # Chapter 8: the KV cache, multi-query and grouped-query attention
 # ==================================================================================================================
 
@@ -289,22 +307,26 @@ mistake("cache-missing-factor",
                                                ("kv_cache_bytes_one_sequence", "check_kv_cache_bytes")])
 
 # ==================================================================================================================
-# Chapter 7: the field guide's own bugs (a layer created in forward, a float mask that is not additive)
+# Chapter 9: efficient attention (the online softmax, streams over the keys)
 # ==================================================================================================================
 
-mistake("layer-created-in-forward",
-        "a layer (e.g. nn.Linear) created inside forward(): new random weights on every call, never trained or saved",
-        "Your module is not a fixed function: {detail}. A layer created inside forward() draws new random weights on "
-        "every call; they are not among the module's parameters, so the optimiser never trains them and the "
-        "state_dict never saves them. Create every layer once, in __init__, and only call it in forward().",
-        chapter=7, topic="field_guide", examples=[("MHALinearInForward", "check_layers_created_once")])
-mistake("float-mask-not-additive",
-        "a boolean mask cast to float (1 = may attend, 0 = hidden) used as an additive float mask",
-        "Your float mask is the boolean mask cast to numbers ({detail}). A float attn_mask is ADDED to the scores, so "
-        "0/1 entries hide nothing: they only add 1 to the allowed scores. An additive mask is 0 where attending is "
-        "allowed and -inf (or a large negative number) where it is not, e.g. "
-        "torch.zeros(mask.shape).masked_fill(~mask, float('-inf')).",
-        chapter=7, topic="field_guide", examples=[("additive_mask_cast", "check_additive_mask")])
+mistake("stream-not-rescaled", "a stream over the keys that does not rescale what it accumulated when a key arrives",
+        "Your output matches a stream in which {detail}. What was accumulated before key j was weighted against the "
+        "scores seen so far; once key j arrives, the old keys hold a smaller share of the total weight (the running "
+        "sum grew, or the maximum rose): multiply what was accumulated by that share, exp(old - new) of the running "
+        "log-sum-exp or maximum, before adding the new key's term.",
+        chapter=9, topic="core")
+mistake("window-off-by-one", "a sliding window that lets each query see one key too many or too few",
+        "Your output matches a window in which {detail}. Query i may attend key j when i - window < j <= i: itself "
+        "and the window - 1 keys before it, window keys in all.", chapter=9, topic="core")
+mistake("window-ignored", "blockwise attention over a sliding window that attends every earlier key",
+        "Your output is plain causal attention: each query attends every key up to itself. The window lets query i "
+        "see only keys j with i - window < j <= i: mask the others in each tile.", chapter=9, topic="core")
+mistake("tiles-not-skipped", "blockwise attention that computes tiles holding no allowed (query, key) pair",
+        "Your output is right, but {detail}. A tile of a query block and a key block whose pairs are all outside "
+        "the window costs as much as any other and adds nothing: skip it. With query block [a, a + bs) and key "
+        "block [b, b + bs), the tile holds an allowed pair when b <= a + bs - 1 (not all in the future) and "
+        "b + bs - 1 > a - window (not all too far in the past).", chapter=9, topic="core")
 
 # ==================================================================================================================
 # Chapter 10: positions (append this chapter's mistakes here)
@@ -341,17 +363,6 @@ mistake("rope-cache-rotated-twice", "cached keys, already rotated, rotated again
         "positions: rotate only the new key (at position T) and append it.",
         chapter=10, topic="positions")
 
-
-# ==================================================================================================================
-# Chapter 14: the capstone (causal multi-head attention with RoPE and a KV cache, end to end)
-# ==================================================================================================================
-
-mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
-        "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
-        "queries and the keys of every head by their positions before the scores.",
-        chapter=14, topic="capstone")
-
-
 # ==================================================================================================================
 # Chapter 11: the transformer block (append this chapter's mistakes here)
 # ==================================================================================================================
@@ -386,7 +397,6 @@ mistake("cross-attention-keys-from-decoder", "cross-attention keys and values ta
         "Your cross-attention takes its keys and values from {detail} instead of the encoder's output: queries come "
         "from the decoder, keys and values from the memory, self.cross_attn(norm2(x), memory, mask=memory_mask).",
         chapter=11, topic="blocks")
-
 
 # ==================================================================================================================
 # Chapter 12: watch attention learn (induction heads)
@@ -429,7 +439,6 @@ mistake("predicted-identity-pattern", "predicted the main diagonal for a shifted
 mistake("predicted-uniform-pattern", "predicted uniform attention for a task that needs one key per query",
         chapter=12, topic="interpret")
 
-
 # ==================================================================================================================
 # Chapter 13: distributed attention (append this chapter's mistakes here)
 # ==================================================================================================================
@@ -462,25 +471,11 @@ mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair
         "key position <= query position.",
         chapter=13, topic="distributed")
 
-
 # ==================================================================================================================
-# Chapter 9: efficient attention (the online softmax, streams over the keys)
+# Chapter 14: the capstone (causal multi-head attention with RoPE and a KV cache, end to end)
 # ==================================================================================================================
 
-mistake("stream-not-rescaled", "a stream over the keys that does not rescale what it accumulated when a key arrives",
-        "Your output matches a stream in which {detail}. What was accumulated before key j was weighted against the "
-        "scores seen so far; once key j arrives, the old keys hold a smaller share of the total weight (the running "
-        "sum grew, or the maximum rose): multiply what was accumulated by that share, exp(old - new) of the running "
-        "log-sum-exp or maximum, before adding the new key's term.",
-        chapter=9, topic="core")
-mistake("window-off-by-one", "a sliding window that lets each query see one key too many or too few",
-        "Your output matches a window in which {detail}. Query i may attend key j when i - window < j <= i: itself "
-        "and the window - 1 keys before it, window keys in all.", chapter=9, topic="core")
-mistake("window-ignored", "blockwise attention over a sliding window that attends every earlier key",
-        "Your output is plain causal attention: each query attends every key up to itself. The window lets query i "
-        "see only keys j with i - window < j <= i: mask the others in each tile.", chapter=9, topic="core")
-mistake("tiles-not-skipped", "blockwise attention that computes tiles holding no allowed (query, key) pair",
-        "Your output is right, but {detail}. A tile of a query block and a key block whose pairs are all outside "
-        "the window costs as much as any other and adds nothing: skip it. With query block [a, a + bs) and key "
-        "block [b, b + bs), the tile holds an allowed pair when b <= a + bs - 1 (not all in the future) and "
-        "b + bs - 1 > a - window (not all too far in the past).", chapter=9, topic="core")
+mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
+        "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
+        "queries and the keys of every head by their positions before the scores.",
+        chapter=14, topic="capstone")

@@ -8,11 +8,16 @@ maximum gives NaN), arrays of more than 60 elements, integer and float32 arrays 
 public cases do not use (float32 NumPy arrays, float64 torch tensors) for scaled dot-product attention. The module
 checks (single-head, multi-head, blocks, the capstone) add a size of their own: more heads, wider features,
 batches of 5 and more, Tq != Tk, a padding mask per example. The diagnoses work on them as on the public cases.
+
+Each kind of case draws from its own :class:`Topic`: a new checker that takes hidden cases adds a member (the next
+free number), a function here returning its cases (``[]`` when :func:`active` is false) and calls it from its
+check next to the public cases.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 
 import numpy as np
 
@@ -48,15 +53,32 @@ def active() -> bool:
     return _seed is not None
 
 
-def _rng(topic: int) -> np.random.Generator:
-    return np.random.default_rng([_seed, topic])
+class Topic(enum.IntEnum):
+    """The hidden cases' topics. Each draws from its own stream, ``default_rng([seed, topic])``, so that one
+    topic's draws do not shift when another topic draws more. The numbers are part of what the grader draws: never
+    renumber a topic; a new topic takes the next free number."""
+
+    SDPA = 1  # scaled dot-product attention (every framework), NumPy attention
+    SOFTMAX = 2
+    CAUSAL_MASK = 3
+    PADDING_MASK = 4
+    ONE_QUERY = 5  # attention for one query, streaming attention
+    MULTI_HEAD = 6
+    SINGLE_HEAD = 7
+    BLOCK = 8  # the transformer blocks
+    CAPSTONE = 9
+    WINDOW = 10  # chapter 9's sliding-window tiles
+
+
+def _rng(topic: Topic) -> np.random.Generator:
+    return np.random.default_rng([_seed, int(topic)])
 
 
 def sdpa_shapes(fully_masked_rows: bool) -> list[tuple]:
     """(batch dims, Tq, Tk, Dk, Dv, mask kind) of the hidden scaled dot-product attention cases."""
     if not active():
         return []
-    rng = _rng(1)
+    rng = _rng(Topic.SDPA)
 
     def n(lo, hi):
         return int(rng.integers(lo, hi + 1))
@@ -78,7 +100,7 @@ def softmax_inputs() -> list[tuple[str, np.ndarray]]:
     """(description, x) of the hidden softmax cases."""
     if not active():
         return []
-    rng = _rng(2)
+    rng = _rng(Topic.SOFTMAX)
     t = int(rng.integers(10, 17))
     far = rng.standard_normal((4, t)) + np.array([[0.0], [2000.0], [-1500.0], [900.0]])
     big = rng.standard_normal((int(rng.integers(5, 8)), 3, int(rng.integers(11, 20)))) * 4
@@ -108,7 +130,7 @@ def mha_sizes() -> list[tuple[int, int, int, int, int]]:
     B >= 5, Tq != Tk (one way, then the other)."""
     if not active():
         return []
-    rng = _rng(6)
+    rng = _rng(Topic.MULTI_HEAD)
     heads = _n(rng, 4, 6)
     return [(heads * _n(rng, 3, 5), heads, _n(rng, 5, 7), _n(rng, 10, 14), _n(rng, 5, 9))]
 
@@ -117,7 +139,7 @@ def single_head_sizes() -> list[tuple[int, int, int, int, int]]:
     """(d_in, d_out, B, Tq, Tk) of the hidden single-head cases: d_in != d_out, both > 8, B >= 5, Tq != Tk."""
     if not active():
         return []
-    rng = _rng(7)
+    rng = _rng(Topic.SINGLE_HEAD)
     d_in = _n(rng, 9, 14)
     return [(d_in, d_in + _n(rng, 1, 6), _n(rng, 5, 7), _n(rng, 3, 6), _n(rng, 10, 14))]
 
@@ -127,7 +149,7 @@ def block_sizes() -> list[tuple[int, int, int, int, int, int]]:
     the public ones), with a padding mask per example."""
     if not active():
         return []
-    rng = _rng(8)
+    rng = _rng(Topic.BLOCK)
     heads = _n(rng, 2, 4)
     return [(heads * _n(rng, 3, 6), heads, _n(rng, 10, 40), _n(rng, 5, 7), _n(rng, 9, 13), _n(rng, 5, 8))]
 
@@ -137,7 +159,7 @@ def window_sizes() -> list[tuple[int, int, int]]:
     the block."""
     if not active():
         return []
-    rng = _rng(10)
+    rng = _rng(Topic.WINDOW)
     return [(_n(rng, 20, 30), _n(rng, 3, 8), _n(rng, 3, 6))]
 
 
@@ -146,7 +168,7 @@ def capstone_sizes() -> list[tuple[int, int, tuple[int, ...]]]:
     then chunks of 1 to 3 tokens, 10 to 16 tokens in all."""
     if not active():
         return []
-    rng = _rng(9)
+    rng = _rng(Topic.CAPSTONE)
     heads = _n(rng, 2, 4)
     chunks, total = [_n(rng, 4, 7)], _n(rng, 10, 16)
     while sum(chunks) < total:
@@ -159,7 +181,7 @@ def causal_sizes() -> list[tuple[int, int]]:
     rows attend nothing)."""
     if not active():
         return []
-    rng = _rng(3)
+    rng = _rng(Topic.CAUSAL_MASK)
     return [(int(rng.integers(10, 16)), int(rng.integers(17, 24))), (int(rng.integers(8, 12)), int(rng.integers(3, 7))),
             (int(rng.integers(12, 20)),) * 2]
 
@@ -168,7 +190,7 @@ def padding_batches() -> list[tuple[list[int], int]]:
     """(lengths, T) of the hidden padding-mask cases: batches of 5 to 8, T > 9."""
     if not active():
         return []
-    rng = _rng(4)
+    rng = _rng(Topic.PADDING_MASK)
     t = int(rng.integers(10, 17))
     return [([int(x) for x in rng.integers(0, t + 1, size=int(rng.integers(5, 9)))], t)]
 
@@ -177,5 +199,5 @@ def one_query_shapes() -> list[tuple[int, int, int]]:
     """(Tk, Dk, Dv) of the hidden one-query cases."""
     if not active():
         return []
-    rng = _rng(5)
+    rng = _rng(Topic.ONE_QUERY)
     return [(int(rng.integers(10, 40)), int(rng.integers(17, 33)), int(rng.integers(9, 25)))]

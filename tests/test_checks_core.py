@@ -1,0 +1,198 @@
+"""Checks of the attention core (chapters 1, 2, 6, 9): softmax, attention for one query, streaming attention, scaled
+dot-product attention in NumPy, PyTorch and TensorFlow. Correct code in several styles passes with one line; each
+planted wrong answer (PLANTED) gets its own code."""
+
+import functools
+import math
+
+import numpy as np
+import pytest
+
+import attention_course as ac
+from attention_course import bug_zoo, checks, numpy_ref
+from attention_course.checks import diagnosis
+from attention_impls import (
+    ScratchSingleHead,
+    attend_loop,
+    attention_numpy,
+    attention_numpy_output_only,
+    causal_numpy,
+    padding_numpy,
+    parameter_count,
+    sdpa_scratch,
+    sdpa_torch_builtin,
+    softmax_axis0,
+    softmax_np,
+    stream,
+    stream_max,
+)
+
+
+def test_candidates_that_do_not_apply_are_skipped():
+    def not_applicable():
+        raise ValueError("shapes do not fit")
+
+    out = np.zeros(3)
+    with pytest.raises(checks.CheckFailed, match=r"^\[missing-scale\]"):
+        diagnosis.diagnose(out, None, [("wrong-scale", "", not_applicable), ("missing-scale", "", lambda: (out, None))],
+                         "case", np.ones(3), None)
+
+
+def test_numpy_variants_of_the_checks(capsys):
+    checks.check_numpy_attention(attention_numpy, fully_masked_rows=True)
+    checks.check_padding_mask(padding_numpy, framework="numpy")
+    checks.check_scaled_dot_product_attention(sdpa_scratch, fully_masked_rows=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert "fully masked rows" in lines[0] and "fully masked rows" not in lines[2]
+
+
+def test_success_line_says_what_was_verified(capsys):
+    checks.check_scaled_dot_product_attention(ac.scaled_dot_product_attention)
+    assert capsys.readouterr().out == (
+        "✓ scaled_dot_product_attention: 24 random cases (Tq != Tk, masks, batch dims, fully masked rows) "
+        "match the reference\n"
+    )
+
+
+def test_success_line_names_the_students_function(capsys):
+    """The student's function or class by its name; lambdas and partials by the name the contract gives it."""
+    checks.check_scaled_dot_product_attention(sdpa_scratch)
+    checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: sdpa_scratch(q, k, v, mask))
+    checks.check_numpy_attention(attention_numpy_output_only)
+    checks.check_numpy_attention(functools.partial(attention_numpy))
+    checks.check_attention_one_query(attend_loop)
+    checks.check_softmax(softmax_np)
+    checks.check_causal_mask(causal_numpy)
+    checks.check_padding_mask(lambda lengths, t: ac.padding_mask(lengths, t))
+    checks.check_split_heads(ac.split_heads)
+    checks.check_merge_heads(lambda x: ac.merge_heads(x))
+    checks.check_parameter_count(parameter_count)
+    checks.check_single_head_attention(ScratchSingleHead, test_dropout=False)
+    names = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == ["✓ sdpa_scratch", "✓ scaled_dot_product_attention", "✓ attention_numpy_output_only",
+                     "✓ attention (NumPy)", "✓ attend_loop", "✓ softmax_np", "✓ causal_numpy", "✓ padding_mask",
+                     "✓ split_heads", "✓ merge_heads", "✓ parameter_count",
+                     "✓ ScratchSingleHead"]
+
+
+def sdpa_returns_scores_shape(q, k, v, mask=None):
+    return q @ k.transpose(-2, -1)
+
+
+def sdpa_off_a_bit(q, k, v, mask=None):
+    out, weights = sdpa_scratch(q, k, v, mask)
+    return out + 0.01, weights
+
+
+def sdpa_wrong_weights(q, k, v, mask=None):
+    out, weights = sdpa_scratch(q, k, v, mask)
+    return out, weights * 2
+
+
+def sdpa_weights_unmasked(q, k, v, mask=None):
+    out, _ = sdpa_scratch(q, k, v, mask)
+    return out, sdpa_scratch(q, k, v, None)[1]  # output right, but returns the weights before masking
+
+
+def sdpa_weights_wrong_shape(q, k, v, mask=None):
+    out, weights = sdpa_scratch(q, k, v, mask)
+    return out, weights[..., 0]
+
+
+def softmax_exp_only(x):
+    return np.exp(x - x.max(axis=-1, keepdims=True))
+
+
+def softmax_returns_list(x):
+    return [float(v) for v in softmax_np(np.atleast_1d(x)).ravel()]
+
+
+def test_messages_explain_the_failing_case():
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_scaled_dot_product_attention(bug_zoo.sdpa_missing_scale)
+    assert str(info.value) == (
+        "[missing-scale] Your scores are not divided by sqrt(d_k): your output matches softmax(q @ k^T) @ v "
+        "without the 1/sqrt(d_k) factor. Multiply the scores by 1 / sqrt(d_k), with d_k = q.shape[-1], before "
+        "the softmax.\n  Failing case: case 1 of 24: q (4, 8), k (4, 8), v (4, 8), no mask"
+    )
+    assert info.value.code == "missing-scale"
+
+
+def test_attention_core_framework_option(capsys):
+    checks.check_scaled_dot_product_attention(attention_numpy, framework="numpy")
+    assert capsys.readouterr().out.startswith("✓ attention_numpy: 24 random cases")
+    with pytest.raises(checks.CheckFailed, match=r"^\[raised-exception\] Your code raised ValueError: matmul"):
+        checks.check_scaled_dot_product_attention(sdpa_scratch, framework="numpy")  # torch code, NumPy inputs
+    with pytest.raises(ValueError, match=r"framework must be one of 'torch', 'tf', 'numpy', got 'jax'"):
+        checks.check_scaled_dot_product_attention(sdpa_scratch, framework="jax")
+
+
+def tf_attention(q, k, v, mask=None, scale=True):
+    import tensorflow as tf
+
+    scores = tf.matmul(q, k, transpose_b=True)
+    scores = scores / tf.sqrt(tf.cast(tf.shape(q)[-1], q.dtype)) if scale else scores
+    if mask is not None:
+        scores = tf.where(mask, scores, tf.constant(float("-inf"), dtype=scores.dtype))
+    weights = tf.nn.softmax(scores, axis=-1)
+    if mask is not None:
+        weights = tf.where(tf.reduce_any(mask, axis=-1, keepdims=True), weights, tf.zeros_like(weights))
+    return tf.matmul(weights, v), weights
+
+
+def test_attention_core_in_tensorflow(capsys):
+    tf = pytest.importorskip("tensorflow")
+    checks.check_scaled_dot_product_attention(tf_attention, framework="tf")
+    assert capsys.readouterr().out == ("✓ tf_attention: 24 random cases (Tq != Tk, masks, batch dims, fully masked "
+                                       "rows) match the reference\n")
+    with pytest.raises(checks.CheckFailed, match=r"^\[missing-scale\]"):
+        checks.check_scaled_dot_product_attention(functools.partial(tf_attention, scale=False), framework="tf")
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: tf.matmul(q, k), framework="tf")
+    assert str(info.value) == (  # TensorFlow's "{{function_node ...}}" prefix and empty " name:" are dropped
+        "[raised-exception] Your code raised InvalidArgumentError: Matrix size-incompatible: In[0]: [4,8], In[1]: "
+        "[4,8] [Op:MatMul]\n  when called as scaled_dot_product_attention(q of shape (4, 8), k of shape (4, 8), v of "
+        "shape (4, 8), mask=None).")
+
+
+CORRECT = [
+    # (check, a correct implementation in some style)
+    (checks.check_scaled_dot_product_attention, sdpa_scratch),
+    (checks.check_scaled_dot_product_attention, ac.scaled_dot_product_attention),
+    (checks.check_scaled_dot_product_attention, sdpa_torch_builtin),
+    (checks.check_scaled_dot_product_attention, ac.sdpa_fast),
+    (checks.check_numpy_attention, attention_numpy),
+    (checks.check_numpy_attention, attention_numpy_output_only),
+    (checks.check_attention_one_query, attend_loop),
+    (checks.check_attention_one_query, stream),
+    (checks.check_streaming_attention, stream),
+    (checks.check_streaming_attention, stream_max),
+    (checks.check_streaming_attention, attend_loop),
+    (checks.check_softmax, softmax_np),
+    (checks.check_softmax, numpy_ref.softmax),
+]
+
+
+PLANTED = [
+    # (check, a wrong implementation, the code it must get)
+    (checks.check_scaled_dot_product_attention, sdpa_returns_scores_shape, "wrong-shape"),
+    (checks.check_scaled_dot_product_attention, sdpa_weights_wrong_shape, "wrong-shape"),
+    (checks.check_scaled_dot_product_attention, sdpa_off_a_bit, "wrong-output"),
+    (checks.check_scaled_dot_product_attention, sdpa_wrong_weights, "wrong-output"),
+    (checks.check_scaled_dot_product_attention, sdpa_weights_unmasked, "mask-ignored"),
+    (checks.check_numpy_attention, bug_zoo.sdpa_missing_scale, "raised-exception"),  # torch code, NumPy inputs
+    (checks.check_softmax, softmax_axis0, "softmax-wrong-axis"),
+    (checks.check_softmax, softmax_exp_only, "weights-not-normalized"),
+    (checks.check_softmax, lambda x: softmax_np(x) + 0.5, "wrong-output"),
+    (checks.check_softmax, lambda x: "softmax", "wrong-type"),
+    (checks.check_softmax, softmax_returns_list, "wrong-shape"),  # a list is fine, but not a flattened one
+    (checks.check_attention_one_query, lambda q, k, v: attend_loop(q, k, k), "values-from-keys"),
+    (checks.check_streaming_attention, functools.partial(stream, rescale="none"), "stream-not-rescaled"),
+    (checks.check_streaming_attention, functools.partial(stream, rescale="inverted"), "stream-not-rescaled"),
+    (checks.check_streaming_attention, functools.partial(stream, form="max", rescale="none"), "stream-not-rescaled"),
+    (checks.check_streaming_attention, functools.partial(stream, form="max", normalize=False),
+     "weights-not-normalized"),
+    (checks.check_streaming_attention, functools.partial(stream, overflow=True), "softmax-overflow"),
+    (checks.check_streaming_attention, lambda q, k, v: stream(q * math.sqrt(len(q)), k, v), "missing-scale"),
+    (checks.check_streaming_attention, lambda q, k, v: stream(q, k, k), "values-from-keys"),
+]
