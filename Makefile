@@ -82,7 +82,7 @@ clean:
 
 # Student edition: the same book without solutions/ and the instructor guide (_toc_student.yml), and without
 # launch buttons that open the whole repository (_config_student.yml); both regenerated here from _toc.yml and
-# _config.yml by tools/student_toc.py. Same execution cache (what `make book` ran is not run again).
+# _config.yml by tools/student_toc.py. Like `make book`, it renders the stored outputs and executes no notebook.
 # STUDENT_BRANCH=name: Binder and live code stay, on that branch (one the instructor keeps without solutions/).
 STUDENT_BRANCH ?=
 .PHONY: student-book
@@ -134,7 +134,7 @@ lab: $(READER_STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/book $(LAB_AS_ROOT) $(LAB_ARGS)
 
 # The whole book as one PDF (_build/pdf/book.pdf): the single-page HTML build printed by Chromium
-# (tools/print_pdf.py says why not jupyter-book's pdfhtml builder). Same execution cache as `make book`.
+# (tools/print_pdf.py says why not jupyter-book's pdfhtml builder). The stored outputs, as `make book`.
 .PHONY: pdf
 pdf: $(STAMP) browser
 	$(BIN)/jupyter-book build . --builder singlehtml -n --keep-going
