@@ -2,7 +2,8 @@
 #   make setup    the reader's set-up only: .venv with requirements-reader.txt (no book tools, no browser)
 #   make lab      set-up, then JupyterLab on the book's folder
 #   make book     build the HTML book into _build/html (warnings are errors)
-#   make test     lint, unit tests + coverage, nbval over every notebook, browser test of the built book
+#   make test     lint, unit tests + coverage, nbval over every notebook, browser test of the built book; then how
+#                 long each phase took, the slowest notebooks and the slowest tests
 #   make unit     the library's tests only (no notebooks, no book build): the fast loop, about a minute
 #   make lint     ruff over the Python code, and the notebook lint (outputs that differ between machines)
 #   make portability  nbval over every notebook three times: one thread, default threads, generic CPU kernels
@@ -26,7 +27,7 @@ export TF_ENABLE_ONEDNN_OPTS := 0
 export PYTHONHASHSEED := 0
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: book test unit lint nbval portability browser outputs exercises bench clean
+.PHONY: book test unit lint nbval portability browser outputs exercises bench clean time-start
 
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -40,12 +41,27 @@ book: $(STAMP)
 browser: $(STAMP)
 	@bash tools/install_browser.sh
 
-test: lint book student-book browser
-	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 \
-	  --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95 \
-	  $(NBVAL_FLAGS) tests $(NOTEBOOK_DIRS)
+# `make test` times its phases (tools/timings.py): a `time-NAME` prerequisite after each phase notes the clock, and
+# at the end, or where pytest fails, it prints the phase table, the ten slowest notebooks and the ten slowest tests.
+test: time-start $(STAMP) time-set-up lint time-lint book time-book student-book time-student-edition \
+      browser time-browser-set-up
+	@echo '$(PYTEST_COMMAND)'
+	@$(PYTEST_COMMAND); status=$$?; $(call note_time,pytest,$$status); \
+	  $(TIMINGS_REPORT); exit $$status
 
 NBVAL_FLAGS := --nbval --nbval-sanitize-with tools/nbval_sanitize.cfg
+PYTEST_COMMAND := $(BIN)/python -m pytest -p tools.timings -n 2 --dist loadscope --timeout 900 \
+  --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95 \
+  $(NBVAL_FLAGS) tests $(NOTEBOOK_DIRS)
+TIMES := _build/times
+TIMINGS_REPORT := echo && $(BIN)/python tools/timings.py $(TIMES)
+# $(call note_time,PHASE,STATUS): append "PHASE<TAB>now<TAB>STATUS" to $(TIMES)/clock (the phase ended now).
+note_time = printf '%s\t%s\t%s\n' $(1) $$(date +%s.%N) $(2) >> $(TIMES)/clock
+time-start:
+	@rm -rf $(TIMES) && mkdir -p $(TIMES) && $(call note_time,start,0)
+time-%:
+	@$(call note_time,$*,0)
+
 # Tests that need the built book or a browser; `make unit` leaves them out.
 BOOK_TESTS := tests/test_browser.py tests/test_links.py tests/test_student_edition.py
 
@@ -82,7 +98,7 @@ clean:
 
 # Student edition: the same book without solutions/ and the instructor guide (_toc_student.yml), and without
 # launch buttons that open the whole repository (_config_student.yml); both regenerated here from _toc.yml and
-# _config.yml by tools/student_toc.py. Same execution cache (what `make book` ran is not run again).
+# _config.yml by tools/student_toc.py. Like `make book`, it renders the stored outputs and executes no notebook.
 # STUDENT_BRANCH=name: Binder and live code stay, on that branch (one the instructor keeps without solutions/).
 STUDENT_BRANCH ?=
 .PHONY: student-book
@@ -134,7 +150,7 @@ lab: $(READER_STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/book $(LAB_AS_ROOT) $(LAB_ARGS)
 
 # The whole book as one PDF (_build/pdf/book.pdf): the single-page HTML build printed by Chromium
-# (tools/print_pdf.py says why not jupyter-book's pdfhtml builder). Same execution cache as `make book`.
+# (tools/print_pdf.py says why not jupyter-book's pdfhtml builder). The stored outputs, as `make book`.
 .PHONY: pdf
 pdf: $(STAMP) browser
 	$(BIN)/jupyter-book build . --builder singlehtml -n --keep-going

@@ -1,0 +1,108 @@
+"""Where the time of `make test` goes: its phases, the slowest notebooks, the slowest tests.
+
+`make test` writes into one folder (_build/times):
+* `clock`: `start<TAB>time<TAB>0`, then one line per phase as it ends, `name<TAB>time<TAB>exit status` (times in
+  seconds since the epoch), appended by the Makefile;
+* `pytest.json`: written by this module as a pytest plugin (`-p tools.timings`): every item's duration, its setup,
+  call and teardown together (an nbval item is one cell; its notebook's kernel starts in its first cell's setup).
+Then `python tools/timings.py _build/times` prints the phase table, the ten slowest notebooks (their cells summed)
+and the ten slowest tests. `make test` prints it at the end, and also when a phase fails.
+"""
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+NOTEBOOK = ".ipynb"
+SLOWEST = 10
+OPTION = "--timings-dir"
+
+
+# --- the pytest plugin ---------------------------------------------------------------------------------------------
+
+def pytest_addoption(parser):
+    parser.addoption(OPTION, default="_build/times", help="where to write pytest.json (tools/timings.py)")
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # under xdist the controller gets every worker's reports
+        config.pluginmanager.register(Recorder(Path(config.getoption(OPTION))), "timings-recorder")
+
+
+class Recorder:
+    def __init__(self, folder):
+        self.folder = folder
+        self.durations = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report):
+        self.durations[report.nodeid] += report.duration
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "pytest.json").write_text(json.dumps(self.durations, indent=0), encoding="utf-8")
+
+
+# --- the report ----------------------------------------------------------------------------------------------------
+
+def clock(seconds):
+    """`12.3 s`, and from a minute on also in minutes: `288.0 s = 4 min 48 s`."""
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{seconds:7.1f} s" + (f" = {minutes} min {rest:02d} s" if minutes else "")
+
+
+def phase_table(lines):
+    """Rows (phase, seconds) from the `clock` file's lines, with a total; a phase that failed says so."""
+    rows, previous = [], None
+    for line in lines:
+        name, time, status = line.split("\t")
+        if previous is not None:
+            rows.append((name if status == "0" else f"{name} (FAILED, exit status {status})", float(time) - previous))
+        previous = float(time)
+    return rows + [("total", sum(seconds for _, seconds in rows))]
+
+
+def _top(seconds_by_name):
+    return sorted(seconds_by_name.items(), key=lambda item: -item[1])[:SLOWEST]
+
+
+def slowest(durations):
+    """The slowest notebooks (their cells summed) and the slowest other tests: two lists of (name, seconds)."""
+    notebooks, tests = defaultdict(float), {}
+    for nodeid, seconds in durations.items():
+        path = nodeid.split("::", 1)[0]
+        if path.endswith(NOTEBOOK):
+            notebooks[path] += seconds
+        else:
+            tests[nodeid] = seconds
+    return _top(notebooks), _top(tests)
+
+
+def table(title, rows):
+    width = max(len(name) for name, _ in rows)
+    return "\n".join([title] + [f"  {name:<{width}}  {clock(seconds)}" for name, seconds in rows])
+
+
+def report(folder):
+    """The two lists of the slowest (from pytest.json) and the phase table (from clock), as far as they exist."""
+    folder = Path(folder)
+    sections = []
+    if (folder / "pytest.json").exists():
+        notebooks, tests = slowest(json.loads((folder / "pytest.json").read_text(encoding="utf-8")))
+        if notebooks:
+            sections.append(table("Slowest notebooks (nbval; their cells summed, in one of 2 workers):", notebooks))
+        if tests:
+            sections.append(table("Slowest tests (setup, call and teardown):", tests))
+    if (folder / "clock").exists():
+        lines = (folder / "clock").read_text(encoding="utf-8").splitlines()
+        sections.append(table("make test, phase by phase:", phase_table(lines)))
+    return "\n\n".join(sections)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    print(report(sys.argv[1]))
