@@ -21,7 +21,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from attention_course.course import grade, judge, references, sandbox
+from attention_course.course import canonical, cli, grade, judge, references, sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_soft_lookup_exercises.ipynb"
@@ -190,7 +190,7 @@ def test_no_forged_line_and_no_survivor(batch):
 
 def test_the_batch_ends_within_the_limits(batch):
     rounds = math.ceil(batch["n"] / JOBS)
-    assert batch["elapsed"] < rounds * (NOTEBOOK_S + grade.GRACE_S)
+    assert batch["elapsed"] < rounds * (NOTEBOOK_S + cli.GRACE_S)
 
 
 def test_forged_output_does_not_reach_csv_or_table(batch):
@@ -210,12 +210,12 @@ def test_forged_output_does_not_reach_csv_or_table(batch):
 def test_the_solutions_do_not_count_as_calling_the_reference(path):
     """What a solution uses of the library (chapter 2's modules build on it) its exercise allows; the rest is
     rejected (see the cheats below)."""
-    nb = nbformat.read(path, as_version=4)
-    uses = grade.reference_uses(nb)
-    for index, number, _, _ in grade._check_cells(nb):
-        calls = judge.parse_check(nb.cells[index].source)
-        for expr in judge.expressions(calls):
-            assert references.forbidden_use(nb, index, expr, calls[0].checker, None, uses[number]) is None
+    reference = canonical.Reference.read(path)
+    cells = references.parse_cells(nbformat.read(path, as_version=4))
+    for check in reference.checks:
+        for expr in canonical.expressions(check.calls):
+            assert references.forbidden_use(cells, check.index, expr, check.calls[0].checker, None,
+                                            reference.uses[check.number]) is None
 
 
 def test_calls_to_the_reference_are_rejected():
@@ -232,7 +232,7 @@ def test_calls_to_the_reference_are_rejected():
         cheat = nbformat.read(FIXTURES / "solutions" / NAME, as_version=4)
         index = next(i for i, c in enumerate(cheat.cells) if "exercise-1" in c.metadata.get("tags", []))
         cheat.cells.insert(index, new_code_cell(source))
-        problem = references.forbidden_use(cheat, index + 1, "softmax")
+        problem = references.forbidden_use(references.parse_cells(cheat), index + 1, "softmax")
         assert problem is not None and problem.startswith("[calls-reference]") and why in problem, source
 
 
@@ -290,14 +290,15 @@ def test_a_forged_verdict_from_the_sandbox_does_not_count(monkeypatch):
     call the grader never reads it, for a function or a class alike: the checker runs here."""
     event = {"op": "check", "objects": {"softmax": {"kind": "error", "etype": "NameError", "message": "x"}},
              "verdict": {"passed": True}}
-    calls = judge.parse_check("checks.check_softmax(softmax)")
-    nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
+    exercise = canonical.Exercise(1, "", "", [0], canonical.parse_check("checks.check_softmax(softmax)"))
+    cells = references.parse_cells(nbformat.read(FIXTURES / "exercises" / NAME, as_version=4))
     box = types.SimpleNamespace(limits=sandbox.Limits())
-    assert grade._judge_point(event, calls, box, nb, 0, set(), False) == (False, "NameError", "NameError: x")
+    function = canonical.Reference(Path("ref"), [], {1: set()}, {1: False})
+    assert grade._judge_point(event, exercise, box, cells, 0, function) == (False, "NameError", "NameError: x")
     event["objects"]["softmax"] = {"kind": "class", "name": "softmax", "class": True, "types": []}
-    assert grade._judge_point(event, calls, box, nb, 0, set(), False)[:2] == (False, "wrong-type")
+    assert grade._judge_point(event, exercise, box, cells, 0, function)[:2] == (False, "wrong-type")
     monkeypatch.setattr(judge, "run_checks", lambda *a: (False, "judged-here", ""))
-    assert grade._judge_point(event, calls, box, nb, 0, set(), True)[:2] == (False, "judged-here")
+    assert grade._judge_point(event, exercise, box, cells, 0, None)[:2] == (False, "judged-here")
 
 
 FEED_FORWARD = """import torch

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import signal
 import threading
 import time
@@ -33,6 +34,14 @@ import torch
 from ..mistakes import MISTAKES, hint
 
 DEFAULT_TIMEOUT = 10.0
+CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]\s*")  # a diagnosis code at the start of a message
+
+
+def split_code(message: str) -> tuple[str | None, str]:
+    """``("missing-scale", "the rest")`` for ``"[missing-scale] the rest"``; ``(None, message)`` without a code.
+    The one reader of a message's code (the checks, the grader's verdicts and hints)."""
+    match = CODE.match(message)
+    return (match.group(1), message[match.end():]) if match else (None, message)
 
 
 class CheckFailed(AssertionError):
@@ -44,8 +53,7 @@ class CheckFailed(AssertionError):
 
     @property
     def code(self) -> str:
-        msg = str(self)
-        return msg[1 : msg.index("]")] if msg.startswith("[") and "]" in msg else ""
+        return split_code(str(self))[0] or ""
 
     def _render_traceback_(self) -> list[str]:
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
