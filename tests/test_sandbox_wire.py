@@ -109,7 +109,7 @@ def test_the_worker_answers_calls(shell):
     assert header["ok"] and np.array_equal(wire.decode(header["result"], out), np.full(3, 2.0))
     header, out = _call(kept, "mutate", np.zeros(2))
     after = wire.decode(header["args_after"], out)
-    assert np.array_equal(after[0][0], np.ones(2))  # the grader copies this back: [mutates-input] still works
+    assert np.array_equal(after[0][0], np.ones(2))  # the grader compares: [mutates-input], nothing written back
     assert _call(kept, "double", "a", "b")[0]["etype"] == "TypeError"
     assert _call(kept, "nothing")[0]["etype"] == "NameError"
     assert _call(kept, "slow", 1, seconds=0.2)[0] == {"ok": False, "timeout": True}
@@ -162,6 +162,19 @@ def test_a_remote_module_is_built_loaded_and_called_by_reference():
         layer.__array__  # noqa: B018 - special names are never forwarded
     assert not runner.is_instance(torch.nn.Linear(2, 2), torch.nn.LayerNorm)  # local objects: plain isinstance
     assert box.table.objects  # the module and its layers live in the worker's table
+
+
+def test_a_call_that_changes_its_arguments_fails_and_nothing_is_written_back(shell):
+    """The stand-in compares what the call left in its arguments with what it sent: [mutates-input], as a local
+    check reports it, while the grader's own array keeps its values."""
+    box = Loopback({"mutate": shell.user_ns["mutate"], "double": shell.user_ns["double"]})
+    mutate = judge.stand_in(box, "0", "mutate", worker._describe(shell.user_ns["mutate"]))
+    mine = np.zeros(2)
+    with pytest.raises(judge.Abort) as err:
+        mutate(mine)
+    assert err.value.code == "mutates-input" and np.array_equal(mine, np.zeros(2))
+    double = judge.stand_in(box, "0", "double", worker._describe(shell.user_ns["double"]))
+    assert np.array_equal(double(np.ones(2)), np.full(2, 2.0))
 
 
 def test_module_checks_judge_a_remote_class_and_name_its_mistake():

@@ -25,6 +25,7 @@ import io
 import numpy as np
 
 from ..checks.runner import split_code
+from ..mistakes import hint
 from . import wire
 from .canonical import CheckCall
 from .sandbox import Sandbox, SandboxError
@@ -57,38 +58,36 @@ def _student_error(header: dict) -> BaseException:
         return type(name, (Exception,), {"__module__": "submission"})(message)
 
 
-def _copy_back(original, after) -> None:
-    """Write what the student's call left in an argument back into the grader's argument, so that the checker's
-    test for modified inputs sees it."""
-    if isinstance(original, (list, tuple)) and isinstance(after, (list, tuple)):
-        for o, a in zip(original, after, strict=False):  # the submission may return fewer
-            _copy_back(o, a)
-    elif isinstance(original, dict) and isinstance(after, dict):
-        for k, o in original.items():
-            _copy_back(o, after.get(k))
-    elif isinstance(after, np.ndarray):
-        if isinstance(original, np.ndarray) and original.shape == after.shape:
-            np.copyto(original, after, casting="unsafe")
-        elif type(original).__module__.startswith("torch") and tuple(original.shape) == after.shape:
-            import torch
-
-            with torch.no_grad():
-                original.copy_(torch.from_numpy(np.array(after)).to(original.dtype))
+def _mutated(args, kwargs, after) -> str | None:
+    """Which argument the student's call changed in place in the sandbox (``after``: the arguments as the call
+    left them), or None. Only the arguments themselves are compared, as ``checks.runner.call`` compares them
+    locally; nothing is ever written back into the grader's objects."""
+    sent = [*[(f"argument {i + 1}", a) for i, a in enumerate(args)], *(kwargs or {}).items()]
+    left = [*after[0], *after[1].values()] if isinstance(after, list) and len(after) == 2 else []
+    for (name, value), value_after in zip(sent, left, strict=False):
+        before = wire.array_of(value)
+        if before is not None and isinstance(value_after, np.ndarray) and not (
+                before.shape == value_after.shape and np.array_equal(before, value_after, equal_nan=True)):
+            return name
+    return None
 
 
 def _reply(header: dict, arrays: dict, remote, args=(), kwargs=None, what: str = "the function"):
     """The value of a reply from the sandbox (the student's exception when it raised); ``remote(tree)``: the
-    stand-in for an object the sandbox kept. What a call left in its arguments is written back into them."""
+    stand-in for an object the sandbox kept. A call that changed one of its arguments in place fails with
+    ``[mutates-input]`` (the checker's own arguments are never changed)."""
     if header.get("timeout"):
         raise Abort("timeout", f"{what} ran longer than the time limit per call")
     if not header.get("ok"):
         raise _student_error(header)
     try:
         result = wire.decode(header.get("result"), arrays, remote=remote)
-        if "args_after" in header:
-            _copy_back([list(args), kwargs or {}], wire.decode(header["args_after"], arrays, framework_ok=False))
+        after = wire.decode(header["args_after"], arrays, framework_ok=False) if "args_after" in header else None
     except (wire.WireError, KeyError, TypeError, ValueError):
         raise Abort("wrong-type", f"the result of {what} could not be read") from None
+    changed = _mutated(args, kwargs, after)
+    if changed:
+        raise Abort("mutates-input", f"[mutates-input] {hint('mutates-input', changed)}")
     return result
 
 

@@ -34,6 +34,7 @@ submission prints reaches the grader's output.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import resource
@@ -70,17 +71,22 @@ class Limits:
 _BACKEND: str | None = None
 
 
+@functools.cache
+def bwrap_works() -> bool:
+    """Whether bubblewrap is installed and may create its namespaces here."""
+    if not shutil.which("bwrap"):
+        return False
+    command = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--uid", str(SANDBOX_UID), "--die-with-parent",
+               "true"]
+    return subprocess.run(command, capture_output=True, timeout=30, check=False).returncode == 0
+
+
 def backend() -> str:
     """``"bwrap"`` when bubblewrap runs here, else ``"rlimit"`` (weaker: see the module docstring)."""
     global _BACKEND
     if _BACKEND is None:
-        _BACKEND = "rlimit"
-        if os.environ.get("ATTENTION_COURSE_SANDBOX") != "rlimit" and shutil.which("bwrap"):
-            command = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--uid", str(SANDBOX_UID),
-                       "--die-with-parent", "true"]
-            probe = subprocess.run(command, capture_output=True, timeout=30, check=False)
-            if probe.returncode == 0:
-                _BACKEND = "bwrap"
+        forced = os.environ.get("ATTENTION_COURSE_SANDBOX") == "rlimit"
+        _BACKEND = "bwrap" if not forced and bwrap_works() else "rlimit"
     return _BACKEND
 
 

@@ -145,6 +145,11 @@ def _torch_dtype_name(value) -> str | None:
     return str(value).removeprefix("torch.") if _is_torch(value, "dtype") else None
 
 
+def array_of(value) -> np.ndarray | None:
+    """``value`` as the NumPy array it would travel as (a NumPy array, a torch or TensorFlow tensor), or None."""
+    return _as_numpy(value)[1]
+
+
 def _as_numpy(value):
     if isinstance(value, np.ndarray):
         return "numpy", value if value.dtype.kind in "biuf" else None
