@@ -63,7 +63,7 @@ def test_entry_modules(command):
 
 def test_entry_modules_are_the_course_commands():
     from attention_course import exercises, grade
+    from attention_course.course import cli as course_cli
     from attention_course.course import exercises as course_exercises
-    from attention_course.course import grade as course_grade
 
-    assert grade.main is course_grade.main and exercises.main is course_exercises.main
+    assert grade.main is course_cli.main and exercises.main is course_exercises.main

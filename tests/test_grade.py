@@ -12,7 +12,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from attention_course.course import grade
+from attention_course.course import canonical, cli, grade
+from attention_course.course import results as formats
 from attention_course.mistakes import CODES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +116,7 @@ def test_timeouts_errors_and_dead_kernels(graded):
 
 
 def test_table(graded):
-    text = grade.format_table([graded[n] for n in ("solution", "planted", "misbehaving", "corrupt")])
+    text = formats.format_table([graded[n] for n in ("solution", "planted", "misbehaving", "corrupt")])
     lines = text.splitlines()
     assert lines[0].endswith(f"solution_{NAME}: 5/5")
     assert lines[1] == "  Exercise 1   Shift every score                                pass"
@@ -136,13 +137,13 @@ def test_table(graded):
 
 def test_json_and_csv_parse(graded):
     results = [graded[n] for n in ("solution", "planted", "missing")]
-    data = json.loads(grade.format_json(results))
+    data = json.loads(formats.format_json(results))
     assert [(n["passed"], n["total"], n["error"]) for n in data["notebooks"]] == [(5, 5, None), (3, 5, None),
                                                                                   (0, 0, "no such file")]
     assert data["notebooks"][1]["reference"] == str(ROOT / "solutions" / NAME)
     assert data["notebooks"][2]["reference"] is None
     assert data["notebooks"][1]["exercises"][4]["code"] == "missing-scale"
-    rows = list(csv.DictReader(io.StringIO(grade.format_csv(results))))
+    rows = list(csv.DictReader(io.StringIO(formats.format_csv(results))))
     assert len(rows) == 13  # 5 exercises and a total per graded notebook, one error row
     assert rows[10]["exercise"] == "5" and rows[10]["passed"] == "0" and rows[10]["code"] == "missing-scale"
     assert rows[9]["exercise"] == "4" and rows[9]["code"] == "check-missing"
@@ -154,20 +155,20 @@ def test_json_and_csv_parse(graded):
 def test_command_line(tmp_path, capsys):
     bad = tmp_path / "bad.ipynb"
     bad.write_text("nope", encoding="utf-8")
-    assert grade.main([str(bad), str(tmp_path / "gone.ipynb"), "--json"]) == 0
+    assert cli.main([str(bad), str(tmp_path / "gone.ipynb"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [n["error"].split(" (")[0] for n in data["notebooks"]] == ["not a valid notebook", "no such file"]
-    assert grade.main([str(bad), "--csv", "--timeout", "5"]) == 0
+    assert cli.main([str(bad), "--csv", "--timeout", "5"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == "notebook,exercise,title,level,passed,code,message"
-    assert grade.main([str(tmp_path / "gone.ipynb")]) == 0
+    assert cli.main([str(tmp_path / "gone.ipynb")]) == 0
     assert capsys.readouterr().out == f"ERROR {tmp_path / 'gone.ipynb'}: no such file\n"
     for usage_error in (["--json", "--csv", str(bad)], ["--solutions", str(tmp_path / "nowhere"), str(bad)],
                         ["--reference", str(tmp_path / "nowhere"), str(bad)],
                         ["--solutions", str(tmp_path), "--no-reference", str(bad)]):
         with pytest.raises(SystemExit) as info:
-            grade.main(usage_error)
+            cli.main(usage_error)
         assert info.value.code == 2
-    assert grade.main([str(bad), "--no-reference", "--json"]) == 0
+    assert cli.main([str(bad), "--no-reference", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["notebooks"][0]["reference"] is None
 
 
@@ -181,7 +182,7 @@ def test_reference_notebooks_are_found_by_name(tmp_path):
     refs.mkdir()
     for name in ("04_masking_exercises.ipynb", "masking_exercises.ipynb", "other.ipynb"):
         (refs / name).write_text("{}", encoding="utf-8")
-    find = grade.find_reference
+    find = canonical.find_reference
     assert find("sub/04_masking_exercises.ipynb", refs) == refs / "04_masking_exercises.ipynb"
     assert find("ada_lovelace_04_masking_exercises.ipynb", refs) == refs / "04_masking_exercises.ipynb"  # longest
     assert find("ada-masking_exercises.ipynb", refs) == refs / "masking_exercises.ipynb"
@@ -194,12 +195,12 @@ def test_reference_notebooks_are_found_by_name(tmp_path):
 
 def test_default_reference_is_the_solutions_folder_of_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert grade.default_reference() == Path("solutions").resolve()
-    assert grade.find_reference(f"x_{NAME}") == Path("solutions").resolve() / NAME  # AUTO
+    assert canonical.default_reference() == Path("solutions").resolve()
+    assert canonical.find_reference(f"x_{NAME}") == Path("solutions").resolve() / NAME  # AUTO
     monkeypatch.chdir(tmp_path)  # e.g. an installed package, run where there are no solutions
-    assert grade.default_reference() is None and grade.find_reference(f"x_{NAME}") is None
+    assert canonical.default_reference() is None and canonical.find_reference(f"x_{NAME}") is None
     (tmp_path / "solutions").mkdir()
-    assert grade.default_reference() == tmp_path / "solutions"
+    assert canonical.default_reference() == tmp_path / "solutions"
 
 
 def test_canonical_check_sources_replace_the_submissions(tmp_path):
@@ -210,8 +211,9 @@ def test_canonical_check_sources_replace_the_submissions(tmp_path):
     sub = _submission(new_markdown_cell("## Exercise 1 (warm-up): Renamed"), _tag(new_code_cell("pass"), "check"),
                       new_code_cell("x = 1"), _tag(new_code_cell("pass"), "check", "exercise-1"),
                       _tag(new_code_cell("print('mine')"), "check", "exercise-9"))
-    plan = grade._plan(sub, ref)
-    assert plan == [(1, "One", "warm-up", [2, 4]), (2, "Two", "core", [])]
+    plan = canonical.plan(sub, canonical.Reference(Path("ref"), canonical.check_cells(ref), {}, {}))
+    assert [(e.number, e.title, e.level, e.indices) for e in plan] == [(1, "One", "warm-up", [2, 4]),
+                                                                       (2, "Two", "core", [])]
     assert [c.source for c in sub.cells[2:6]] == ["check(1)", "x = 1", "check(1)", "print('mine')"]
     # a reference that cannot be used stops grading that notebook with an ERROR
     nbformat.write(sub, tmp_path / "sub.ipynb")
@@ -234,7 +236,7 @@ def test_kernel_warnings_are_not_shown(tmp_path, capfd):
     path = tmp_path / "tiny.ipynb"
     nbformat.write(_submission(new_markdown_cell("## Exercise 1 (warm-up): One"),
                                _tag(new_code_cell("print('ok')"), "check", "exercise-1")), path)
-    assert grade.main([str(path), "--no-reference"]) == 0
+    assert cli.main([str(path), "--no-reference"]) == 0
     out, err = capfd.readouterr()
     assert out.startswith(f"{path}: 1/1")
     assert "WARNING" not in err and "without encryption" not in err, err

@@ -21,7 +21,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from attention_course.course import grade, judge, references, sandbox
+from attention_course import checks
+from attention_course.course import canonical, cli, grade, judge, references, sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_soft_lookup_exercises.ipynb"
@@ -190,7 +191,7 @@ def test_no_forged_line_and_no_survivor(batch):
 
 def test_the_batch_ends_within_the_limits(batch):
     rounds = math.ceil(batch["n"] / JOBS)
-    assert batch["elapsed"] < rounds * (NOTEBOOK_S + grade.GRACE_S)
+    assert batch["elapsed"] < rounds * (NOTEBOOK_S + cli.GRACE_S)
 
 
 def test_forged_output_does_not_reach_csv_or_table(batch):
@@ -210,12 +211,12 @@ def test_forged_output_does_not_reach_csv_or_table(batch):
 def test_the_solutions_do_not_count_as_calling_the_reference(path):
     """What a solution uses of the library (chapter 2's modules build on it) its exercise allows; the rest is
     rejected (see the cheats below)."""
-    nb = nbformat.read(path, as_version=4)
-    uses = grade.reference_uses(nb)
-    for index, number, _, _ in grade._check_cells(nb):
-        calls = judge.parse_check(nb.cells[index].source)
-        for expr in judge.expressions(calls):
-            assert references.forbidden_use(nb, index, expr, calls[0].checker, None, uses[number]) is None
+    reference = canonical.Reference.read(path)
+    cells = references.parse_cells(nbformat.read(path, as_version=4))
+    for check in reference.checks:
+        for expr in canonical.expressions(check.calls):
+            assert references.forbidden_use(cells, check.index, expr, check.calls[0].checker, None,
+                                            reference.uses[check.number]) is None
 
 
 def test_calls_to_the_reference_are_rejected():
@@ -232,7 +233,7 @@ def test_calls_to_the_reference_are_rejected():
         cheat = nbformat.read(FIXTURES / "solutions" / NAME, as_version=4)
         index = next(i for i, c in enumerate(cheat.cells) if "exercise-1" in c.metadata.get("tags", []))
         cheat.cells.insert(index, new_code_cell(source))
-        problem = references.forbidden_use(cheat, index + 1, "softmax")
+        problem = references.forbidden_use(references.parse_cells(cheat), index + 1, "softmax")
         assert problem is not None and problem.startswith("[calls-reference]") and why in problem, source
 
 
@@ -290,14 +291,15 @@ def test_a_forged_verdict_from_the_sandbox_does_not_count(monkeypatch):
     call the grader never reads it, for a function or a class alike: the checker runs here."""
     event = {"op": "check", "objects": {"softmax": {"kind": "error", "etype": "NameError", "message": "x"}},
              "verdict": {"passed": True}}
-    calls = judge.parse_check("checks.check_softmax(softmax)")
-    nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
+    exercise = canonical.Exercise(1, "", "", [0], canonical.parse_check("checks.check_softmax(softmax)"))
+    cells = references.parse_cells(nbformat.read(FIXTURES / "exercises" / NAME, as_version=4))
     box = types.SimpleNamespace(limits=sandbox.Limits())
-    assert grade._judge_point(event, calls, box, nb, 0, set(), False) == (False, "NameError", "NameError: x")
+    function = canonical.Reference(Path("ref"), [], {1: set()}, {1: False})
+    assert grade._judge_point(event, exercise, box, cells, 0, function) == (False, "NameError", "NameError: x")
     event["objects"]["softmax"] = {"kind": "class", "name": "softmax", "class": True, "types": []}
-    assert grade._judge_point(event, calls, box, nb, 0, set(), False)[:2] == (False, "wrong-type")
+    assert grade._judge_point(event, exercise, box, cells, 0, function)[:2] == (False, "wrong-type")
     monkeypatch.setattr(judge, "run_checks", lambda *a: (False, "judged-here", ""))
-    assert grade._judge_point(event, calls, box, nb, 0, set(), True)[:2] == (False, "judged-here")
+    assert grade._judge_point(event, exercise, box, cells, 0, None)[:2] == (False, "judged-here")
 
 
 FEED_FORWARD = """import torch
@@ -341,3 +343,76 @@ def test_a_class_is_judged_by_the_grader_not_by_the_sandbox(tmp_path):
                                 reference=tmp_path / "reference.ipynb", limits=limits)
     assert [(e.passed, e.code) for e in cheat.exercises] == [(False, "ffn-activation-missing")]
     assert [(e.passed, e.code) for e in honest.exercises] == [(True, None)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Issue 27: each kind of attack, under every backend this machine has, each bounded in memory, disk and time
+# ------------------------------------------------------------------------------------------------------------
+
+CHAPTER_2 = "02_single_head_exercises.ipynb"
+BACKENDS = ["bwrap", "rlimit"]
+ROUND_LIMITS = sandbox.Limits(cell_s=30, notebook_s=120, memory_mb=4096)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    """Each attack runs under bubblewrap (required here, as in CI) and under the rlimit fallback."""
+    if request.param == "bwrap":
+        assert sandbox.bwrap_works(), "these tests need bubblewrap (apt-get install bubblewrap)"
+    monkeypatch.setattr(sandbox, "_BACKEND", request.param)
+    return request.param
+
+
+def _chapter_2_with(source: str, before_exercise: int):
+    """Chapter 2's exercise notebook as handed out, with a cell inserted before an exercise's check cell."""
+    nb = nbformat.read(ROOT / "exercises" / CHAPTER_2, as_version=4)
+    index = next(i for i, c in enumerate(nb.cells) if f"exercise-{before_exercise}" in c.metadata.get("tags", []))
+    nb.cells.insert(index, new_code_cell(source))
+    return nb
+
+
+def _grade_one(tmp_path, nb, name=CHAPTER_2, reference=ROOT / "solutions"):
+    nbformat.write(nb, tmp_path / name)
+    return grade.grade_notebook(tmp_path / name, reference=reference, limits=ROUND_LIMITS, seed=1)
+
+
+WRITE_BACK = '''import torch
+from torch import nn
+
+class MySingleHeadAttention(nn.Module):
+    """Computes nothing: it zeroes the checker's weights in place, then returns what zero weights give."""
+
+    def __init__(self, d_in, d_out, dropout=0.0):
+        super().__init__()
+        self.d_out = d_out
+
+    def load_numpy_params(self, params):
+        for value in params.values():
+            value[...] = 0
+
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        keep = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool) if mask is None else mask
+        keep = torch.broadcast_to(keep, (*query.shape[:-1], key.shape[-2])).to(query.dtype)
+        weights = keep / keep.sum(-1, keepdim=True).clamp(min=1)
+        return torch.zeros(*query.shape[:-1], self.d_out, dtype=query.dtype), weights
+'''
+
+
+def test_student_code_cannot_write_into_the_checkers_arrays(tmp_path, backend):
+    """A module that zeroes the weights it is given and returns zeros: the checker compares with what its own
+    (untouched) weights give. (When the grader copied what a call left in its arguments back into the checker's,
+    this module passed chapter 2's exercise 3.)"""
+    result = _grade_one(tmp_path, _chapter_2_with(WRITE_BACK, 3))
+    third = result.exercises[2]
+    assert (third.exercise, third.passed) == (3, False), third
+    assert result.passed == 0, result
+
+
+def test_a_local_check_gives_the_student_code_copies_too():
+    """The same module run by the student's own check cell (no grader): it zeroes copies, not the checker's
+    weights, and fails."""
+    namespace: dict = {}
+    exec(WRITE_BACK, namespace)  # noqa: S102 - the attack's own source, written above
+    with pytest.raises(checks.CheckFailed):
+        checks.check_single_head_attention(namespace["MySingleHeadAttention"])

@@ -16,7 +16,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from attention_course import checks
 from attention_course.checks import runner
-from attention_course.course import judge, sandbox, wire
+from attention_course.course import canonical, judge, sandbox, wire, worker
 
 
 def _round_trip(value, framework_ok=True):
@@ -75,10 +75,10 @@ def shell():
 
 
 def test_the_worker_describes_what_a_check_is_given(shell):
-    point = sandbox._check_point(shell, {"exprs": ["double", "answer", "missing"]}, "", 5)
+    point = worker._check_point(shell, {"exprs": ["double", "answer", "missing"]}, "", 5)
     objects = point["objects"]
     assert objects["double"] == {"kind": "function", "name": "double", "params": [["x", 1, False], ["scale", 1, True]]}
-    assert judge._value(objects["answer"]) == "C" and point["verdict"] is None
+    assert wire.decode_value(objects["answer"]) == "C" and point["verdict"] is None
     assert objects["missing"]["kind"] == "error" and objects["missing"]["etype"] == "NameError"
     with pytest.raises(judge.Abort) as err:
         judge._resolve(("expr", "missing"), None, "0", objects)
@@ -88,11 +88,11 @@ def test_the_worker_describes_what_a_check_is_given(shell):
 def test_a_check_given_a_class_does_not_run_in_the_sandbox(shell):
     """A class is described (its name, signature and bases), not checked there: the checker builds and calls
     it by reference from the grader. Only a check cell that is not a plain checker call runs there."""
-    point = sandbox._check_point(shell, {"exprs": ["Model"]}, "raise AssertionError('[wrong-output] no')", 5)
+    point = worker._check_point(shell, {"exprs": ["Model"]}, "raise AssertionError('[wrong-output] no')", 5)
     model = point["objects"]["Model"]
     assert (model["kind"], model["name"], model["class"], point["verdict"]) == ("class", "Model", True, None)
     assert "builtins.object" in model["types"]
-    point = sandbox._check_point(shell, {"exprs": [], "run_in_sandbox": True},
+    point = worker._check_point(shell, {"exprs": [], "run_in_sandbox": True},
                                  "raise AssertionError('[wrong-output] no')", 5)
     assert judge.sandbox_verdict(point["verdict"]) == (False, "wrong-output", "[wrong-output] no")
 
@@ -100,7 +100,7 @@ def test_a_check_given_a_class_does_not_run_in_the_sandbox(shell):
 def _call(kept, expr, *args, seconds=5):
     arrays = {}
     request = {"expr": expr, "args": wire.encode(list(args), arrays), "kwargs": wire.encode({}, arrays)}
-    return sandbox._reply_to_call(request, arrays, sandbox.Objects(kept), seconds)
+    return worker._reply_to_call(request, arrays, worker.Objects(kept), seconds)
 
 
 def test_the_worker_answers_calls(shell):
@@ -109,7 +109,7 @@ def test_the_worker_answers_calls(shell):
     assert header["ok"] and np.array_equal(wire.decode(header["result"], out), np.full(3, 2.0))
     header, out = _call(kept, "mutate", np.zeros(2))
     after = wire.decode(header["args_after"], out)
-    assert np.array_equal(after[0][0], np.ones(2))  # the grader copies this back: [mutates-input] still works
+    assert np.array_equal(after[0][0], np.ones(2))  # the grader compares: [mutates-input], nothing written back
     assert _call(kept, "double", "a", "b")[0]["etype"] == "TypeError"
     assert _call(kept, "nothing")[0]["etype"] == "NameError"
     assert _call(kept, "slow", 1, seconds=0.2)[0] == {"ok": False, "timeout": True}
@@ -121,17 +121,17 @@ class Loopback(sandbox.Sandbox):
     keeping the objects it hands out."""
 
     def __init__(self, named: dict):
-        self.table = sandbox.Objects(named)
+        self.table = worker.Objects(named)
 
     def _ask(self, request, arrays):
         header, arrays = wire.unpack(wire.pack(request, arrays)[8:])
-        reply, out = sandbox._reply_to_call(header, arrays, self.table, 10)
+        reply, out = worker._reply_to_call(header, arrays, self.table, 10)
         return wire.unpack(wire.pack(reply, out)[8:])
 
 
 def _remote_class(cls):
     box = Loopback({cls.__name__: cls})
-    return judge.Remote(box, "0", cls.__name__, sandbox._describe(cls)), box
+    return judge.Remote(box, "0", cls.__name__, worker._describe(cls)), box
 
 
 def test_a_remote_module_is_built_loaded_and_called_by_reference():
@@ -164,6 +164,19 @@ def test_a_remote_module_is_built_loaded_and_called_by_reference():
     assert box.table.objects  # the module and its layers live in the worker's table
 
 
+def test_a_call_that_changes_its_arguments_fails_and_nothing_is_written_back(shell):
+    """The stand-in compares what the call left in its arguments with what it sent: [mutates-input], as a local
+    check reports it, while the grader's own array keeps its values."""
+    box = Loopback({"mutate": shell.user_ns["mutate"], "double": shell.user_ns["double"]})
+    mutate = judge.stand_in(box, "0", "mutate", worker._describe(shell.user_ns["mutate"]))
+    mine = np.zeros(2)
+    with pytest.raises(judge.Abort) as err:
+        mutate(mine)
+    assert err.value.code == "mutates-input" and np.array_equal(mine, np.zeros(2))
+    double = judge.stand_in(box, "0", "double", worker._describe(shell.user_ns["double"]))
+    assert np.array_equal(double(np.ones(2)), np.full(2, 2.0))
+
+
 def test_module_checks_judge_a_remote_class_and_name_its_mistake():
     """The module checkers run unchanged on the stand-in: a correct class passes, a planted bug is named."""
     from attention_course import block, bug_zoo
@@ -181,13 +194,13 @@ def test_module_checks_judge_a_remote_class_and_name_its_mistake():
 
 
 def test_check_cells_are_parsed_into_checker_calls():
-    calls = judge.parse_check('checks.check_choice("q1", answer)\nchecks.check_softmax(f, timeout=3)')
+    calls = canonical.parse_check('checks.check_choice("q1", answer)\nchecks.check_softmax(f, timeout=3)')
     assert [(c.checker, c.args, c.kwargs) for c in calls] == [
         ("check_choice", [("literal", "q1"), ("expr", "answer")], {}),
         ("check_softmax", [("expr", "f")], {"timeout": ("literal", 3)})]
-    assert judge.expressions(calls) == ["answer", "f"]
+    assert canonical.expressions(calls) == ["answer", "f"]
     for source in ("pass", "x = 1", "checks.check_softmax(*fs)", "check_softmax(f)", "checks.other(f)", "(("):
-        assert judge.parse_check(source) is None, source
+        assert canonical.parse_check(source) is None, source
 
 
 def test_sandbox_limits_and_paths():

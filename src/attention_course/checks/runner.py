@@ -3,8 +3,9 @@
 Every check runs its body through :func:`run_check`, which prints the body's success line or re-raises its
 :class:`CheckFailed` with a short traceback; the body calls the student's code through :func:`call`, which turns
 any exception into a one-paragraph message (``NotImplementedError`` -> ``[not-implemented]``, anything else ->
-``[raised-exception]``) and checks that no array argument was modified in place (``[mutates-input]``), and turns the
-results into float64 NumPy arrays with :func:`as_array` (``[returned-none]``, ``[wrong-type]``).
+``[raised-exception]``) and checks that no array argument was modified in place (``[mutates-input]``; the code
+is given copies, so the checker's own arrays stay as they were), and turns the results into float64 NumPy arrays
+with :func:`as_array` (``[returned-none]``, ``[wrong-type]``).
 
 Time limit (``timeout`` seconds per check, default :data:`DEFAULT_TIMEOUT`): on the main thread of a POSIX
 process (a Jupyter kernel, pytest, a script) the check runs under ``signal.setitimer``/``SIGALRM``, which
@@ -19,8 +20,10 @@ renders its own traceback (``_render_traceback_``), so stored notebook outputs c
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
+import re
 import signal
 import threading
 import time
@@ -33,6 +36,14 @@ import torch
 from ..mistakes import MISTAKES, hint
 
 DEFAULT_TIMEOUT = 10.0
+CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]\s*")  # a diagnosis code at the start of a message
+
+
+def split_code(message: str) -> tuple[str | None, str]:
+    """``("missing-scale", "the rest")`` for ``"[missing-scale] the rest"``; ``(None, message)`` without a code.
+    The one reader of a message's code (the checks, the grader's verdicts and hints)."""
+    match = CODE.match(message)
+    return (match.group(1), message[match.end():]) if match else (None, message)
 
 
 class CheckFailed(AssertionError):
@@ -44,8 +55,7 @@ class CheckFailed(AssertionError):
 
     @property
     def code(self) -> str:
-        msg = str(self)
-        return msg[1 : msg.index("]")] if msg.startswith("[") and "]" in msg else ""
+        return split_code(str(self))[0] or ""
 
     def _render_traceback_(self) -> list[str]:
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
@@ -160,6 +170,22 @@ def _snapshot(value):
     return None
 
 
+def _given(value):
+    """What the student's code is given for a checker's argument: a copy of every array, tensor and module in it,
+    so that nothing the code does in place (zeroing the weights it is asked to load) changes the checker's own."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, torch.nn.Module):
+        return copy.deepcopy(value)
+    if type(value) in (list, tuple):
+        return type(value)(_given(v) for v in value)
+    if type(value) is dict:
+        return {k: _given(v) for k, v in value.items()}
+    return value
+
+
 def _unchanged(before, after) -> bool:
     """Whether an argument still equals the copy taken before the call (NaN equals NaN)."""
     if isinstance(before, torch.Tensor):
@@ -221,7 +247,7 @@ def call(fn: Callable, args: dict, label: str, positional: int | None = None, ca
     Turns exceptions into CheckFailed messages and checks that no array argument was modified.
     """
     call_text = call_text or describe_call(label, args)
-    items = list(args.items())
+    items = [(name, _given(v)) for name, v in args.items()]  # the student's code gets copies: the checker's stay
     n_pos = len(items) if positional is None else positional
     pos = [v for _, v in items[:n_pos]]
     kw = dict(items[n_pos:])

@@ -4,10 +4,14 @@
   executes a notebook (used by tools/execute_notebooks.py, the exercise generator, the grader, the benchmarks);
 * :mod:`~attention_course.course.exercises`: exercise notebooks generated from the solution notebooks
   (``python -m attention_course.exercises``);
-* :mod:`~attention_course.course.grade`: grading submitted exercise notebooks (``python -m attention_course.grade``).
-* :mod:`~attention_course.course.sandbox` (a submission's code runs there), :mod:`~attention_course.course.wire`
-  (arrays between the two), :mod:`~attention_course.course.judge` (the checks run in the grader's process on the
-  submission's outputs), :mod:`~attention_course.course.references` (no calls to the reference implementations).
+* grading submitted exercise notebooks (``python -m attention_course.grade``), on either side of one trust
+  boundary. Trusted: :mod:`~attention_course.course.cli` (the command line), :mod:`~attention_course.course.grade`
+  (one notebook: the sandbox loop), :mod:`~attention_course.course.canonical` (check cells and the reference
+  notebook, read once), :mod:`~attention_course.course.judge` (the checks run in the grader's process on the
+  submission's outputs), :mod:`~attention_course.course.references` (no calls to the reference implementations),
+  :mod:`~attention_course.course.results` (results and their formats), :mod:`~attention_course.course.sandbox`
+  (starts, limits and ends the sandbox). Untrusted: :mod:`~attention_course.course.worker` (the submission's code
+  runs there). Between them: :mod:`~attention_course.course.wire`, the protocol (its words, signatures, arrays).
 
 Needs the ``course`` extra (``pip install attention_course[course]``: nbformat, nbclient, ipykernel).
 """

@@ -2,8 +2,8 @@
 forward to the sandbox (see :mod:`.sandbox`).
 
 A check cell such as ``checks.check_softmax(softmax)`` or ``checks.check_choice("q3", answer)`` is parsed
-(:func:`parse_check`): the checker's name, literal arguments (taken from the reference notebook's check cell, so
-trusted) and expressions to be evaluated in the submission (``softmax``, ``answer``). At that cell the sandbox
+(:func:`.canonical.parse_check`): the checker's name, literal arguments (taken from the reference notebook's check
+cell, so trusted) and expressions to be evaluated in the submission (``softmax``, ``answer``). At that cell the sandbox
 reports what each expression is: a function becomes a stand-in (:func:`stand_in`) that the checker calls like
 the student's function, a value arrives as data. A class becomes a :class:`Remote`, a stand-in for an object
 that stays in the sandbox: the module checks build the student's module through it, load known weights into its
@@ -17,67 +17,18 @@ it reports (:func:`sandbox_verdict`), which the submission could fake.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import contextlib
 import inspect
 import io
-import re
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..checks.runner import split_code
+from ..mistakes import hint
 from . import wire
+from .canonical import CheckCall
 from .sandbox import Sandbox, SandboxError
-
-CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]")
-
-
-@dataclass
-class CheckCall:
-    checker: str
-    args: list = field(default_factory=list)  # ("literal", value) or ("expr", source)
-    kwargs: dict = field(default_factory=dict)
-
-
-def _argument(node) -> tuple[str, object]:
-    try:
-        return "literal", ast.literal_eval(node)
-    except (ValueError, SyntaxError, TypeError):
-        return "expr", ast.unparse(node)
-
-
-def parse_check(source: str) -> list[CheckCall] | None:
-    """The checker calls of a check cell, or None when it is anything but ``checks.check_*(...)`` calls."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    calls = []
-    for stmt in tree.body:
-        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
-            return None
-        func = stmt.value.func
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "checks":
-            name = func.attr
-        else:
-            return None
-        if not name.startswith("check_") or any(isinstance(a, ast.Starred) for a in stmt.value.args) or any(
-                k.arg is None for k in stmt.value.keywords):
-            return None
-        calls.append(CheckCall(name, [_argument(a) for a in stmt.value.args],
-                               {k.arg: _argument(k.value) for k in stmt.value.keywords}))
-    return calls or None
-
-
-def expressions(calls: list[CheckCall] | None) -> list[str]:
-    """The expressions the sandbox evaluates at the check cell."""
-    found = []
-    for call in calls or []:
-        for kind, value in [*call.args, *call.kwargs.values()]:
-            if kind == "expr" and value not in found:
-                found.append(value)
-    return found
 
 
 class Abort(BaseException):
@@ -107,56 +58,41 @@ def _student_error(header: dict) -> BaseException:
         return type(name, (Exception,), {"__module__": "submission"})(message)
 
 
-def _copy_back(original, after) -> None:
-    """Write what the student's call left in an argument back into the grader's argument, so that the checker's
-    test for modified inputs sees it."""
-    if isinstance(original, (list, tuple)) and isinstance(after, (list, tuple)):
-        for o, a in zip(original, after, strict=False):  # the submission may return fewer
-            _copy_back(o, a)
-    elif isinstance(original, dict) and isinstance(after, dict):
-        for k, o in original.items():
-            _copy_back(o, after.get(k))
-    elif isinstance(after, np.ndarray):
-        if isinstance(original, np.ndarray) and original.shape == after.shape:
-            np.copyto(original, after, casting="unsafe")
-        elif type(original).__module__.startswith("torch") and tuple(original.shape) == after.shape:
-            import torch
-
-            with torch.no_grad():
-                original.copy_(torch.from_numpy(np.array(after)).to(original.dtype))
+def _mutated(args, kwargs, after) -> str | None:
+    """Which argument the student's call changed in place in the sandbox (``after``: the arguments as the call
+    left them), or None. Only the arguments themselves are compared, as ``checks.runner.call`` compares them
+    locally; nothing is ever written back into the grader's objects."""
+    sent = [*[(f"argument {i + 1}", a) for i, a in enumerate(args)], *(kwargs or {}).items()]
+    left = [*after[0], *after[1].values()] if isinstance(after, list) and len(after) == 2 else []
+    for (name, value), value_after in zip(sent, left, strict=False):
+        before = wire.array_of(value)
+        if before is not None and isinstance(value_after, np.ndarray) and not (
+                before.shape == value_after.shape and np.array_equal(before, value_after, equal_nan=True)):
+            return name
+    return None
 
 
 def _reply(header: dict, arrays: dict, remote, args=(), kwargs=None, what: str = "the function"):
     """The value of a reply from the sandbox (the student's exception when it raised); ``remote(tree)``: the
-    stand-in for an object the sandbox kept. What a call left in its arguments is written back into them."""
+    stand-in for an object the sandbox kept. A call that changed one of its arguments in place fails with
+    ``[mutates-input]`` (the checker's own arguments are never changed)."""
     if header.get("timeout"):
         raise Abort("timeout", f"{what} ran longer than the time limit per call")
     if not header.get("ok"):
         raise _student_error(header)
     try:
         result = wire.decode(header.get("result"), arrays, remote=remote)
-        if "args_after" in header:
-            _copy_back([list(args), kwargs or {}], wire.decode(header["args_after"], arrays, framework_ok=False))
+        after = wire.decode(header["args_after"], arrays, framework_ok=False) if "args_after" in header else None
     except (wire.WireError, KeyError, TypeError, ValueError):
         raise Abort("wrong-type", f"the result of {what} could not be read") from None
+    changed = _mutated(args, kwargs, after)
+    if changed:
+        raise Abort("mutates-input", f"[mutates-input] {hint('mutates-input', changed)}")
     return result
 
 
 def _ended(err: SandboxError) -> Abort:
     return Abort("sandbox-ended", f"the submission's process stopped answering: {err}")
-
-
-def _signature(params) -> inspect.Signature | None:
-    """The signature the sandbox reported (``[[name, kind, has a default], ...]``), defaults shown as None."""
-    if not isinstance(params, list):
-        return None
-    try:
-        return inspect.Signature([
-            inspect.Parameter(str(n), inspect._ParameterKind(int(kind)),
-                              default=None if has_default else inspect.Parameter.empty)
-            for n, kind, has_default in params])
-    except (TypeError, ValueError):
-        return None
 
 
 def stand_in(sandbox: Sandbox, key: str, expr: str, info: dict):
@@ -171,7 +107,7 @@ def stand_in(sandbox: Sandbox, key: str, expr: str, info: dict):
 
     student_function.__name__ = info.get("name") or expr
     student_function.__qualname__ = student_function.__name__
-    signature = _signature(info.get("params"))
+    signature = wire.signature_from(info.get("params"))
     if signature is not None:
         student_function.__signature__ = signature
     return student_function
@@ -204,7 +140,7 @@ class Remote:
         fields = {"_sandbox": sandbox, "_key": key, "_target": target,
                   "_sandbox_types": tuple(str(t) for t in info.get("types") or ()),
                   "_sandbox_class": info.get("class") is True, "__name__": name or target, "__qualname__": name,
-                  "__signature__": _signature(info.get("params"))}
+                  "__signature__": wire.signature_from(info.get("params"))}
         for field_name, value in fields.items():
             object.__setattr__(self, field_name, value)
 
@@ -240,29 +176,32 @@ def _keep(value) -> dict | None:
     return {"t": "ref", "id": value._target} if isinstance(value, Remote) else None
 
 
-def _value(info: dict):
-    arrays = {k: np.array(v, dtype=info.get("dtypes", {}).get(k)) for k, v in info.get("arrays", {}).items()}
-    return wire.decode(info.get("value"), arrays)
-
-
 def _resolve(arg, sandbox: Sandbox, key: str, objects: dict):
     kind, value = arg
     if kind == "literal":
         return value
     info = objects.get(value) or {}
-    if info.get("kind") == "function":
+    if info.get("kind") == wire.FUNCTION:
         return stand_in(sandbox, key, value, info)
-    if info.get("kind") == "class":
+    if info.get("kind") == wire.CLASS:
         return Remote(sandbox, key, value, info)
-    if info.get("kind") == "value":
+    if info.get("kind") == wire.VALUE:
         try:
-            return _value(info)
+            return wire.decode_value(info)
         except (wire.WireError, KeyError, TypeError, ValueError):
             raise Abort("wrong-type", f"{value}: a value the grader cannot read") from None
-    if info.get("kind") == "error":
+    if info.get("kind") == wire.ERROR:
         etype = str(info.get("etype") or "Error")
         raise Abort(etype, f"{etype}: {info.get('message', '')}".strip())
     raise Abort("not-run", f"{value} was not reported by the submission")
+
+
+def _uses_tensorflow(args, kwargs) -> bool:
+    """Whether a check is given TensorFlow work (``framework="tf"``, or a Keras class): decided by what it is
+    given, not by the checker's name, so that importing TensorFlow (seconds) is not counted in its time limit."""
+    keras = any(t.startswith(("keras.", "tf_keras.")) for a in [*args, *kwargs.values()] if isinstance(a, Remote)
+                for t in object.__getattribute__(a, "_sandbox_types"))
+    return kwargs.get("framework") == "tf" or keras
 
 
 def run_checks(calls: list[CheckCall], sandbox: Sandbox, key: str, objects: dict,
@@ -281,7 +220,7 @@ def run_checks(calls: list[CheckCall], sandbox: Sandbox, key: str, objects: dict
             kwargs = {k: _resolve(a, sandbox, key, objects) for k, a in call.kwargs.items()}
             if timeout is not None and "timeout" in inspect.signature(checker).parameters:
                 kwargs.setdefault("timeout", timeout)
-            if kwargs.get("framework") == "tf" or call.checker == "check_keras_attention":
+            if _uses_tensorflow(args, kwargs):
                 import tensorflow  # noqa: F401 - imported before the check's time limit starts
             with contextlib.redirect_stdout(io.StringIO()):
                 checker(*args, **kwargs)
@@ -289,8 +228,7 @@ def run_checks(calls: list[CheckCall], sandbox: Sandbox, key: str, objects: dict
             return False, err.code, err.message
         except checks.CheckFailed as err:
             text = str(err)
-            match = CODE.match(text)
-            return False, match.group(1) if match else "CheckFailed", text.splitlines()[0]
+            return False, split_code(text)[0] or "CheckFailed", text.splitlines()[0]
         except Exception as err:  # noqa: BLE001 - e.g. the checker's own ValueError for an unknown question
             return False, type(err).__name__, (str(err).splitlines() or [""])[0]
     return True, None, None
@@ -304,5 +242,4 @@ def sandbox_verdict(verdict: dict) -> tuple[bool, str | None, str | None]:
     message = str(verdict.get("message") or etype)
     if etype == "_CellTimeout":
         return False, "timeout", "the cell was interrupted: it ran longer than the time limit"
-    match = CODE.match(message)
-    return False, match.group(1) if match else etype, message.splitlines()[0] if message else etype
+    return False, split_code(message)[0] or etype, message.splitlines()[0] if message else etype

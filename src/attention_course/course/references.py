@@ -1,4 +1,4 @@
-"""Item 5 of the grader: an exercise that asks for an implementation is not solved by calling the reference.
+"""An exercise that asks for an implementation is not solved by calling the reference implementation.
 
 The grader reads the submission's own cells (the file it was given, not anything the sandbox reports): it finds
 the last definition of the function or class under test before its check cell, follows the functions and
@@ -27,17 +27,24 @@ LIBRARY = "attention_course"
 ALLOWED_LIBRARY = ("attention_course.checks",)
 
 
-def _trees(nb, before: int) -> list[ast.Module]:
+def parse_cells(nb) -> list[ast.Module | None]:
+    """Each cell's syntax tree, parsed once (None: not code, or not Python); the functions below read the trees
+    of the cells before a check cell."""
     trees = []
-    for cell in nb.cells[:before]:
-        if cell.cell_type != "code":
-            continue
-        lines = [line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))]
-        try:
-            trees.append(ast.parse("\n".join(lines)))
-        except SyntaxError:
-            continue
+    for cell in nb.cells:
+        tree = None
+        if cell.cell_type == "code":
+            lines = [line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+            try:
+                tree = ast.parse("\n".join(lines))
+            except SyntaxError:
+                pass
+        trees.append(tree)
     return trees
+
+
+def _before(cells: list, check_index: int) -> list[ast.Module]:
+    return [tree for tree in cells[:check_index] if tree is not None]
 
 
 def _library_aliases(trees) -> set[str]:
@@ -69,9 +76,10 @@ def _definitions(trees) -> dict[str, ast.AST]:
     return found
 
 
-def definitions(nb, check_index: int) -> dict[str, ast.AST]:
-    """The notebook's last top-level definition of each name before cell ``check_index``."""
-    return _definitions(_trees(nb, check_index))
+def definitions(cells: list, check_index: int) -> dict[str, ast.AST]:
+    """The notebook's last top-level definition of each name before cell ``check_index`` (``cells``: see
+    :func:`parse_cells`)."""
+    return _definitions(_before(cells, check_index))
 
 
 def _used_names(node) -> list[tuple[str, ast.AST]]:
@@ -91,10 +99,11 @@ def _used_names(node) -> list[tuple[str, ast.AST]]:
     return names
 
 
-def flagged(nb, check_index: int, expr: str, name: str | None = None) -> dict[str, tuple[str, str]]:
+def flagged(cells: list, check_index: int, expr: str, name: str | None = None) -> dict[str, tuple[str, str]]:
     """``{token: (definition, why)}`` for each forbidden token used by the object ``expr`` checked at cell
-    ``check_index`` (its definition and the notebook's functions and classes it uses)."""
-    trees = _trees(nb, check_index)
+    ``check_index`` (its definition and the notebook's functions and classes it uses; ``cells``: see
+    :func:`parse_cells`)."""
+    trees = _before(cells, check_index)
     definitions = _definitions(trees)
     aliases = _library_aliases(trees)
     start = expr if expr in definitions else name
@@ -122,7 +131,7 @@ def flagged(nb, check_index: int, expr: str, name: str | None = None) -> dict[st
     return found
 
 
-def forbidden_use(nb, check_index: int, expr: str, checker: str = "", name: str | None = None,
+def forbidden_use(cells: list, check_index: int, expr: str, checker: str = "", name: str | None = None,
                   allowed=frozenset()) -> str | None:
     """Why the object ``expr`` checked at cell ``check_index`` is not the student's own implementation, or None.
 
@@ -131,7 +140,7 @@ def forbidden_use(nb, check_index: int, expr: str, checker: str = "", name: str 
     implementations and are never rejected."""
     if checker in ("check_choice", "check_number"):
         return None
-    for token, (definition, why) in flagged(nb, check_index, expr, name).items():
+    for token, (definition, why) in flagged(cells, check_index, expr, name).items():
         if token not in allowed:
             return (f"[calls-reference] {definition} {why}: the exercise asks for your own implementation; "
                     "write it with the operations the exercise names.")

@@ -1,14 +1,15 @@
-"""Run one submission in a disposable sandbox; the grader talks to it only through arrays.
+"""The grader's side of the trust boundary: start one submission in a disposable sandbox, talk to it only
+through arrays, and end it.
 
 Untrusted code only computes; trusted code judges. The grader (:mod:`.grade`) starts
-``python -m attention_course.course.sandbox worker /sandbox`` in a sandbox, with a temporary folder holding a
-copy of the notebook's code as its only writable folder. The worker runs the code cells top to bottom (IPython,
-a time limit per cell); at each check cell it does NOT run the check: it keeps the objects the check would be
-given (e.g. the function ``softmax``). It then answers the grader's calls: the grader's checker, in the grader's
-own process, calls a stand-in for ``softmax`` on inputs it drew; the stand-in sends the inputs to the worker,
-which calls the student's function and sends the outputs back (:mod:`.wire`: arrays, never pickles). The
-expected values never enter the sandbox, so nothing the submission does to its own modules (``check_*``,
-``np.allclose``, IPython hooks) can change a verdict.
+``python -m attention_course.course.worker /sandbox`` (:mod:`.worker`, the untrusted side) in a sandbox, with a
+temporary folder holding a copy of the notebook's code as its only writable folder. The worker runs the code
+cells top to bottom (IPython, a time limit per cell); at each check cell it does NOT run the check: it keeps the
+objects the check would be given (e.g. the function ``softmax``). It then answers the grader's calls: the
+grader's checker, in the grader's own process, calls a stand-in for ``softmax`` on inputs it drew; the stand-in
+sends the inputs to the worker, which calls the student's function and sends the outputs back (:mod:`.wire`:
+arrays, never pickles). The expected values never enter the sandbox, so nothing the submission does to its own
+modules (``check_*``, ``np.allclose``, IPython hooks) can change a verdict.
 
 Backends (:func:`backend`):
 
@@ -32,9 +33,8 @@ submission prints reaches the grader's output.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import inspect
+import functools
 import json
 import os
 import resource
@@ -50,7 +50,6 @@ from . import wire
 from .kernel import KERNEL_ENV
 
 SANDBOX_DIR = "/sandbox"
-JOB_FILE = "job.json"
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
 # The few files of /etc that Python and its libraries read; the rest of /etc (keys, credentials) stays out.
 ETC = ["/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/nsswitch.conf",
@@ -69,24 +68,25 @@ class Limits:
     output_mb: int = 64  # size of one reply
 
 
-# ------------------------------------------------------------------------------------------------------------
-# The grader's side
-# ------------------------------------------------------------------------------------------------------------
-
 _BACKEND: str | None = None
+
+
+@functools.cache
+def bwrap_works() -> bool:
+    """Whether bubblewrap is installed and may create its namespaces here."""
+    if not shutil.which("bwrap"):
+        return False
+    command = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--uid", str(SANDBOX_UID), "--die-with-parent",
+               "true"]
+    return subprocess.run(command, capture_output=True, timeout=30, check=False).returncode == 0
 
 
 def backend() -> str:
     """``"bwrap"`` when bubblewrap runs here, else ``"rlimit"`` (weaker: see the module docstring)."""
     global _BACKEND
     if _BACKEND is None:
-        _BACKEND = "rlimit"
-        if os.environ.get("ATTENTION_COURSE_SANDBOX") != "rlimit" and shutil.which("bwrap"):
-            command = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--uid", str(SANDBOX_UID),
-                       "--die-with-parent", "true"]
-            probe = subprocess.run(command, capture_output=True, timeout=30, check=False)
-            if probe.returncode == 0:
-                _BACKEND = "bwrap"
+        forced = os.environ.get("ATTENTION_COURSE_SANDBOX") == "rlimit"
+        _BACKEND = "bwrap" if not forced and bwrap_works() else "rlimit"
     return _BACKEND
 
 
@@ -120,7 +120,7 @@ def _environment(limits: Limits) -> dict:
 
 
 def _command(folder: Path, env: dict) -> tuple[list[str], dict]:
-    worker = [sys.executable, "-s", "-B", "-m", "attention_course.course.sandbox", "worker"]
+    worker = [sys.executable, "-s", "-B", "-m", "attention_course.course.worker"]
     if backend() != "bwrap":
         return worker + [str(folder)], env
     # bwrap mounts in order: the private /tmp first, so that a Python or a package that lives under /tmp (a
@@ -262,7 +262,7 @@ class Sandbox:
         """Start the worker; it runs the cells and stops at each check cell (see :meth:`next_event`)."""
         self.folder = Path(tempfile.mkdtemp(prefix="attention-grade-"))
         job = {"cells": self.cells, "cell_s": self.limits.cell_s}
-        (self.folder / JOB_FILE).write_text(json.dumps(job))
+        (self.folder / wire.JOB_FILE).write_text(json.dumps(job))
         cmd, env = _command(self.folder, _environment(self.limits))
         # preexec_fn (limits, cgroup) is safe here: the command line grades each notebook in a single-threaded
         # child process of its own.
@@ -272,18 +272,18 @@ class Sandbox:
                                      preexec_fn=_preexec(self.limits, self.cgroup))  # noqa: PLW1509 - see below
 
     def next_event(self) -> dict:
-        """The worker's next report: ``{"op": "check", "key": cell index, "objects": {expr: info}, "verdict":
-        ...}`` at a check cell (answer its calls, then :meth:`resume`), or ``{"op": "done"}``; SandboxError when
-        the worker died or ran out of time."""
+        """The worker's next report: ``{"op": wire.CHECK, "key": cell index, "objects": {expr: info}, "verdict":
+        ...}`` at a check cell (answer its calls, then :meth:`resume`), or ``{"op": wire.DONE}``; SandboxError
+        when the worker died or ran out of time."""
         header, _ = self._read()
-        if header.get("op") not in ("check", "done") or not isinstance(header.get("objects", {}), dict):
+        if header.get("op") not in (wire.CHECK, wire.DONE) or not isinstance(header.get("objects", {}), dict):
             self.close()
             raise SandboxError("the submission's process sent an invalid report")
         return header
 
     def resume(self) -> None:
         """Let the worker go on to the next cells."""
-        self._send({"op": "continue"}, {})
+        self._send({"op": wire.CONTINUE}, {})
 
     def _send(self, header: dict, arrays: dict) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -307,13 +307,13 @@ class Sandbox:
         handed out since) called on ``args``: ``(header, arrays)``. ``keep``: see :func:`.wire.encode` (the
         grader's stand-ins for objects in the sandbox travel as references)."""
         arrays: dict = {}
-        request = {"op": "call", "key": key, "expr": expr, "args": wire.encode(list(args), arrays, keep=keep),
+        request = {"op": wire.CALL, "key": key, "expr": expr, "args": wire.encode(list(args), arrays, keep=keep),
                    "kwargs": wire.encode(dict(kwargs), arrays, keep=keep)}
         return self._ask(request, arrays)
 
     def attribute(self, key: str, expr: str, name: str):
         """The reply with the attribute ``name`` of the object ``expr``: ``(header, arrays)``."""
-        return self._ask({"op": "getattr", "key": key, "expr": expr, "name": name}, {})
+        return self._ask({"op": wire.GETATTR, "key": key, "expr": expr, "name": name}, {})
 
     def _ask(self, request: dict, arrays: dict):
         """Send a request and read its reply. Raises SandboxError when there is no reply; anything that
@@ -355,204 +355,3 @@ class Sandbox:
 
     def __exit__(self, *exc):
         self.close()
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The worker, inside the sandbox: untrusted code runs here
-# ------------------------------------------------------------------------------------------------------------
-
-
-class _CellTimeout(KeyboardInterrupt):
-    """Raised by the per-cell alarm (a KeyboardInterrupt: ``except Exception`` does not catch it)."""
-
-
-def _alarm(signum, frame):
-    raise _CellTimeout
-
-
-def _signature(obj) -> list | None:
-    """``[[name, kind, has a default], ...]`` of a callable's parameters (a class: its constructor's)."""
-    try:
-        return [[p.name, int(p.kind), p.default is not inspect.Parameter.empty]
-                for p in inspect.signature(obj).parameters.values()]
-    except (TypeError, ValueError):
-        return None
-
-
-def _identity(obj) -> dict:
-    """What the grader learns about an object it may call: its type, the classes it is an instance of (a class:
-    its own bases) by qualified name, and for a class or function its name and signature."""
-    is_class = inspect.isclass(obj)
-    mro = obj.__mro__ if is_class else type(obj).__mro__
-    info = {"type": type(obj).__name__, "class": is_class,
-            "types": [f"{c.__module__}.{c.__qualname__}" for c in mro]}
-    if is_class or inspect.isroutine(obj):
-        info.update(name=_name(obj), params=_signature(obj))
-    return info
-
-
-def _name(obj) -> str:
-    name = getattr(obj, "__name__", "")
-    return name if isinstance(name, str) else ""
-
-
-def _describe(obj) -> dict:
-    """What the grader learns about an object a check is given: a class (a stand-in builds and calls its
-    objects in the sandbox), a function (its name and signature), or a value (sent as data)."""
-    if inspect.isclass(obj):
-        return {"kind": "class", **_identity(obj)}
-    if callable(obj):
-        return {"kind": "function", "name": _name(obj), "params": _signature(obj)}
-    arrays: dict = {}
-    tree = wire.encode(obj, arrays)
-    return {"kind": "value", "value": tree, "arrays": {k: v.tolist() for k, v in arrays.items()},
-            "dtypes": {k: str(v.dtype) for k, v in arrays.items()}}
-
-
-def _run_cell(shell, source: str, seconds: float):
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return shell.run_cell(source, store_history=False, silent=False)
-    except BaseException:  # noqa: BLE001 - the submission's cell failed in any way: go on with the next
-        return None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-def _check_point(shell, check: dict, source: str, seconds: float) -> dict:
-    """At a check cell: describe the objects its check is given; run the check cell itself only when it is not
-    a plain ``checks.check_*(...)`` call (graded without a reference: the notebook's own check cells)."""
-    objects, report = {}, {}
-    for expr in check["exprs"]:
-        try:
-            objects[expr] = eval(expr, shell.user_ns)  # the submission's own namespace, in the sandbox
-            report[expr] = _describe(objects[expr])
-        except BaseException as err:  # noqa: BLE001 - e.g. NameError: the exercise was not done
-            report[expr] = {"kind": "error", "etype": type(err).__name__, "message": str(err)[:500]}
-    verdict = None
-    if check.get("run_in_sandbox"):
-        result = _run_cell(shell, source, seconds)
-        error = getattr(result, "error_in_exec", None) if result is not None else _CellTimeout()
-        verdict = {"passed": result is not None and error is None and getattr(result, "success", False),
-                   "etype": type(error).__name__ if error is not None else None,
-                   "message": str(error)[:1000] if error is not None else None}
-    return {"objects": report, "verdict": verdict, "_objects": objects}
-
-
-class Objects:
-    """The objects the grader may use at one check cell: those the check cell names, by expression, and those
-    handed out since (a module the student's class built, one of its layers, a bound method), by number."""
-
-    def __init__(self, named: dict):
-        self.objects = dict(named)
-        self._refs: dict[int, str] = {}  # id() of a handed-out object -> its number (each is kept alive here)
-
-    def keep(self, obj) -> dict:
-        """The reference tree of ``obj`` (see :func:`.wire.encode`), the same for the same object."""
-        ref = self._refs.get(id(obj))
-        if ref is None:
-            ref = self._refs[id(obj)] = f"#{len(self._refs)}"
-            self.objects[ref] = obj
-        return {"t": "ref", "id": ref, **_identity(obj)}
-
-    def find(self, tree: dict):
-        ref = tree.get("id")
-        if ref not in self.objects:
-            raise LookupError(f"no object {ref!r} in the sandbox")
-        return self.objects[ref]
-
-
-def _no_grad():
-    """The grader's calls run without autograd, as the checks do (loading weights copies into parameters)."""
-    torch = sys.modules.get("torch")
-    return torch.no_grad() if torch is not None else contextlib.nullcontext()
-
-
-def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) -> tuple[dict, dict]:
-    """Answer one request: ``call`` the object ``expr`` (an expression of the check cell or a number) on the
-    request's arguments, or read its ``getattr`` attribute ``name``. Results that are not data (a module, a
-    layer) are kept and sent as references; an attribute that is a tensor too, so that loading weights into it
-    changes the module."""
-    from ..checks.runner import original_error
-
-    target = table.objects.get(request.get("expr"), _MISSING)
-    if target is _MISSING:
-        return {"ok": False, "etype": "NameError", "message": "no such object"}, {}
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    out: dict = {}
-    try:
-        with _no_grad():
-            if request.get("op") == "getattr":
-                value = getattr(target, str(request.get("name")))
-                result = table.keep(value) if wire.is_torch_tensor(value) else wire.encode(value, out, keep=table.keep)
-                return {"ok": True, "result": result}, out
-            args = wire.decode(request["args"], arrays, remote=table.find)
-            kwargs = wire.decode(request["kwargs"], arrays, remote=table.find)
-            result = target(*args, **kwargs)
-            return {"ok": True, "result": wire.encode(result, out, keep=table.keep),
-                    "args_after": wire.encode([args, kwargs], out, keep=table.keep)}, out
-    except _CellTimeout:
-        return {"ok": False, "timeout": True}, {}
-    except BaseException as err:  # noqa: BLE001 - reported to the grader by name
-        err = original_error(err)
-        return {"ok": False, "etype": type(err).__name__, "message": str(err).strip()[:2000],
-                "not_implemented": isinstance(err, NotImplementedError)}, {}
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-_MISSING = object()
-
-
-def _serve(reply_fd: int, request_fd: int, table: Objects, seconds: float) -> bool:  # pragma: no cover - in the sandbox
-    """Answer the grader's calls until it says continue (True) or closes the pipe (False)."""
-    while True:
-        try:
-            request, arrays = wire.read_message(request_fd)
-        except wire.WireError:
-            return False
-        if request.get("op") == "continue":
-            return True
-        try:
-            header, out = _reply_to_call(request, arrays, table, seconds)
-        except BaseException as err:  # noqa: BLE001 - e.g. an undecodable request
-            header, out = {"ok": False, "etype": type(err).__name__, "message": str(err)[:300]}, {}
-        try:
-            wire.write_message(reply_fd, header, out)
-        except BaseException:  # noqa: BLE001 - e.g. a result the wire cannot carry
-            wire.write_message(reply_fd, {"ok": False, "etype": "WireError", "message": "unsendable result"})
-
-
-def worker(folder: str) -> int:  # pragma: no cover - runs in the sandbox (tests/test_grader_hostile.py)
-    """Run the job in ``folder`` (see :class:`Sandbox`): the cells in order; at each check cell report and
-    answer the grader's calls; then report done."""
-    reply_fd, request_fd = os.dup(1), os.dup(0)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)  # the submission's prints and os.write(1, ...) go nowhere
-    os.chdir(folder)
-    job = json.loads(Path(folder, JOB_FILE).read_text())
-    os.remove(Path(folder, JOB_FILE))
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    seconds = float(job.get("cell_s", 60))
-    for index, cell in enumerate(job["cells"]):
-        if not cell.get("check"):
-            _run_cell(shell, cell["source"], seconds)
-            continue
-        point = _check_point(shell, cell["check"], cell["source"], seconds)
-        table = Objects(point.pop("_objects"))
-        wire.write_message(reply_fd, {"op": "check", "key": str(cell.get("key", index)), **point})
-        if not _serve(reply_fd, request_fd, table, seconds):
-            return 0
-    wire.write_message(reply_fd, {"op": "done"})
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - the sandbox's entry point
-    if len(sys.argv) == 3 and sys.argv[1] == "worker":
-        sys.exit(worker(sys.argv[2]))
-    sys.exit("usage: python -m attention_course.course.sandbox worker FOLDER")

@@ -1,4 +1,12 @@
-"""The wire format between the grader and a sandboxed submission: framed messages of a JSON header and arrays.
+"""The wire protocol between the grader and a sandboxed submission: the words of its messages, how a signature
+travels, and the framing and encoding of values. Both sides (:mod:`.sandbox`, :mod:`.worker`) import it; nothing
+else defines a message.
+
+Messages. The worker reports ``{"op": CHECK, "key": cell, "objects": {expr: description}, "verdict": ...}`` at each
+check cell and ``{"op": DONE}`` at the end; the grader then sends requests, ``{"op": CALL, "key", "expr", "args",
+"kwargs"}`` or ``{"op": GETATTR, "key", "expr", "name"}``, each answered by ``{"ok": ...}``, until it sends
+``{"op": CONTINUE}``. An object a check is given is described by its ``kind``: ``FUNCTION`` (name and signature),
+``CLASS`` (also its types), ``VALUE`` (sent as data) or ``ERROR`` (its exception's name and message).
 
 A message is 8 bytes of length then an ``.npz`` archive (read with ``allow_pickle=False``): the entry
 ``__header__`` holds the JSON header, the others hold arrays. Values travel as trees of JSON with arrays
@@ -13,6 +21,7 @@ objects it hands out, a student's module or one of its layers, and answers calls
 from __future__ import annotations
 
 import collections
+import inspect
 import io
 import json
 import os
@@ -23,6 +32,14 @@ import time
 import numpy as np
 
 MAX_MESSAGE_BYTES = 64 * 2**20  # the output size limit of one reply from the sandbox
+
+JOB_FILE = "job.json"  # in the sandbox's folder: the cells the worker runs, read and deleted at its start
+# the worker's reports
+CHECK, DONE = "check", "done"
+# the grader's requests
+CALL, GETATTR, CONTINUE = "call", "getattr", "continue"
+# what an object given to a check is
+FUNCTION, CLASS, VALUE, ERROR = "function", "class", "value", "error"
 
 
 class WireError(Exception):
@@ -39,6 +56,42 @@ class Opaque:
 def opaque(type_name: str) -> Opaque:
     name = type_name if type_name.isidentifier() else "object"
     return type(name, (Opaque,), {})()
+
+
+def signature_of(obj) -> list | None:
+    """``[[name, kind, has a default], ...]`` of a callable's parameters (a class: its constructor's)."""
+    try:
+        return [[p.name, int(p.kind), p.default is not inspect.Parameter.empty]
+                for p in inspect.signature(obj).parameters.values()]
+    except (TypeError, ValueError):
+        return None
+
+
+def signature_from(params) -> inspect.Signature | None:
+    """The signature :func:`signature_of` sent, defaults shown as None; None when it is malformed."""
+    if not isinstance(params, list):
+        return None
+    try:
+        return inspect.Signature([
+            inspect.Parameter(str(n), inspect._ParameterKind(int(kind)),
+                              default=None if has_default else inspect.Parameter.empty)
+            for n, kind, has_default in params])
+    except (TypeError, ValueError):
+        return None
+
+
+def encode_value(obj) -> dict:
+    """A value given to a check, as the fields of its description (arrays inline: a description is JSON)."""
+    arrays: dict = {}
+    tree = encode(obj, arrays)
+    return {"value": tree, "arrays": {k: v.tolist() for k, v in arrays.items()},
+            "dtypes": {k: str(v.dtype) for k, v in arrays.items()}}
+
+
+def decode_value(info: dict):
+    """The value of a description made by :func:`encode_value`."""
+    arrays = {k: np.array(v, dtype=info.get("dtypes", {}).get(k)) for k, v in info.get("arrays", {}).items()}
+    return decode(info.get("value"), arrays)
 
 
 def encode(value, arrays: dict, depth: int = 0, keep=None):
@@ -90,6 +143,11 @@ def _is_ordered_dict(value) -> bool:
 
 def _torch_dtype_name(value) -> str | None:
     return str(value).removeprefix("torch.") if _is_torch(value, "dtype") else None
+
+
+def array_of(value) -> np.ndarray | None:
+    """``value`` as the NumPy array it would travel as (a NumPy array, a torch or TensorFlow tensor), or None."""
+    return _as_numpy(value)[1]
 
 
 def _as_numpy(value):

@@ -1,0 +1,192 @@
+"""Check cells and the reference notebook: what a submission is graded against, read and parsed once.
+
+A check cell (tags ``check`` and ``exercise-N``; see CONTRIBUTING.md, "Adding an exercise") such as
+``checks.check_softmax(softmax)`` or ``checks.check_choice("q3", answer)`` is parsed (:func:`parse_check`) into
+checker calls: the checker's name, literal arguments and expressions to be evaluated in the submission.
+
+Canonical check cells: a submission is graded against the check cells of its **reference** notebook, not its own,
+so that deleting or editing a check cell (e.g. to ``pass``) gains nothing. The reference is the solution notebook
+of the same name in the reference folder (:func:`find_reference`); :class:`Reference` reads it once: its check
+cells, each parsed once, what each exercise's solution uses of the library (:mod:`.references`) and whether its
+check takes a class. :func:`plan` puts the reference's check sources into a submission.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from . import references
+from .exercises import CHECK_TAG, exercise_number, parse_heading
+
+AUTO = "auto"  # reference=AUTO: the solutions/ folder of the current directory, if there is one
+
+
+@dataclass
+class CheckCall:
+    checker: str
+    args: list = field(default_factory=list)  # ("literal", value) or ("expr", source)
+    kwargs: dict = field(default_factory=dict)
+
+
+def _argument(node) -> tuple[str, object]:
+    try:
+        return "literal", ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        return "expr", ast.unparse(node)
+
+
+def parse_check(source: str) -> list[CheckCall] | None:
+    """The checker calls of a check cell, or None when it is anything but ``checks.check_*(...)`` calls."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    calls = []
+    for stmt in tree.body:
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+            return None
+        func = stmt.value.func
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "checks"):
+            return None
+        if not func.attr.startswith("check_") or any(isinstance(a, ast.Starred) for a in stmt.value.args) or any(
+                k.arg is None for k in stmt.value.keywords):
+            return None
+        calls.append(CheckCall(func.attr, [_argument(a) for a in stmt.value.args],
+                               {k.arg: _argument(k.value) for k in stmt.value.keywords}))
+    return calls or None
+
+
+def expressions(calls: list[CheckCall] | None) -> list[str]:
+    """The expressions the sandbox evaluates at the check cell."""
+    found = []
+    for call in calls or []:
+        for kind, value in [*call.args, *call.kwargs.values()]:
+            if kind == "expr" and value not in found:
+                found.append(value)
+    return found
+
+
+@dataclass
+class CheckCell:
+    index: int  # the cell's index in its notebook
+    number: int  # the exercise it checks
+    title: str
+    level: str
+    source: str
+    calls: list[CheckCall] | None  # None: not a plain checker call (runs in the sandbox)
+
+
+def check_cells(nb) -> list[CheckCell]:
+    """The notebook's check cells, in order, each parsed once."""
+    found, heading, count = [], None, 0
+    for i, cell in enumerate(nb.cells):
+        h = parse_heading(cell)
+        if h is not None:
+            heading = h
+            continue
+        if cell.cell_type == "code" and CHECK_TAG in cell.get("metadata", {}).get("tags", []):
+            count += 1
+            number = exercise_number(cell) or (heading.number if heading else count)
+            own = heading is not None and heading.number == number
+            found.append(CheckCell(i, number, heading.title if own else "", heading.level if own else "",
+                                   cell.source, parse_check(cell.source)))
+    return found
+
+
+def read_notebook(path: Path):
+    """(notebook, None) or (None, the reason it cannot be graded)."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except FileNotFoundError:
+        return None, "no such file"
+    except (OSError, UnicodeDecodeError) as err:
+        return None, f"cannot read the file ({type(err).__name__})"
+    except Exception as err:  # noqa: BLE001 - nbformat raises several kinds of errors for non-notebooks
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return None, f"not a valid notebook ({type(err).__name__}: {first[:120]})"
+    return nb, None
+
+
+def default_reference() -> Path | None:
+    """The ``solutions/`` folder of the current directory (the course's root, where instructors grade), or None."""
+    folder = Path.cwd() / "solutions"
+    return folder if folder.is_dir() else None
+
+
+def find_reference(notebook: str | Path, reference: str | Path | None = AUTO) -> Path | None:
+    """The solution notebook whose check cells grade ``notebook``, or None.
+
+    ``reference`` is a solution notebook (used for every submission), a folder of them (the one with the
+    submission's name, or whose name the submission's name ends with after ``_``, ``-``, ``.`` or a space; the
+    longest such match), ``AUTO`` (the ``solutions/`` folder of the current directory, if any) or None.
+    """
+    if reference == AUTO:
+        reference = default_reference()
+    if reference is None:
+        return None
+    reference = Path(reference)
+    if reference.is_file():
+        return reference
+    name = Path(notebook).name
+    matches = [p for p in reference.glob("*.ipynb")
+               if name == p.name or (name.endswith(p.name) and name[-len(p.name) - 1] in "_-. ")]
+    return max(matches, key=lambda p: len(p.name), default=None)
+
+
+@dataclass
+class Reference:
+    """A solution notebook, read once: its check cells, ``uses`` (``{exercise: the reference-like tokens its
+    solution uses}``, which a submission may use too) and ``classes`` (``{exercise: whether its solution gives
+    the check a class}``: a class handed to a function's check gets a clear message)."""
+
+    path: Path
+    checks: list[CheckCell]
+    uses: dict[int, set[str]]
+    classes: dict[int, bool]
+
+    @classmethod
+    def read(cls, path: Path) -> Reference | str:
+        """The reference, or why it cannot be used."""
+        nb, problem = read_notebook(path)
+        found = check_cells(nb) if nb is not None else []
+        if not found:
+            return f"reference notebook {path}: {problem or 'no check cells'}"
+        cells = references.parse_cells(nb)
+        uses: dict[int, set[str]] = {}
+        classes: dict[int, bool] = {}
+        for check in found:
+            definitions = references.definitions(cells, check.index)
+            exprs = expressions(check.calls)
+            classes[check.number] = any(isinstance(definitions.get(e), ast.ClassDef) for e in exprs)
+            for expr in exprs:
+                uses.setdefault(check.number, set()).update(references.flagged(cells, check.index, expr))
+        return cls(path, found, uses, classes)
+
+
+@dataclass
+class Exercise:
+    number: int
+    title: str
+    level: str
+    indices: list[int]  # its check cells in the submission (several copies: all must pass; none: deleted)
+    calls: list[CheckCall] | None
+
+
+def plan(nb, reference: Reference | None) -> list[Exercise]:
+    """The exercises to grade: the reference's, with the reference's check sources put into ``nb`` (whose own
+    check cells are matched by exercise number), or, without a reference, ``nb``'s own check cells."""
+    own = check_cells(nb)
+    if reference is None:
+        return [Exercise(c.number, c.title, c.level, [c.index], c.calls) for c in own]
+    found = []
+    for ref in reference.checks:
+        indices = [c.index for c in own if c.number == ref.number]
+        for index in indices:
+            nb.cells[index].source = ref.source
+        found.append(Exercise(ref.number, ref.title, ref.level, indices, ref.calls))
+    return found

@@ -1,0 +1,170 @@
+"""The grader's command line: ``python -m attention_course.grade NOTEBOOK...``.
+
+Usage::
+
+    python -m attention_course.grade NOTEBOOK... [--json | --jsonl | --csv] [-j N] [--timeout SECONDS]
+        [--notebook-timeout SECONDS] [--memory-mb MB] [--seed N] [--solutions PATH | --no-reference]
+
+Each notebook is graded by :func:`.grade.grade_notebook` (a sandbox runs it, the checkers judge here) in a child
+process of its own; ``--timeout`` (default 60 s) limits each cell and ``--notebook-timeout`` (default 300 s) each
+notebook; the checkers' hidden cases are drawn from ``--seed`` (default: random per run).
+
+Canonical check cells: a submission is graded against the check cells of its **reference** notebook, not its own,
+so that deleting or editing a check cell (e.g. to ``pass``) gains nothing. The reference is the solution notebook
+of the same name in the reference folder (``--solutions DIR``, also spelled ``--reference DIR``; default: the
+``solutions/`` folder of the current directory, when there is one); a name with a prefix also matches, e.g.
+``ada_lovelace_04_masking_exercises.ipynb`` is graded against ``04_masking_exercises.ipynb``. ``--solutions FILE``
+grades every submission against that one solution notebook (for renamed files). Before the run, the source of
+each check cell tagged ``exercise-N`` is replaced by the reference's check cell of exercise N; the exercises,
+their titles and levels are the reference's. An exercise whose check cell the submission no longer has (deleted,
+or its tags removed) fails with the code ``check-missing``; it still counts in the total. Without a reference
+(``--no-reference``, no matching name, or no solutions folder) the notebook's own check cells are graded, and the
+table says so.
+
+Output (:mod:`.results`): each notebook's result is written as soon as it is known (``-j N`` grades N notebooks at
+once, each in a child process of its own, so a crash loses nothing already written and the batch goes on): a table
+per notebook with a total such as ``3/5``, ``--jsonl`` (one JSON object per line), ``--csv`` (header first, then
+rows, with a ``total`` row per notebook), or ``--json`` (one document at the end). Nothing a submission prints
+reaches this output. A notebook that cannot be
+read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0
+whenever grading ran; 2 for a command-line usage error (including a ``--solutions`` path that does not exist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from .canonical import AUTO, default_reference
+from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, grade_notebook
+from .results import NotebookResult, format_csv, format_json, format_jsonl, format_table
+from .sandbox import Limits, adopt_orphans, kill_adopted
+
+GRACE_S = 30  # a notebook's child process is killed this long after the notebook's time limit
+RESULT_PREFIX = "attention-grade-result "
+
+
+_CHILDREN_LOCK = threading.Lock()
+_LIVE_CHILDREN: set[int] = set()  # the per-notebook processes this process started and still waits for
+
+
+def _grade_in_child(path: str, args) -> NotebookResult:
+    """Grade one notebook in a child process of its own: whatever happens to it, this process and the batch go
+    on, and the child is killed at the notebook's time limit plus a grace period. Then every orphan this process
+    adopted (see :func:`.sandbox.adopt_orphans`) is killed: a submission that killed its grader process does not
+    leave processes behind, even under the rlimit backend."""
+    cmd = [sys.executable, "-m", "attention_course.course.cli", "--one", path, "--timeout", str(args.timeout),
+           "--notebook-timeout", str(args.notebook_timeout), "--memory-mb", str(args.memory_mb),
+           "--seed", str(args.seed)]
+    cmd += ["--no-reference"] if args.reference is None else ["--solutions", str(args.reference)]
+    try:
+        with _CHILDREN_LOCK:  # registered before another thread can take it for an orphan
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+            _LIVE_CHILDREN.add(child.pid)
+        try:
+            out, _ = child.communicate(timeout=args.notebook_timeout + GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            return NotebookResult(path, error=f"grading took longer than {args.notebook_timeout + GRACE_S:g} s")
+        finally:
+            with _CHILDREN_LOCK:
+                _LIVE_CHILDREN.discard(child.pid)
+                kill_adopted(keep=set(_LIVE_CHILDREN))
+        lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+        if child.returncode == 0 and len(lines) == 1:
+            return NotebookResult.from_dict(json.loads(lines[0][len(RESULT_PREFIX):]))
+        return NotebookResult(path, error=f"the grader's process for this notebook failed (exit {child.returncode})")
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        return NotebookResult(path, error=f"the grader's process for this notebook failed ({type(err).__name__})")
+
+
+class _Writer:
+    """Writes each result as soon as it is known, in the chosen format (``--json``: one document at the end)."""
+
+    def __init__(self, fmt: str, out=None):
+        self.fmt, self.out, self.lock, self.results = fmt, out or sys.stdout, threading.Lock(), []
+        if fmt == "csv":
+            self._write(format_csv([]).rstrip("\n"))
+
+    def _write(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def add(self, result: NotebookResult) -> None:
+        with self.lock:
+            self.results.append(result)
+            if self.fmt == "jsonl":
+                self._write(format_jsonl(result))
+            elif self.fmt == "csv":
+                self._write(format_csv([result], header=False).rstrip("\n"))
+            elif self.fmt == "table":
+                self._write(format_table([result]))
+
+    def finish(self, order: list[str]) -> None:
+        if self.fmt == "json":
+            rank = {p: i for i, p in enumerate(order)}
+            self._write(format_json(sorted(self.results, key=lambda r: rank.get(r.notebook, len(rank)))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attention_course.grade",
+                                     description="Run exercise notebooks in a sandbox and report which exercises pass.")
+    parser.add_argument("notebooks", nargs="*", help="submitted .ipynb files")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print one JSON document at the end")
+    fmt.add_argument("--jsonl", action="store_true", help="print one JSON line per notebook as soon as it is graded")
+    fmt.add_argument("--csv", action="store_true", help="print CSV (one row per exercise)")
+    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
+    parser.add_argument("--notebook-timeout", type=int, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
+                        help="time limit per notebook, in seconds")
+    parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory limit per notebook")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the checkers' hidden cases (default: a random one per run)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
+    parser.add_argument("--one", metavar="NOTEBOOK", help=argparse.SUPPRESS)  # the child process of _grade_in_child
+    ref = parser.add_mutually_exclusive_group()
+    ref.add_argument("--solutions", "--reference", dest="reference", metavar="PATH", default=AUTO,
+                     help="folder of solution notebooks (matched by name) or one solution notebook whose check cells "
+                     "grade the submissions (default: ./solutions, if there is one)")
+    ref.add_argument("--no-reference", dest="reference", action="store_const", const=None,
+                     help="grade each notebook with its own check cells")
+    args = parser.parse_args(argv)
+    if args.reference not in (AUTO, None) and not Path(args.reference).exists():
+        parser.error(f"--solutions {args.reference}: no such file or folder")
+    if args.jobs < 1 or args.timeout < 1 or args.notebook_timeout < 1 or args.memory_mb < 64:
+        parser.error("--jobs, --timeout, --notebook-timeout must be positive and --memory-mb at least 64")
+    if args.reference not in (AUTO, None):
+        args.reference = Path(args.reference).resolve()
+    elif args.reference == AUTO:
+        args.reference = default_reference()
+    args.seed = secrets.randbelow(2**31) if args.seed is None else args.seed
+    if args.seed < 0:
+        parser.error("--seed must be a non-negative integer")
+    limits = Limits(cell_s=args.timeout, notebook_s=args.notebook_timeout, memory_mb=args.memory_mb)
+    adopt_orphans()
+    if args.one:
+        result = grade_notebook(args.one, args.timeout, args.reference, limits, args.seed)
+        kill_adopted()
+        sys.stdout.write(RESULT_PREFIX + json.dumps(result.as_dict(), ensure_ascii=False) + "\n")
+        return 0
+    if not args.notebooks:
+        parser.error("give at least one notebook")
+    writer = _Writer("json" if args.json else "jsonl" if args.jsonl else "csv" if args.csv else "table")
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(_grade_in_child, str(p), args) for p in args.notebooks]
+        for future in as_completed(futures):
+            writer.add(future.result())
+    writer.finish([str(p) for p in args.notebooks])
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the child processes' entry point; main() is tested
+    sys.exit(main())

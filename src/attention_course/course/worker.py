@@ -1,0 +1,206 @@
+"""The sandboxed worker: untrusted code runs here, and nothing here is trusted by the grader.
+
+Started by :class:`.sandbox.Sandbox` as ``python -m attention_course.course.worker /sandbox`` inside the sandbox,
+with the folder holding the job (the notebook's code cells) as its only writable place. It runs the code cells top
+to bottom in IPython, a time limit per cell; at each check cell it does NOT run the check: it reports what the
+objects the check would be given are (:mod:`.wire`'s descriptions), then answers the grader's calls to them until
+the grader says continue. Its stdout and stderr go to ``/dev/null``; its replies go through the pipes it was
+started with. The submission can change anything in this process, this module included: the grader judges only
+the outputs it receives, for inputs it drew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from . import wire
+
+
+class _CellTimeout(KeyboardInterrupt):
+    """Raised by the per-cell alarm (a KeyboardInterrupt: ``except Exception`` does not catch it)."""
+
+
+def _alarm(signum, frame):
+    raise _CellTimeout
+
+
+def _identity(obj) -> dict:
+    """What the grader learns about an object it may call: its type, the classes it is an instance of (a class:
+    its own bases) by qualified name, and for a class or function its name and signature."""
+    is_class = inspect.isclass(obj)
+    mro = obj.__mro__ if is_class else type(obj).__mro__
+    info = {"type": type(obj).__name__, "class": is_class,
+            "types": [f"{c.__module__}.{c.__qualname__}" for c in mro]}
+    if is_class or inspect.isroutine(obj):
+        info.update(name=_name(obj), params=wire.signature_of(obj))
+    return info
+
+
+def _name(obj) -> str:
+    name = getattr(obj, "__name__", "")
+    return name if isinstance(name, str) else ""
+
+
+def _describe(obj) -> dict:
+    """What the grader learns about an object a check is given: a class (a stand-in builds and calls its
+    objects in the sandbox), a function (its name and signature), or a value (sent as data)."""
+    if inspect.isclass(obj):
+        return {"kind": wire.CLASS, **_identity(obj)}
+    if callable(obj):
+        return {"kind": wire.FUNCTION, "name": _name(obj), "params": wire.signature_of(obj)}
+    return {"kind": wire.VALUE, **wire.encode_value(obj)}
+
+
+def _run_cell(shell, source: str, seconds: float):
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return shell.run_cell(source, store_history=False, silent=False)
+    except BaseException:  # noqa: BLE001 - the submission's cell failed in any way: go on with the next
+        return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _check_point(shell, check: dict, source: str, seconds: float) -> dict:
+    """At a check cell: describe the objects its check is given; run the check cell itself only when it is not
+    a plain ``checks.check_*(...)`` call (graded without a reference: the notebook's own check cells)."""
+    objects, report = {}, {}
+    for expr in check["exprs"]:
+        try:
+            objects[expr] = eval(expr, shell.user_ns)  # the submission's own namespace, in the sandbox
+            report[expr] = _describe(objects[expr])
+        except BaseException as err:  # noqa: BLE001 - e.g. NameError: the exercise was not done
+            report[expr] = {"kind": wire.ERROR, "etype": type(err).__name__, "message": str(err)[:500]}
+    verdict = None
+    if check.get("run_in_sandbox"):
+        result = _run_cell(shell, source, seconds)
+        error = getattr(result, "error_in_exec", None) if result is not None else _CellTimeout()
+        verdict = {"passed": result is not None and error is None and getattr(result, "success", False),
+                   "etype": type(error).__name__ if error is not None else None,
+                   "message": str(error)[:1000] if error is not None else None}
+    return {"objects": report, "verdict": verdict, "_objects": objects}
+
+
+class Objects:
+    """The objects the grader may use at one check cell: those the check cell names, by expression, and those
+    handed out since (a module the student's class built, one of its layers, a bound method), by number."""
+
+    def __init__(self, named: dict):
+        self.objects = dict(named)
+        self._refs: dict[int, str] = {}  # id() of a handed-out object -> its number (each is kept alive here)
+
+    def keep(self, obj) -> dict:
+        """The reference tree of ``obj`` (see :func:`.wire.encode`), the same for the same object."""
+        ref = self._refs.get(id(obj))
+        if ref is None:
+            ref = self._refs[id(obj)] = f"#{len(self._refs)}"
+            self.objects[ref] = obj
+        return {"t": "ref", "id": ref, **_identity(obj)}
+
+    def find(self, tree: dict):
+        ref = tree.get("id")
+        if ref not in self.objects:
+            raise LookupError(f"no object {ref!r} in the sandbox")
+        return self.objects[ref]
+
+
+def _no_grad():
+    """The grader's calls run without autograd, as the checks do (loading weights copies into parameters)."""
+    torch = sys.modules.get("torch")
+    return torch.no_grad() if torch is not None else contextlib.nullcontext()
+
+
+def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) -> tuple[dict, dict]:
+    """Answer one request: ``call`` the object ``expr`` (an expression of the check cell or a number) on the
+    request's arguments, or read its ``getattr`` attribute ``name``. Results that are not data (a module, a
+    layer) are kept and sent as references; an attribute that is a tensor too, so that loading weights into it
+    changes the module."""
+    from ..checks.runner import original_error
+
+    target = table.objects.get(request.get("expr"), _MISSING)
+    if target is _MISSING:
+        return {"ok": False, "etype": "NameError", "message": "no such object"}, {}
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    out: dict = {}
+    try:
+        with _no_grad():
+            if request.get("op") == wire.GETATTR:
+                value = getattr(target, str(request.get("name")))
+                result = table.keep(value) if wire.is_torch_tensor(value) else wire.encode(value, out, keep=table.keep)
+                return {"ok": True, "result": result}, out
+            args = wire.decode(request["args"], arrays, remote=table.find)
+            kwargs = wire.decode(request["kwargs"], arrays, remote=table.find)
+            result = target(*args, **kwargs)
+            return {"ok": True, "result": wire.encode(result, out, keep=table.keep),
+                    "args_after": wire.encode([args, kwargs], out, keep=table.keep)}, out
+    except _CellTimeout:
+        return {"ok": False, "timeout": True}, {}
+    except BaseException as err:  # noqa: BLE001 - reported to the grader by name
+        err = original_error(err)
+        return {"ok": False, "etype": type(err).__name__, "message": str(err).strip()[:2000],
+                "not_implemented": isinstance(err, NotImplementedError)}, {}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+_MISSING = object()
+
+
+def _serve(reply_fd: int, request_fd: int, table: Objects, seconds: float) -> bool:  # pragma: no cover - in the sandbox
+    """Answer the grader's calls until it says continue (True) or closes the pipe (False)."""
+    while True:
+        try:
+            request, arrays = wire.read_message(request_fd)
+        except wire.WireError:
+            return False
+        if request.get("op") == wire.CONTINUE:
+            return True
+        try:
+            header, out = _reply_to_call(request, arrays, table, seconds)
+        except BaseException as err:  # noqa: BLE001 - e.g. an undecodable request
+            header, out = {"ok": False, "etype": type(err).__name__, "message": str(err)[:300]}, {}
+        try:
+            wire.write_message(reply_fd, header, out)
+        except BaseException:  # noqa: BLE001 - e.g. a result the wire cannot carry
+            wire.write_message(reply_fd, {"ok": False, "etype": "WireError", "message": "unsendable result"})
+
+
+def worker(folder: str) -> int:  # pragma: no cover - runs in the sandbox (tests/test_grader_hostile.py)
+    """Run the job in ``folder`` (see :class:`.sandbox.Sandbox`): the cells in order; at each check cell report and
+    answer the grader's calls; then report done."""
+    reply_fd, request_fd = os.dup(1), os.dup(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)  # the submission's prints and os.write(1, ...) go nowhere
+    os.chdir(folder)
+    job = json.loads(Path(folder, wire.JOB_FILE).read_text())
+    os.remove(Path(folder, wire.JOB_FILE))
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    seconds = float(job.get("cell_s", 60))
+    for index, cell in enumerate(job["cells"]):
+        if not cell.get("check"):
+            _run_cell(shell, cell["source"], seconds)
+            continue
+        point = _check_point(shell, cell["check"], cell["source"], seconds)
+        table = Objects(point.pop("_objects"))
+        wire.write_message(reply_fd, {"op": wire.CHECK, "key": str(cell.get("key", index)), **point})
+        if not _serve(reply_fd, request_fd, table, seconds):
+            return 0
+    wire.write_message(reply_fd, {"op": wire.DONE})
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the sandbox's entry point
+    if len(sys.argv) == 2:
+        sys.exit(worker(sys.argv[1]))
+    sys.exit("usage: python -m attention_course.course.worker FOLDER")
