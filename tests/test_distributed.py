@@ -23,6 +23,7 @@ from attention_course.distributed.ring_attention import (
 )
 from attention_course.distributed.tensor_parallel import (
     TensorParallelAttention,
+    check_shardable,
     simulate_tensor_parallel,
 )
 from attention_course.functional import scaled_dot_product_attention
@@ -177,10 +178,33 @@ def test_errors_name_the_argument():
     q = torch.randn(1, 1, 8, 4)
     with pytest.raises(ValueError, match=r"query length 4 != key length 8"):
         ring_attention_simulated(q[..., :4, :], q, q, 2)
-    with pytest.raises(ValueError, match=r"world_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"world_size must be >= 1, got world_size=0"):
         launch.launch(launch.fail_on_rank, 0, 0)
     with pytest.raises(TypeError, match=r"fn must be a function"):
         launch.launch("fail_on_rank", 2, 0)
+
+
+@pytest.mark.parametrize("call", [lambda p: launch.launch(launch.fail_on_rank, p, 0),
+                                  lambda p: sequence_layout(8, p), lambda p: check_shardable(4, p)],
+                         ids=["launch", "sequence_layout", "check_shardable"])
+@pytest.mark.parametrize(("world_size", "error", "message"), [
+    (2.0, TypeError, "world_size must be an int, got float 2.0"),
+    (True, TypeError, "world_size must be an int, got bool True"),
+    (0, ValueError, "world_size must be >= 1, got world_size=0"),
+])
+def test_world_size_is_checked_once_the_same_way(call, world_size, error, message):
+    with pytest.raises(error, match=message):
+        call(world_size)
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda: sequence_layout(8.0, 2), TypeError, "seq_len must be an int, got float"),
+    (lambda: check_shardable(0, 2), ValueError, "num_heads must be >= 1"),
+    (lambda: check_shardable("4", 2), TypeError, "num_heads must be an int, got str"),
+])
+def test_layout_and_sharding_check_their_sizes(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -424,7 +424,7 @@ def test_attention_with_bias_gradients():
         (
             lambda: sinusoidal_positions(4, 5),
             ValueError,
-            "dim must be a positive even int, got dim=5",
+            "dim must be even, got dim=5",
         ),
         (
             lambda: sinusoidal_positions(4.0, 4),
@@ -486,7 +486,7 @@ def test_attention_with_bias_gradients():
             ValueError,
             "pairing must be one of",
         ),
-        (lambda: rope_permutation(3), ValueError, "dim must be a positive even int"),
+        (lambda: rope_permutation(3), ValueError, "dim must be even"),
         (lambda: convert_rope_weight(randn(12, 4), 5, "halves"), ValueError, "num_heads=5"),
         (lambda: convert_rope_weight(randn(12, 4), 4, "halves"), ValueError, "even head dimension"),
         (

@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .multi_head import MultiHeadAttention
-from .positions import check_size
-from .validation import check_dropout, check_heads
+from .validation import check_dropout, check_heads, check_int
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -36,9 +35,9 @@ def check_activation(activation: str) -> None:
 
 def check_block_sizes(d_model: int, num_heads: int, d_ff: int, dropout: float, activation: str) -> None:
     """The argument checks shared by every block."""
-    check_size(d_model, "d_model")
-    check_size(num_heads, "num_heads")
-    check_size(d_ff, "d_ff")
+    check_int(d_model, "d_model")
+    check_int(num_heads, "num_heads")
+    check_int(d_ff, "d_ff")
     check_heads(d_model, num_heads)
     check_dropout(dropout)
     check_activation(activation)
@@ -53,8 +52,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        check_size(d_model, "d_model")
-        check_size(d_ff, "d_ff")
+        check_int(d_model, "d_model")
+        check_int(d_ff, "d_ff")
         check_activation(activation)
         check_dropout(dropout)
         self.activation = activation
@@ -77,8 +76,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, bias: bool = False):
         super().__init__()
-        check_size(d_model, "d_model")
-        check_size(d_ff, "d_ff")
+        check_int(d_model, "d_model")
+        check_int(d_ff, "d_ff")
         self.gate = nn.Linear(d_model, d_ff, bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
@@ -96,7 +95,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-6):
         super().__init__()
-        check_size(d_model, "d_model")
+        check_int(d_model, "d_model")
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))
 
@@ -245,7 +244,7 @@ def block_stack(depth: int, d_model: int, num_heads: int, d_ff: int, norm_first:
 
     Every weight matrix is drawn Xavier-uniform, as ``nn.Transformer`` and the original paper initialise them.
     """
-    check_size(depth, "depth")
+    check_int(depth, "depth")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         blocks = [EncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first) for _ in range(depth)]
@@ -288,7 +287,7 @@ def depth_statistics(norm_first: bool, depth: int = 12, d_model: int = 64, num_h
                      batch: int = 2, seq_len: int = 16) -> dict[str, list[float]]:
     """Per-block gradient norms and residual-stream norms at initialisation, averaged over ``num_seeds`` stacks
     (each with its own weights, input and target): ``{"gradient": [...], "stream": [...]}``, input side first."""
-    check_size(num_seeds, "num_seeds")
+    check_int(num_seeds, "num_seeds")
     totals = {"gradient": torch.zeros(depth, dtype=torch.float64), "stream": torch.zeros(depth, dtype=torch.float64)}
     for seed in range(num_seeds):
         stack = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed)

@@ -21,8 +21,8 @@ from .block import FeedForward
 from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
 from .multi_head import MultiHeadAttention
-from .positions import LearnedPositions, apply_rope, check_size, sinusoidal_positions
-from .validation import check_dropout, check_heads, check_rank
+from .positions import LearnedPositions, apply_rope, sinusoidal_positions
+from .validation import check_dropout, check_heads, check_int, check_rank
 
 POSITIONS = ("learned", "sinusoidal", "rope", None)
 
@@ -110,7 +110,7 @@ class TinyGPT(nn.Module):
         d_ff = 4 * d_model if d_ff is None else d_ff
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
                             ("num_layers", num_layers), ("d_ff", d_ff), ("max_len", max_len)):
-            check_size(value, name)
+            check_int(value, name)
         check_heads(d_model, num_heads)
         check_dropout(dropout)
         if not embedding_std > 0:

@@ -23,21 +23,12 @@ import torch
 from torch import Tensor, nn
 
 from .functional import masked_softmax
-from .validation import INTEGER_DTYPES, broadcasts_to, check_attention_inputs
+from .validation import INTEGER_DTYPES, broadcasts_to, check_attention_inputs, check_int
 
 PAIRINGS = ("interleaved", "halves")
 
 
 # ---------------------------------------------------------------- checks
-
-
-def check_size(value, name: str, even: bool = False) -> None:
-    """Raise TypeError unless value is an int, ValueError unless it is >= 1 (and even, if asked)."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1 or (even and value % 2):
-        kind = "a positive even int" if even else ">= 1"
-        raise ValueError(f"{name} must be {kind}, got {name}={value}")
 
 
 def check_base(base) -> None:
@@ -82,8 +73,8 @@ def sinusoidal_positions(num_positions: int, dim: int, base: float = 10000.0) ->
     radian per position down to about 1 / base: together they give each position a distinct,
     smoothly varying code.
     """
-    check_size(num_positions, "num_positions")
-    check_size(dim, "dim", even=True)
+    check_int(num_positions, "num_positions")
+    check_int(dim, "dim", even=True)
     check_base(base)
     angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * inverse_frequencies(
         dim, base
@@ -103,8 +94,8 @@ class LearnedPositions(nn.Module):
 
     def __init__(self, max_len: int, dim: int):
         super().__init__()
-        check_size(max_len, "max_len")
-        check_size(dim, "dim")
+        check_int(max_len, "max_len")
+        check_int(dim, "dim")
         self.max_len = max_len
         self.table = nn.Embedding(max_len, dim)
 
@@ -180,7 +171,7 @@ def rope_permutation(dim: int) -> Tensor:
     ``rope_halves(x[..., p]) == rope_interleaved(x)[..., p]``: the first feature of every
     interleaved pair moves to the first half, the second to the second half.
     """
-    check_size(dim, "dim", even=True)
+    check_int(dim, "dim", even=True)
     return torch.cat([torch.arange(0, dim, 2), torch.arange(1, dim, 2)])
 
 
@@ -193,7 +184,7 @@ def convert_rope_weight(weight: Tensor, num_heads: int, to: str) -> Tensor:
     permutation inside each head.
     """
     check_pairing(to)
-    check_size(num_heads, "num_heads")
+    check_int(num_heads, "num_heads")
     rows = weight.size(0)
     if rows % num_heads or (rows // num_heads) % 2:
         raise ValueError(
@@ -217,7 +208,7 @@ def alibi_slopes(num_heads: int, dtype=torch.float32) -> Tensor:
     missing H - n from every other slope of 2n heads: 2^(-4/n), 2^(-12/n), ..., which fall
     between the first n.
     """
-    check_size(num_heads, "num_heads")
+    check_int(num_heads, "num_heads")
     n = 2 ** math.floor(math.log2(num_heads))
     slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
     extra = [
@@ -237,8 +228,8 @@ def alibi_bias(
     way), as in bidirectional uses of ALiBi.
     """
     t_k = t_q if t_k is None else t_k
-    check_size(t_q, "t_q")
-    check_size(t_k, "t_k")
+    check_int(t_q, "t_q")
+    check_int(t_k, "t_k")
     query_pos = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)  # (Tq, 1)
     distance = (query_pos - torch.arange(t_k, device=device)).abs()  # (Tq, Tk)
     slopes = alibi_slopes(num_heads, dtype=dtype).to(device)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .positions import check_size
+from .validation import check_int
 
 
 def _random_digits(batch_size: int, length: int, num_digits: int, generator: torch.Generator) -> Tensor:
     for name, value in (("batch_size", batch_size), ("length", length), ("num_digits", num_digits)):
-        check_size(value, name)
+        check_int(value, name)
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     return torch.randint(0, num_digits, (batch_size, length), generator=generator)  # (B, T)
@@ -60,7 +60,7 @@ def repeated_segment_batch(batch_size: int, seq_len: int, vocab_size: int, gener
     """
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("vocab_size", vocab_size),
                         ("min_segment", min_segment)):
-        check_size(value, name)
+        check_int(value, name)
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     max_segment = seq_len // 2 if max_segment is None else max_segment

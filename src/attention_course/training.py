@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .positions import check_size
+from .validation import check_int
 
 
 @dataclass
@@ -63,8 +63,8 @@ def train(
             steps and after the last step.
         progress: show a tqdm progress bar (rendered as a widget in Jupyter).
     """
-    check_size(steps, "steps")
-    check_size(eval_every, "eval_every")
+    check_int(steps, "steps")
+    check_int(eval_every, "eval_every")
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got lr={lr}")
     torch.manual_seed(seed)  # dropout, if any

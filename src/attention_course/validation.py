@@ -14,12 +14,20 @@ from torch import Tensor
 INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
-def check_int(value, name: str, minimum: int = 1) -> None:
-    """Raise TypeError unless value is an int (not a bool or a float such as 2.0), ValueError if < minimum."""
+def check_int(value, name: str, minimum: int = 1, even: bool = False) -> None:
+    """Raise TypeError unless value is an int (not a bool or a float such as 2.0), ValueError if < minimum
+    (or odd, if ``even``)."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
+    if even and value % 2:
+        raise ValueError(f"{name} must be even, got {name}={value}")
+
+
+def check_world_size(world_size) -> None:
+    """Raise TypeError unless world_size (P, the number of ranks) is an int, ValueError unless it is >= 1."""
+    check_int(world_size, "world_size")
 
 
 def check_heads(d_model: int, num_heads: int) -> None:

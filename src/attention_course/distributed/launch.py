@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..validation import check_world_size
+
 # Errors a rank raises for bad input keep their type in the caller; anything else becomes a RuntimeError.
 _KEPT_ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
 
@@ -74,10 +76,7 @@ def _context():
 def _check_launch_args(fn, world_size, timeout, group_timeout) -> None:
     if not callable(fn):
         raise TypeError(f"fn must be a function, got {type(fn).__name__}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    check_world_size(world_size)
     for name, value in (("timeout", timeout), ("group_timeout", group_timeout)):
         if not value > 0:
             raise ValueError(f"{name} must be > 0 seconds, got {value}")

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import online_softmax
-from ..validation import check_attention_inputs
+from ..validation import check_attention_inputs, check_int, check_world_size
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -50,8 +50,8 @@ def sequence_layout(seq_len: int, world_size: int, layout: str = "contiguous") -
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    check_int(seq_len, "seq_len")
+    check_world_size(world_size)
     chunks = world_size if layout == "contiguous" else 2 * world_size
     if seq_len < chunks or seq_len % chunks:
         raise ValueError(f"sequence length T={seq_len} is not divisible by {chunks} ({layout} layout, world_size="

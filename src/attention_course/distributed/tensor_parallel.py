@@ -27,7 +27,7 @@ from ..functional import scaled_dot_product_attention
 from ..heads import merge_heads, split_heads
 from ..masks import causal_mask, combine_masks
 from ..multi_head import MultiHeadAttention
-from ..validation import check_module_inputs
+from ..validation import check_int, check_module_inputs, check_world_size
 
 
 class _CopyToRanks(torch.autograd.Function):
@@ -70,8 +70,8 @@ def sum_over_ranks(x: Tensor) -> Tensor:
 
 def check_shardable(num_heads: int, world_size: int) -> None:
     """Raise ValueError unless the heads split evenly over the ranks."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    check_int(num_heads, "num_heads")
+    check_world_size(world_size)
     if num_heads % world_size:
         raise ValueError(f"num_heads={num_heads} is not divisible by world_size={world_size}: each rank must hold "
                          "the same number of whole heads")
@@ -178,7 +178,3 @@ def ring_allreduce_traffic(payload_bytes: int, world_size: int) -> int:
     then all-gather, each moving P - 1 chunks of payload / P). Libraries may choose another algorithm."""
     return 2 * (world_size - 1) * payload_bytes // world_size
 
-
-def weight_bytes_per_rank(d_model: int, world_size: int, bytes_per_element: int = 4) -> int:
-    """Bytes of the four projection weights one rank holds (biases left out): 4 D^2 / P numbers."""
-    return 4 * d_model * d_model // world_size * bytes_per_element
