@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attention_course import modern
-from attention_course.modern.hf import build_hf_attention, hf_forward
+from attention_course.modern.hf import build_hf_attention, hf_forward, relative_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
@@ -23,9 +23,6 @@ pytest.importorskip("transformers")
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-5}
 CASES = 4  # random configurations per family and dtype
 
-
-def relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours - ref).detach().abs().max() / ref.detach().abs().max())
 
 
 def draw_sizes(rng: np.random.Generator) -> dict:

@@ -9,16 +9,13 @@ import pytest
 import torch
 
 from attention_course import modern
-from attention_course.modern.hf import build_hf_attention, hf_forward
+from attention_course.modern.hf import build_hf_attention, hf_forward, relative_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
 
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-5}  # HF's RoPE angles and softmax are float32 (see hf.py)
 
-
-def relative_error(ours, ref) -> float:
-    return float((ours - ref).detach().abs().max() / ref.detach().abs().max())
 
 
 def draw_config(rng: np.random.Generator) -> dict:

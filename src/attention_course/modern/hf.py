@@ -102,3 +102,8 @@ def hf_forward(layer, x: Tensor, positions: Tensor | None = None) -> Tensor:
     mask = torch.zeros(b, 1, t, t, dtype=x.dtype).masked_fill(~allowed, torch.finfo(x.dtype).min)
     with torch.no_grad():
         return layer(x, position_embeddings=(cos, sin), attention_mask=mask)[0]
+
+
+def relative_error(ours: Tensor, ref: Tensor) -> float:
+    """max |ours - ref| / max |ref|: a disagreement measured against the size of the output."""
+    return float((ours.detach() - ref.detach()).abs().max() / ref.detach().abs().max())
