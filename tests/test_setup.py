@@ -22,7 +22,8 @@ READER = ROOT / "requirements-reader.txt"
 MAINTAINER = ROOT / "requirements.txt"
 BINDER = ROOT / "binder" / "requirements.txt"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-READER_PACKAGES = {"torch", "numpy", "matplotlib", "tensorflow-cpu", "keras", "einops", "jupyterlab", "ipykernel"}
+READER_PACKAGES = {"torch", "numpy", "matplotlib", "tensorflow-cpu", "keras", "einops", "jupyterlab", "ipykernel",
+                   "transformers"}
 MAINTAINER_TOOLS = {"jupyter-book", "nbval", "pytest", "playwright", "ruff"}
 INDEX_OPTIONS = ("-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--no-index", "--trusted-host")
 READER_TARGETS = ("setup", "lab", "pdf")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .validation import check_combinable, check_lengths
+from .validation import check_combinable, check_int, check_lengths
 
 
 def causal_mask(t_q: int, t_k: int | None = None, device=None) -> Tensor:
@@ -27,6 +27,19 @@ def causal_mask(t_q: int, t_k: int | None = None, device=None) -> Tensor:
     """
     t_k = t_q if t_k is None else t_k
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+
+
+def sliding_window_mask(t_q: int, t_k: int | None, window: int, device=None) -> Tensor:
+    """Boolean (Tq, Tk) causal mask that also forgets: query i may attend key j iff 0 <= i' - j < window.
+
+    i' = i + (Tk - Tq) is the query's position (bottom-right aligned, as :func:`causal_mask`). Each query sees
+    itself and the window - 1 keys before it (Mistral, Gemma's local layers, GPT-OSS's sliding layers), so a layer
+    never needs more than ``window`` cached keys; a window as long as the sequence is plain causal attention.
+    """
+    check_int(window, "window")
+    t_k = t_q if t_k is None else t_k
+    allowed = causal_mask(t_q, t_k, device)
+    return allowed & ~allowed.tril(diagonal=t_k - t_q - window)  # drop the keys with j <= i' - window
 
 
 def padding_mask(lengths: Sequence[int] | Tensor, t: int) -> Tensor:

@@ -45,6 +45,18 @@ def check_pairing(pairing) -> None:
         raise ValueError(f"pairing must be one of {PAIRINGS}, got pairing={pairing!r}")
 
 
+def check_frequencies(inv_freq, dim: int) -> None:
+    """Raise unless inv_freq is a float tensor of dim // 2 frequencies (one per rotated pair)."""
+    if not isinstance(inv_freq, Tensor) or not inv_freq.is_floating_point():
+        got = inv_freq.dtype if isinstance(inv_freq, Tensor) else type(inv_freq).__name__
+        raise TypeError(f"inv_freq must be a float tensor, got {got}")
+    if tuple(inv_freq.shape) != (dim // 2,):
+        raise ValueError(
+            f"inv_freq must hold one frequency per pair, shape ({dim // 2},) for Dh={dim}, "
+            f"got {tuple(inv_freq.shape)}"
+        )
+
+
 def check_positions(positions, x: Tensor) -> None:
     """Raise unless positions are integers whose shape + (Dh,) broadcasts to x (..., T, Dh)."""
     if not isinstance(positions, Tensor):
@@ -130,7 +142,12 @@ def rotate_pairs(x1: Tensor, x2: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tens
 
 
 def apply_rope(
-    x: Tensor, positions: Tensor, *, base: float = 10000.0, pairing: str = "interleaved"
+    x: Tensor,
+    positions: Tensor,
+    *,
+    base: float = 10000.0,
+    pairing: str = "interleaved",
+    inv_freq: Tensor | None = None,
 ) -> Tensor:
     """Rotate each feature pair i of x (..., T, Dh) at position m by the angle m * theta_i.
 
@@ -142,6 +159,8 @@ def apply_rope(
         pairing: which features form pair i. ``"interleaved"``: (x_2i, x_2i+1), as RoFormer and
             Meta's LLaMA code; ``"halves"``: (x_i, x_i+Dh/2), as GPT-NeoX and Hugging Face's
             ``rotate_half``.
+        inv_freq: (Dh/2,) frequencies to use instead of ``base^(-2i/Dh)``: the rescaled ones of a
+            long-context model (Llama 3's or YaRN's, :mod:`attention_course.modern.rope_scaling`).
     """
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise TypeError(
@@ -154,9 +173,11 @@ def apply_rope(
     check_positions(positions, x)
     check_base(base)
     check_pairing(pairing)
-    angles = rope_angles(
-        positions, x.size(-1), base
-    )  # (..., T, Dh/2), float64 so large m stays exact
+    if inv_freq is None:
+        angles = rope_angles(positions, x.size(-1), base)  # (..., T, Dh/2), float64: large m stays exact
+    else:
+        check_frequencies(inv_freq, x.size(-1))
+        angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     if pairing == "interleaved":
         x1, x2 = rotate_pairs(x[..., 0::2], x[..., 1::2], cos, sin)

@@ -1,0 +1,230 @@
+"""The attention layer of today's open decoders, with the switches that tell the models apart.
+
+One module, :class:`ModernAttention`, is causal self-attention with grouped-query heads (GQA) and RoPE, plus the
+options the models added, each one line of :meth:`ModernAttention.forward`:
+
+* ``qk_norm``: RMSNorm of each head's queries and keys before RoPE (Qwen3, OLMo 2, Gemma 3);
+* ``scale``: the score scale when it is not ``1 / sqrt(Dh)`` (Gemma's ``query_pre_attn_scalar``);
+* ``softcap``: logit soft-capping ``cap * tanh(s / cap)`` (Gemma 2);
+* ``window``: sliding-window attention, query i sees keys j with 0 <= i - j < window (Mistral, Gemma, GPT-OSS);
+* ``sinks``: one learned logit per head that joins the softmax but has no value (GPT-OSS);
+* ``inv_freq`` and ``rope_factor``: rescaled RoPE frequencies for long contexts (Llama 3, YaRN).
+
+The scores go through the course's :func:`~attention_course.functional.masked_softmax` and masks, the keys
+and values through :func:`~attention_course.kv_cache.repeat_kv`, the rotations through
+:func:`~attention_course.positions.apply_rope`. Each model's class (:mod:`attention_course.modern.families`)
+only reads its Hugging Face configuration in ``from_hf``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..block import RMSNorm
+from ..functional import masked_softmax
+from ..heads import merge_heads
+from ..kv_cache import repeat_kv
+from ..masks import causal_mask, sliding_window_mask
+from ..positions import apply_rope, check_pairing, inverse_frequencies
+from ..validation import INTEGER_DTYPES, check_floating, check_int, check_rank
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: float, softcap: float | None = None,
+    sinks: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Attention with a given score scale, optional soft-capping and sinks -> (out (..., Tq, Dv), weights).
+
+    q (B, H, Tq, Dk), k (B, H, Tk, Dk), v (B, H, Tk, Dv); mask boolean (Tq, Tk), True = may attend; sinks (H,).
+    The cap bounds the *scores* (before the mask and the softmax), never the probabilities. A sink is one more
+    column of the softmax with the same logit for every query of its head: it takes weight away from the keys
+    and gives back nothing, so a query may attend "nowhere" (weights summing to less than 1).
+    """
+    scores = q @ k.transpose(-2, -1) * scale  # (B, H, Tq, Tk)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)  # smooth, within (-cap, cap)
+    if sinks is None:
+        weights = masked_softmax(scores, mask)
+    else:
+        sink = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)  # (B, H, Tq, 1)
+        always = mask.new_ones(*mask.shape[:-1], 1)  # every query may "attend" its head's sink
+        weights = masked_softmax(torch.cat([scores, sink], -1), torch.cat([mask, always], -1))[..., :-1]
+    return weights @ v, weights  # (B, H, Tq, Dv), (B, H, Tq, Tk)
+
+
+def check_positions_for(positions, batch: int, t: int) -> Tensor:
+    """Positions (T,) or (B, T) as a tensor that broadcasts over heads: (T,) or (B, 1, T)."""
+    if not isinstance(positions, Tensor) or positions.dtype not in INTEGER_DTYPES:
+        got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
+        raise TypeError(f"positions must be an integer tensor (T,) or (B, T), got {got}")
+    if tuple(positions.shape) not in ((t,), (batch, t)):
+        raise ValueError(f"positions must have shape ({t},) or ({batch}, {t}), got {tuple(positions.shape)}")
+    return positions if positions.dim() == 1 else positions[:, None, :]
+
+
+def hf_class(path: str):
+    """The transformers class ``"module.Class"`` (imported only when a conversion needs it)."""
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(f"transformers.models.{module}"), name)
+
+
+def check_hf_module(cls, module) -> None:
+    """Raise TypeError unless module is the transformers class that ``cls`` mirrors."""
+    expected = hf_class(cls.hf_class)
+    if not isinstance(module, expected):
+        raise TypeError(
+            f"{cls.__name__}.from_hf mirrors transformers' {expected.__name__}, got "
+            f"{type(module).__module__}.{type(module).__name__}"
+        )
+
+
+def copy_linear(target: nn.Linear, source: nn.Linear) -> None:
+    """Copy an nn.Linear's weight and bias (shapes must agree)."""
+    target.weight.data.copy_(source.weight.data)
+    if source.bias is not None:
+        target.bias.data.copy_(source.bias.data)
+
+
+class ModernAttention(nn.Module):
+    """Causal self-attention with GQA, RoPE and the options of today's open models (see the module docstring).
+
+    Args:
+        d_model: model width D.
+        num_heads: query heads H.
+        num_kv_heads: key/value heads (H: multi-head, 1: multi-query, in between: grouped-query); default H.
+        head_dim: Dh, default D // H (Gemma and Qwen3 use other values).
+        bias: biases in the four projections.
+        rope_base: theta of plain RoPE; ``inv_freq`` (Dh/2,) replaces its frequencies when given.
+        rope_factor: multiplies cos and sin (YaRN's attention factor).
+        pairing: the RoPE layout, "halves" as Hugging Face checkpoints or "interleaved".
+        scale: score scale, default 1 / sqrt(Dh).
+        softcap, window, qk_norm_eps: off when None; ``sinks=True`` adds one learned logit per head.
+    """
+
+    hf_class = ""  # "module.Class" in transformers.models, set by each model's subclass
+
+    def __init__(
+        self, d_model: int, num_heads: int, num_kv_heads: int | None = None, head_dim: int | None = None, *,
+        bias: bool = False, rope_base: float = 10000.0, inv_freq: Tensor | None = None, rope_factor: float = 1.0,
+        pairing: str = "halves", scale: float | None = None, softcap: float | None = None,
+        window: int | None = None, sinks: bool = False, qk_norm_eps: float | None = None,
+    ):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        head_dim = d_model // num_heads if head_dim is None else head_dim
+        for name, value in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim)):
+            check_int(value, name)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
+        if window is not None:
+            check_int(window, "window")
+        if softcap is not None and not softcap > 0:
+            raise ValueError(f"softcap must be > 0, got softcap={softcap}")
+        check_pairing(pairing)
+        self.d_model, self.num_heads, self.num_kv_heads, self.head_dim = d_model, num_heads, num_kv_heads, head_dim
+        self.pairing, self.rope_factor, self.softcap, self.window = pairing, rope_factor, softcap, window
+        self.scale = 1 / math.sqrt(head_dim) if scale is None else scale
+        freqs = inverse_frequencies(head_dim, rope_base) if inv_freq is None else inv_freq.to(torch.float64)
+        self.register_buffer("inv_freq", freqs, persistent=False)  # (Dh/2,)
+        self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias)
+        self.q_norm = None if qk_norm_eps is None else RMSNorm(head_dim, eps=qk_norm_eps)
+        self.k_norm = None if qk_norm_eps is None else RMSNorm(head_dim, eps=qk_norm_eps)
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
+
+    def heads(self, x: Tensor, proj: nn.Linear) -> Tensor:
+        """(B, T, D) -> (B, heads, T, Dh) through one projection."""
+        b, t, _ = x.shape
+        return proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+
+    def rope(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate (B, heads, T, Dh) queries or keys at their positions (with the rescaled frequencies)."""
+        return apply_rope(x, positions, pairing=self.pairing, inv_freq=self.inv_freq) * self.rope_factor
+
+    def mask(self, t: int, device) -> Tensor:
+        """(T, T) boolean: causal, and within the window on a sliding layer."""
+        if self.window is None:
+            return causal_mask(t, device=device)
+        return sliding_window_mask(t, t, self.window, device=device)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x (B, T, D) at integer positions (T,) or (B, T) (default 0..T-1) -> (B, T, D)."""
+        check_floating(x, "x")
+        check_rank(x, "x", 3, "(B, T, D)")
+        b, t, d = x.shape
+        if d != self.d_model:
+            raise ValueError(f"x has width {d}, the layer was built for d_model={self.d_model}")
+        positions = torch.arange(t, device=x.device) if positions is None else positions
+        positions = check_positions_for(positions, b, t)
+        q, k, v = self.heads(x, self.q_proj), self.heads(x, self.k_proj), self.heads(x, self.v_proj)
+        if self.q_norm is not None:  # normalise first: RoPE must rotate the vectors the scores will compare
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(q, positions), self.rope(k, positions)  # (B, H, T, Dh), (B, H_kv, T, Dh)
+        groups = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, T, Dh)
+        out, _ = attend(q, k, v, self.mask(t, x.device), scale=self.scale, softcap=self.softcap, sinks=self.sinks)
+        return self.o_proj(merge_heads(out))  # (B, H, T, Dh) -> (B, T, D)
+
+    # ------------------------------------------------------------ conversion from Hugging Face transformers
+
+    @classmethod
+    def options_from_hf(cls, module) -> dict:
+        """The constructor's options read from the module and its config (each model's class adds its own)."""
+        config = module.config
+        inv_freq, factor = cls.rope_from_hf(module)
+        return dict(
+            d_model=config.hidden_size, num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads, head_dim=module.head_dim, bias=module.q_proj.bias is not None,
+            inv_freq=inv_freq, rope_factor=factor, scale=module.scaling, window=layer_window(module),
+        )
+
+    @classmethod
+    def rope_from_hf(cls, module) -> tuple[Tensor, float]:
+        """(inv_freq, cos/sin factor) of the module's rotary embedding, computed by the course."""
+        from .rope_scaling import rope_from_config
+
+        config = module.config
+        return rope_from_config(config.rope_parameters, module.head_dim, config.max_position_embeddings)
+
+    @classmethod
+    def from_hf(cls, module) -> ModernAttention:
+        """A course layer with the sizes, options and weights of a transformers attention module (eager).
+
+        Raises TypeError when ``module`` is not the transformers class this class mirrors.
+        """
+        check_hf_module(cls, module)
+        ours = cls(**cls.options_from_hf(module))
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            copy_linear(getattr(ours, name), getattr(module, name))
+        if ours.q_norm is not None:
+            ours.q_norm.weight.data.copy_(cls.norm_weight(module.q_norm))
+            ours.k_norm.weight.data.copy_(cls.norm_weight(module.k_norm))
+        if ours.sinks is not None:
+            ours.sinks.data.copy_(module.sinks.data)
+        return ours.to(module.q_proj.weight.dtype)
+
+    @staticmethod
+    def norm_weight(norm: nn.Module) -> Tensor:
+        """The scale an HF RMSNorm applies (Llama and Qwen store it as is; Gemma stores it minus 1)."""
+        return norm.weight.data
+
+
+def layer_window(module) -> int | None:
+    """The window of an HF attention layer: ``config.sliding_window`` where the layer is a sliding one.
+
+    Models that mix layer types name each layer in ``config.layer_types``; Mistral, which has none, applies its
+    window (if any) to every layer.
+    """
+    config = module.config
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        return window
+    return window if layer_types[module.layer_idx] == "sliding_attention" else None

@@ -1,0 +1,93 @@
+"""KV-cache bytes of published models: MHA, GQA, MQA and MLA side by side, sliding layers bounded by their window.
+
+Each :class:`PublishedConfig` holds the numbers typed from a model's paper or model card (``source`` is the key of
+the citation in ``references.bib``). The bytes come from :func:`~attention_course.kv_cache.cache_bytes_per_token`
+(keys and values of every layer) or, for MLA, from the latent each layer stores instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kv_cache import cache_bytes_per_token
+from ..validation import check_int
+
+
+@dataclass(frozen=True)
+class PublishedConfig:
+    """The attention sizes of a published model that decide its cache.
+
+    ``local_layers`` of the ``num_layers`` keep at most ``local_span`` tokens (a sliding window or a chunk);
+    ``latent_dim`` is MLA's per-layer cache per token (kv_lora_rank + qk_rope_head_dim), None for other models.
+    """
+
+    name: str
+    source: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    local_layers: int = 0
+    local_span: int | None = None
+    latent_dim: int | None = None
+    features: tuple[str, ...] = ()
+
+
+PUBLISHED = (
+    PublishedConfig("Llama-3-8B", "grattafiori2024llama3", 32, 32, 8, 128, features=("GQA", "RoPE scaling")),
+    PublishedConfig("Mistral-7B", "jiang2023mistral", 32, 32, 8, 128, local_layers=32, local_span=4096,
+                    features=("GQA", "sliding window")),
+    PublishedConfig("Gemma-2-9B", "gemmateam2024gemma2", 42, 16, 8, 256, local_layers=21, local_span=4096,
+                    features=("GQA", "local/global", "soft-capping")),
+    PublishedConfig("Gemma-3-12B", "gemmateam2025gemma3", 48, 16, 8, 256, local_layers=40, local_span=1024,
+                    features=("GQA", "local/global 5:1", "QK-norm")),
+    PublishedConfig("Qwen3-8B", "yang2025qwen3", 36, 32, 8, 128, features=("GQA", "QK-norm")),
+    PublishedConfig("GPT-OSS-120B", "openai2025gptoss", 36, 64, 8, 64, local_layers=18, local_span=128,
+                    features=("GQA", "sliding window", "sinks", "YaRN")),
+    PublishedConfig("DeepSeek-V3", "deepseekai2024v3", 61, 128, 128, 128, latent_dim=512 + 64,
+                    features=("MLA", "YaRN")),
+)
+
+
+def scheme_bytes_per_token(config: PublishedConfig, scheme: str, dtype=torch.bfloat16) -> int | None:
+    """Cache bytes per token, every layer full, if the model used ``scheme``: "MHA", "GQA", "MQA" or "MLA".
+
+    MHA keeps ``num_heads`` key/value heads, GQA the published ``num_kv_heads``, MQA one; MLA one latent per
+    layer (None for a model without one).
+    """
+    if scheme == "MLA":
+        if config.latent_dim is None:
+            return None
+        return config.num_layers * config.latent_dim * torch.empty((), dtype=dtype).element_size()
+    heads = {"MHA": config.num_heads, "GQA": config.num_kv_heads, "MQA": 1}
+    if scheme not in heads:
+        raise ValueError(f"scheme must be 'MHA', 'GQA', 'MQA' or 'MLA', got scheme={scheme!r}")
+    return cache_bytes_per_token(config.num_layers, heads[scheme], config.head_dim, dtype)
+
+
+def published_cache_bytes(config: PublishedConfig, context: int, dtype=torch.bfloat16) -> int:
+    """Bytes of the published model's cache for one sequence of ``context`` tokens.
+
+    MLA if the model has it, its key/value heads otherwise; a local layer keeps only its last ``local_span`` tokens.
+    """
+    check_int(context, "context")
+    scheme = "MLA" if config.latent_dim is not None else "GQA"
+    per_layer = scheme_bytes_per_token(config, scheme, dtype) // config.num_layers  # one layer, one token
+    full_layers = config.num_layers - config.local_layers
+    local_tokens = min(context, config.local_span) if config.local_layers else 0
+    return per_layer * (full_layers * context + config.local_layers * local_tokens)
+
+
+def cache_table(context: int = 8192, dtype=torch.bfloat16, configs=PUBLISHED) -> list[dict]:
+    """One row per model: bytes per token under MHA, GQA, MQA, MLA, and the published cache at ``context`` tokens.
+
+    ``published/token`` is the published cache divided by ``context`` (windows make it fall as the context grows).
+    """
+    return [
+        {"model": c.name, **{s: scheme_bytes_per_token(c, s, dtype) for s in ("MHA", "GQA", "MQA", "MLA")},
+         "published/token": published_cache_bytes(c, context, dtype) / context,
+         "features": ", ".join(c.features), "source": c.source}
+        for c in configs
+    ]

@@ -1,0 +1,109 @@
+"""The reference: Hugging Face ``transformers`` attention modules, built offline from tiny configs.
+
+:func:`build_hf_attention` makes one layer of a model family with random weights (no download: set
+``HF_HUB_OFFLINE=1``); :func:`hf_forward` runs it as the model would for causal self-attention: the cos and sin of
+the model's own rotary embedding at the given position ids, and an additive float mask (B, 1, T, T) that is 0 where a
+query may attend and the dtype's minimum elsewhere (the window of a sliding layer included, as the model's mask
+builder does). Each family maps to the course class that mirrors it (:data:`FAMILIES`).
+
+Hugging Face computes the RoPE angles, the softmax and the norms in float32 even in a float64 module, so a course
+layer in float64 agrees with it to about 1e-7 relative (1e-6 is the bound the tests and chapter use), not 1e-15.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import Tensor
+
+from .families import (
+    Gemma2Attention,
+    Gemma3Attention,
+    GptOssAttention,
+    LlamaAttention,
+    MistralAttention,
+    Qwen3Attention,
+)
+from .mla import MultiHeadLatentAttention
+
+# family -> (transformers module, config class, attention class, rotary embedding class, course class)
+FAMILIES = {
+    "llama": ("llama.modeling_llama", "LlamaConfig", "LlamaAttention", "LlamaRotaryEmbedding", LlamaAttention),
+    "mistral": ("mistral.modeling_mistral", "MistralConfig", "MistralAttention", "MistralRotaryEmbedding",
+                MistralAttention),
+    "qwen3": ("qwen3.modeling_qwen3", "Qwen3Config", "Qwen3Attention", "Qwen3RotaryEmbedding", Qwen3Attention),
+    "gemma2": ("gemma2.modeling_gemma2", "Gemma2Config", "Gemma2Attention", "Gemma2RotaryEmbedding",
+               Gemma2Attention),
+    "gemma3": ("gemma3.modeling_gemma3", "Gemma3TextConfig", "Gemma3Attention", "Gemma3RotaryEmbedding",
+               Gemma3Attention),
+    "gpt_oss": ("gpt_oss.modeling_gpt_oss", "GptOssConfig", "GptOssAttention", "GptOssRotaryEmbedding",
+                GptOssAttention),
+    "deepseek_v3": ("deepseek_v3.modeling_deepseek_v3", "DeepseekV3Config", "DeepseekV3Attention",
+                    "DeepseekV3RotaryEmbedding", MultiHeadLatentAttention),
+}
+
+
+def _family(family: str):
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got family={family!r}")
+    module, *names, course_class = FAMILIES[family]
+    hf_module = importlib.import_module(f"transformers.models.{module}")
+    return hf_module, names, course_class
+
+
+def build_hf_attention(family: str, layer_idx: int = 0, *, dtype=torch.float64, seed: int = 0, **config):
+    """One eager attention layer of ``family`` from a config of the given sizes, every parameter ~ N(0, 0.3^2).
+
+    ``config`` holds the config's keyword arguments (hidden_size, num_attention_heads, ...); the layer count is
+    ``layer_idx + 1`` unless ``layer_types`` says otherwise. Random sinks and norm weights make those options
+    visible (HF initialises norm weights to one, Gemma's to zero, which would hide a wrong norm).
+    """
+    hf_module, (config_name, attention_name, _), _ = _family(family)
+    config.setdefault("num_hidden_layers", len(config.get("layer_types") or ()) or layer_idx + 1)
+    hf_config = getattr(importlib.import_module("transformers"), config_name)(
+        intermediate_size=8, vocab_size=16, attn_implementation="eager", **config
+    )
+    layer = getattr(hf_module, attention_name)(hf_config, layer_idx)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=generator))
+    return layer.to(dtype).eval()
+
+
+def hf_window(layer) -> int | None:
+    """The window the model's mask builder would give this layer (None: plain causal)."""
+    window = getattr(layer, "sliding_window", None)  # set on layers of models that mix layer types
+    if window is None and not hasattr(layer, "layer_type"):  # Mistral: one window for every layer
+        window = getattr(layer.config, "sliding_window", None)
+    return window
+
+
+def hf_forward(layer, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    """Run a transformers attention layer on x (B, T, D) at position ids (T,) or (B, T) -> (B, T, D)."""
+    family = next((f for f, (_, _, name, _, _) in FAMILIES.items() if type(layer).__name__ == name), None)
+    if family is None:
+        raise TypeError(f"layer must be one of the transformers attention classes of {sorted(FAMILIES)}, "
+                        f"got {type(layer).__name__}")
+    hf_module, (_, _, rotary_name), _ = _family(family)
+    b, t, _ = x.shape
+    positions = torch.arange(t) if positions is None else positions
+    position_ids = positions.expand(b, t)
+    rotary = getattr(hf_module, rotary_name)(layer.config)
+    layer_type = getattr(layer, "layer_type", None)
+    rotary_args = (layer_type,) if family == "gemma3" else ()
+    cos, sin = rotary(x, position_ids, *rotary_args)
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    allowed = j <= i
+    window = hf_window(layer)
+    if window is not None:
+        allowed &= i - j < window
+    mask = torch.zeros(b, 1, t, t, dtype=x.dtype).masked_fill(~allowed, torch.finfo(x.dtype).min)
+    with torch.no_grad():
+        return layer(x, position_embeddings=(cos, sin), attention_mask=mask)[0]
+
+
+def relative_error(ours: Tensor, ref: Tensor) -> float:
+    """max |ours - ref| / max |ref|: a disagreement measured against the size of the output."""
+    return float((ours.detach() - ref.detach()).abs().max() / ref.detach().abs().max())

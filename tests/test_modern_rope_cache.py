@@ -1,0 +1,133 @@
+"""Chapter 14: RoPE frequency scaling (Llama 3, YaRN), the sliding-window mask and the published cache table."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from attention_course.masks import causal_mask, sliding_window_mask
+from attention_course.modern import cache, rope_scaling
+from attention_course.positions import apply_rope, inverse_frequencies
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def test_llama3_frequencies_equal_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position_embeddings=8192)
+    config = transformers.LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_parameters=params)
+    hf_freq, hf_factor = ROPE_INIT_FUNCTIONS["llama3"](config)
+    ours, factor = rope_scaling.rope_from_config(params, 128)
+    torch.testing.assert_close(ours, hf_freq.double(), rtol=1e-6, atol=0)  # HF computes in float32
+    assert factor == hf_factor == 1.0
+    wavelength = 2 * math.pi / inverse_frequencies(128, 500000.0)
+    fast, slow = wavelength < 8192 / 4, wavelength > 8192
+    torch.testing.assert_close(ours[fast], inverse_frequencies(128, 500000.0)[fast])  # kept
+    torch.testing.assert_close(ours[slow], inverse_frequencies(128, 500000.0)[slow] / 8)  # slowed down 8 times
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_yarn_frequencies_equal_transformers(truncate):
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                  truncate=truncate, original_max_position_embeddings=4096)
+    config = transformers.GptOssConfig(hidden_size=64, num_attention_heads=1, head_dim=64, rope_parameters=params)
+    hf_freq, hf_factor = ROPE_INIT_FUNCTIONS["yarn"](config)
+    ours, factor = rope_scaling.rope_from_config(params, 64)
+    torch.testing.assert_close(ours, hf_freq.double(), rtol=1e-6, atol=0)
+    assert factor == pytest.approx(hf_factor) == pytest.approx(0.1 * math.log(32) + 1)
+
+
+def test_yarn_factor_from_context_and_mscale():
+    params = dict(rope_type="yarn", rope_theta=10000.0, factor=None, original_max_position_embeddings=16,
+                  mscale=1.0, mscale_all_dim=0.5)
+    _, factor = rope_scaling.rope_from_config(params, 8, max_positions=64)  # factor 64 / 16 = 4
+    assert factor == pytest.approx((0.1 * math.log(4) + 1) / (0.05 * math.log(4) + 1))
+    assert rope_scaling.yarn_attention_factor(1.0) == 1.0
+    assert rope_scaling.rope_from_config(params | dict(attention_factor=0.5), 8, 64)[1] == 0.5
+
+
+def test_rope_scaling_bad_inputs():
+    with pytest.raises(ValueError, match="rope_type"):
+        rope_scaling.rope_from_config(dict(rope_type="dynamic", rope_theta=10.0, original_max_position_embeddings=4),
+                                      8)
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        rope_scaling.rope_from_config(dict(rope_theta=10.0, partial_rotary_factor=0.5), 8)
+    with pytest.raises(TypeError, match="rope_parameters must be a dict"):
+        rope_scaling.rope_from_config([("rope_theta", 10.0)], 8)
+    with pytest.raises(ValueError, match="high_freq_factor"):
+        rope_scaling.llama3_frequencies(inverse_frequencies(8), factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0,
+                                        original_max_positions=64)
+    with pytest.raises(TypeError, match="factor must be a float"):
+        rope_scaling.yarn_frequencies(8, 100.0, factor="4", original_max_positions=16)
+    with pytest.raises(ValueError, match="factor must be finite"):
+        rope_scaling.yarn_attention_factor(-1.0)
+
+
+def test_apply_rope_with_frequencies():
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    positions = torch.arange(5)
+    torch.testing.assert_close(apply_rope(x, positions, base=100.0),
+                               apply_rope(x, positions, inv_freq=inverse_frequencies(8, 100.0)))
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        apply_rope(x, positions, inv_freq=torch.ones(3))
+    with pytest.raises(TypeError, match="inv_freq must be a float tensor"):
+        apply_rope(x, positions, inv_freq=torch.ones(4, dtype=torch.long))
+
+
+def test_sliding_window_mask():
+    t_q, t_k = 4, 9
+    for window in (1, 3, 9, 20):
+        mask = sliding_window_mask(t_q, t_k, window)
+        for i in range(t_q):
+            for j in range(t_k):
+                pos = i + t_k - t_q
+                assert bool(mask[i, j]) == (0 <= pos - j < window)
+    assert torch.equal(sliding_window_mask(6, None, 6), causal_mask(6))
+    with pytest.raises(ValueError, match="window"):
+        sliding_window_mask(3, 3, 0)
+
+
+def test_cache_table_matches_hand_computation():
+    rows = {row["model"]: row for row in cache.cache_table(context=8192)}
+    # Llama-3-8B: 2 (K, V) * 32 layers * 8 KV heads * 128 features * 2 bytes (bf16).
+    assert rows["Llama-3-8B"]["GQA"] == 2 * 32 * 8 * 128 * 2 == 131072
+    assert rows["Llama-3-8B"]["MHA"] == 2 * 32 * 32 * 128 * 2
+    assert rows["Llama-3-8B"]["MQA"] == 2 * 32 * 1 * 128 * 2
+    assert rows["Llama-3-8B"]["MLA"] is None
+    assert rows["Llama-3-8B"]["published/token"] == 131072
+    # Mistral-7B: every layer keeps 4096 of 8192 tokens: half the bytes per token.
+    assert rows["Mistral-7B"]["published/token"] == 2 * 32 * 8 * 128 * 2 * 4096 / 8192
+    # Gemma-2-9B: 21 global layers keep 8192 tokens, 21 local ones 4096.
+    per_layer = 2 * 8 * 256 * 2
+    assert rows["Gemma-2-9B"]["published/token"] == per_layer * (21 * 8192 + 21 * 4096) / 8192
+    # Gemma-3-12B: 8 global layers, 40 local ones with a window of 1024.
+    assert rows["Gemma-3-12B"]["published/token"] == per_layer * (8 * 8192 + 40 * 1024) / 8192
+    assert rows["Qwen3-8B"]["GQA"] == 2 * 36 * 8 * 128 * 2
+    # GPT-OSS-120B: 18 full layers, 18 sliding layers of 128 tokens, heads of 64.
+    assert rows["GPT-OSS-120B"]["published/token"] == 2 * 8 * 64 * 2 * (18 * 8192 + 18 * 128) / 8192
+    # DeepSeek-V3: 61 layers, each a latent of 512 + 64 numbers.
+    assert rows["DeepSeek-V3"]["MLA"] == 61 * 576 * 2 == 70272
+    assert rows["DeepSeek-V3"]["published/token"] == 70272
+    assert rows["DeepSeek-V3"]["MHA"] == 2 * 61 * 128 * 128 * 2
+
+
+def test_cache_table_fp8_and_long_context():
+    fp8 = {row["model"]: row for row in cache.cache_table(context=8192, dtype=torch.float8_e4m3fn)}
+    assert fp8["Llama-3-8B"]["GQA"] == 2 * 32 * 8 * 128
+    long = {row["model"]: row for row in cache.cache_table(context=131072)}
+    assert long["Gemma-3-12B"]["published/token"] == 2 * 8 * 256 * 2 * (8 * 131072 + 40 * 1024) / 131072
+    short = {row["model"]: row for row in cache.cache_table(context=100)}  # shorter than every window
+    assert short["Mistral-7B"]["published/token"] == short["Mistral-7B"]["GQA"]
+    with pytest.raises(ValueError, match="scheme"):
+        cache.scheme_bytes_per_token(cache.PUBLISHED[0], "MLQ")
+    with pytest.raises(ValueError, match="context"):
+        cache.published_cache_bytes(cache.PUBLISHED[0], 0)
