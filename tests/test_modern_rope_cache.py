@@ -68,6 +68,8 @@ def test_rope_scaling_bad_inputs():
                                         original_max_positions=64)
     with pytest.raises(TypeError, match="factor must be a float"):
         rope_scaling.yarn_frequencies(8, 100.0, factor="4", original_max_positions=16)
+    with pytest.raises(ValueError, match="dim must be even"):
+        rope_scaling.yarn_frequencies(7, 100.0, factor=4.0, original_max_positions=16)
     with pytest.raises(ValueError, match="factor must be finite"):
         rope_scaling.yarn_attention_factor(-1.0)
 

@@ -23,7 +23,8 @@ import math
 import torch
 from torch import Tensor
 
-from ..positions import check_base, check_size, inverse_frequencies
+from ..positions import check_base, inverse_frequencies
+from ..validation import check_int
 
 
 def check_factor(value, name: str) -> None:
@@ -49,7 +50,7 @@ def llama3_frequencies(
     for name, value in (("factor", factor), ("low_freq_factor", low_freq_factor),
                         ("high_freq_factor", high_freq_factor)):
         check_factor(value, name)
-    check_size(original_max_positions, "original_max_positions")
+    check_int(original_max_positions, "original_max_positions")
     if high_freq_factor <= low_freq_factor:
         raise ValueError(f"high_freq_factor={high_freq_factor} must be > low_freq_factor={low_freq_factor}")
     inv_freq = inv_freq.to(torch.float64)
@@ -82,10 +83,12 @@ def yarn_frequencies(
     linearly with i. ``truncate`` rounds the two boundary indices outwards (floor and ceil), as the reference code.
     Multiply cos and sin by :func:`yarn_attention_factor` as well.
     """
-    check_size(dim, "dim", even=True)
+    check_int(dim, "dim")
+    if dim % 2:
+        raise ValueError(f"dim must be even (RoPE rotates pairs of features), got dim={dim}")
     check_base(base)
     check_factor(factor, "factor")
-    check_size(original_max_positions, "original_max_positions")
+    check_int(original_max_positions, "original_max_positions")
 
     def pair_turning(turns: float) -> float:  # the (fractional) pair index that turns `turns` times
         return dim * math.log(original_max_positions / (turns * 2 * math.pi)) / (2 * math.log(base))
