@@ -6,7 +6,8 @@ import pytest
 
 from attention_course import bug_zoo, checks
 
-ALL = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
+ALL = (bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
+       + bug_zoo.MODERN_ZOO)
 
 
 @pytest.mark.parametrize("bug", ALL, ids=lambda b: b.impl.__name__)
@@ -27,7 +28,8 @@ def test_each_bug_is_documented_and_marked(bug):
 def test_bugs_maps_codes_to_zoo_entries():
     """BUGS covers ZOO only: chapter 7 lists BUGS one by one, with a symptom for each code."""
     assert set(bug_zoo.BUGS) == {b.code for b in bug_zoo.ZOO}
-    kept_apart = bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
+    kept_apart = (bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
+                  + bug_zoo.MODERN_ZOO)
     assert not set(bug_zoo.BUGS.values()) & {b.impl for b in kept_apart}
     assert not {b.impl for b in bug_zoo.ZOO} & {b.impl for b in kept_apart}
     for code, impl in bug_zoo.BUGS.items():

@@ -27,7 +27,8 @@ def test_codes_is_the_catalogue():
 
 
 def test_every_example_is_a_zoo_entry_diagnosed_by_an_existing_check():
-    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
+    zoo = (bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
+           + bug_zoo.MODERN_ZOO)
     in_zoo = {(b.code, b.impl.__name__, b.check) for b in zoo}
     listed = {(m.code, e.impl, e.check) for m in mistakes.MISTAKES.values() for e in m.examples}
     assert listed == in_zoo
@@ -39,7 +40,7 @@ def test_every_example_is_a_zoo_entry_diagnosed_by_an_existing_check():
 def test_topics_and_chapters():
     topics = {m.topic for m in mistakes.MISTAKES.values()}
     assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache", "positions",
-                      "blocks", "interpret", "distributed", "field_guide", "capstone", "porting"}
+                      "blocks", "interpret", "distributed", "field_guide", "capstone", "porting", "modern"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
     assert [m.code for m in mistakes.in_chapter(10)] == [
         "sinusoid-wrong-exponent", "sin-cos-swapped", "rope-wrong-pairing", "rope-wrong-frequencies",
@@ -47,7 +48,9 @@ def test_topics_and_chapters():
     assert [m.code for m in mistakes.in_chapter(11)] == [
         "residual-missing", "residual-twice", "norm-wrong-place", "norm-on-residual-stream", "ffn-activation-missing",
         "decoder-not-causal", "cross-attention-keys-from-decoder"]
-    assert [m.code for m in mistakes.in_chapter(14)] == ["rope-not-applied"]
+    assert [m.code for m in mistakes.in_chapter(14)] == [
+        "cap-on-probabilities", "norm-after-rope", "sink-given-value", "sink-ignored", "absorption-transposed"]
+    assert [m.code for m in mistakes.in_chapter(15)] == ["rope-not-applied"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

@@ -68,6 +68,8 @@ def test_rope_scaling_bad_inputs():
                                         original_max_positions=64)
     with pytest.raises(TypeError, match="factor must be a float"):
         rope_scaling.yarn_frequencies(8, 100.0, factor="4", original_max_positions=16)
+    with pytest.raises(ValueError, match="dim must be even"):
+        rope_scaling.yarn_frequencies(7, 100.0, factor=4.0, original_max_positions=16)
     with pytest.raises(ValueError, match="factor must be finite"):
         rope_scaling.yarn_attention_factor(-1.0)
 
@@ -118,6 +120,10 @@ def test_cache_table_matches_hand_computation():
     assert rows["DeepSeek-V3"]["MLA"] == 61 * 576 * 2 == 70272
     assert rows["DeepSeek-V3"]["published/token"] == 70272
     assert rows["DeepSeek-V3"]["MHA"] == 2 * 61 * 128 * 128 * 2
+    # Llama-4-Scout: a chunk of 8192 hides nothing at 8192 tokens; at 131072, 36 of 48 layers keep 8192 tokens.
+    assert rows["Llama-4-Scout"]["published/token"] == rows["Llama-4-Scout"]["GQA"] == 2 * 48 * 8 * 128 * 2
+    long = {row["model"]: row for row in cache.cache_table(context=131072)}
+    assert long["Llama-4-Scout"]["published/token"] == 2 * 8 * 128 * 2 * (12 * 131072 + 36 * 8192) / 131072
 
 
 def test_cache_table_fp8_and_long_context():
@@ -131,3 +137,45 @@ def test_cache_table_fp8_and_long_context():
         cache.scheme_bytes_per_token(cache.PUBLISHED[0], "MLQ")
     with pytest.raises(ValueError, match="context"):
         cache.published_cache_bytes(cache.PUBLISHED[0], 0)
+
+
+def _tiny_lm_cache(model_class, config, t: int):
+    model = model_class(config).eval()
+    with torch.no_grad():
+        return model(torch.randint(0, config.vocab_size, (1, t), generator=torch.Generator().manual_seed(t)),
+                     use_cache=True).past_key_values
+
+
+@pytest.mark.parametrize("t", [4, 20])
+def test_transformers_allocates_the_predicted_cache_chunked_llama4(t):
+    transformers = pytest.importorskip("transformers")
+    from attention_course.modern.hf import hf_cache_bytes
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.Llama4TextConfig(
+        hidden_size=32, intermediate_size=16, intermediate_size_mlp=16, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=50, attention_chunk_size=6, num_local_experts=2,
+        attn_implementation="eager")
+    assert config.layer_types.count("chunked_attention") == 3  # three chunked RoPE layers, one global NoPE layer
+    predicted = cache.PublishedConfig("tiny Llama 4", "", 4, 4, 2, 8, local_layers=3, local_span=6)
+    held = hf_cache_bytes(_tiny_lm_cache(transformers.Llama4ForCausalLM, config, t))
+    assert held == cache.published_cache_bytes(predicted, t, torch.float32, between_steps=True)
+    # by hand: 2 (K, V) * 2 heads * 8 features * 4 bytes * (global: t tokens + 3 chunked layers: min(t, 5) tokens)
+    assert held == 2 * 2 * 8 * 4 * (t + 3 * min(t, 5))
+
+
+def test_transformers_allocates_the_predicted_cache_shared_gemma4():
+    transformers = pytest.importorskip("transformers")
+    from attention_course.modern.hf import hf_cache_bytes
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.Gemma4TextConfig(
+        hidden_size=32, intermediate_size=16, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, global_head_dim=8, vocab_size=50, sliding_window=6, num_kv_shared_layers=2,
+        layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=4,
+        vocab_size_per_layer_input=50, attn_implementation="eager")
+    # The last two layers reuse the keys and values of the first two: one sliding and one full layer cache.
+    predicted = cache.PublishedConfig("tiny Gemma 4", "", 4, 4, 2, 8, local_layers=1, local_span=6, shared_layers=2)
+    held = hf_cache_bytes(_tiny_lm_cache(transformers.Gemma4ForCausalLM, config, 20))
+    assert held == cache.published_cache_bytes(predicted, 20, torch.float32, between_steps=True)
+    assert held == 2 * 2 * 8 * 4 * (20 + 5)

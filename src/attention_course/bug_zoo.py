@@ -557,3 +557,65 @@ def causal_mask_buffer_sliced(t_q, t_k=None):
 
 #: the seed bugs above, with their codes and checks (as the mistakes catalogue lists them)
 SEED_ZOO = _zoo(MHALinearInForward, additive_mask_cast, causal_mask_buffer_sliced)
+
+
+# ==================================================================================================================
+# Chapter 14: attention in today's open models. Kept out of ZOO and BUGS; MODERN_ZOO lists them.
+# ==================================================================================================================
+
+
+def softcap_on_probabilities(q, k, v, cap):
+    """[cap-on-probabilities] Gemma 2's soft-capping applied to the softmax's probabilities, not to the scores."""
+    from .masks import causal_mask
+
+    t = q.size(-2)
+    _, weights = scaled_dot_product_attention(q, k, v, causal_mask(t))
+    weights = cap * torch.tanh(weights / cap)  # BUG: cap the scores before the softmax: cap * tanh(scores / cap)
+    return weights @ v, weights
+
+
+def qk_norm_after_rope(x, positions, weight, eps):
+    """[norm-after-rope] QK-norm applied to the rotated vectors: RoPE first, then RMSNorm and its weight."""
+    from .positions import apply_rope
+
+    rotated = apply_rope(x, positions, pairing="halves")
+    # BUG: normalise first, then rotate: apply_rope(x * rsqrt(mean(x^2) + eps) * weight, positions, ...)
+    return rotated * torch.rsqrt(rotated.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _sink_weights(q, k, sinks, window):
+    """(B, H, T, T + 1) softmax over the window's scores and each head's sink logit (the last column)."""
+    from .masks import sliding_window_mask
+
+    t = q.size(-2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    mask = sliding_window_mask(t, t, window)
+    column = sinks[:, None, None].expand(*scores.shape[:-1], 1)
+    return masked_softmax(torch.cat([scores, column], -1), torch.cat([mask, mask.new_ones(t, 1)], -1))
+
+
+def sinks_with_value(q, k, v, sinks, window):
+    """[sink-given-value] The sink treated as a real token: its weight goes to the first token's value."""
+    weights = _sink_weights(q, k, sinks, window)
+    values = torch.cat([v, v[..., :1, :]], dim=-2)  # BUG: the sink has no value: drop its column, weights[..., :-1]
+    return weights @ values, weights[..., :-1]
+
+
+def sinks_ignored(q, k, v, sinks, window):
+    """[sink-ignored] Sliding-window attention without the sinks: every row of weights sums to 1."""
+    from .masks import sliding_window_mask
+
+    t = q.size(-2)
+    # BUG: the sinks never join the softmax; append each head's logit as one more column, then drop it
+    return scaled_dot_product_attention(q, k, v, sliding_window_mask(t, t, window))
+
+
+def absorbed_scores_transposed(q_nope, c, w_uk):
+    """[absorption-transposed] MLA's absorbed query computed with W_uk transposed (fits only when N == C)."""
+    q_latent = q_nope @ w_uk.transpose(-2, -1)  # BUG: q . (W_uk c) = (q W_uk) . c: use w_uk itself
+    return q_latent @ c[:, None].transpose(-2, -1)
+
+
+#: chapter 14's bugs, with their codes and checks (as the mistakes catalogue lists them)
+MODERN_ZOO = _zoo(softcap_on_probabilities, qk_norm_after_rope, sinks_with_value, sinks_ignored,
+                  absorbed_scores_transposed)

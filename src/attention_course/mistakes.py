@@ -472,10 +472,39 @@ mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair
         chapter=13, topic="distributed")
 
 # ==================================================================================================================
-# Chapter 14: the capstone (causal multi-head attention with RoPE and a KV cache, end to end)
+# Chapter 14: attention in today's open models
+# ==================================================================================================================
+
+mistake("cap-on-probabilities", "soft-capping applied to the attention probabilities instead of the scores",
+        "Your output matches cap * tanh(.) applied to the softmax's PROBABILITIES. Gemma 2 caps the SCORES, before "
+        "the mask and the softmax: s -> cap * tanh(s / cap). Probabilities are already in [0, 1]: capping them "
+        "changes almost nothing and the rows no longer sum to 1.",
+        chapter=14, topic="modern", examples=[("softcap_on_probabilities", "check_softcap_attention")])
+mistake("norm-after-rope", "QK-norm applied after RoPE instead of before it",
+        "Your result is RoPE first, then the RMSNorm (and its weight). Qwen3 normalises each head's queries and keys "
+        "BEFORE rotating them: the norm's weight scales features one by one, and scaling then rotating a pair is not "
+        "rotating then scaling it (unless both features of the pair have the same weight).",
+        chapter=14, topic="modern", examples=[("qk_norm_after_rope", "check_qk_norm_rope")])
+mistake("sink-given-value", "an attention sink treated as a token with a value",
+        "Your output adds the sink's weight times a value (the first token's). A sink is only a logit in the "
+        "softmax's denominator: its weight is simply not given to any value (weights @ v over the real keys only).",
+        chapter=14, topic="modern", examples=[("sinks_with_value", "check_sink_attention")])
+mistake("sink-ignored", "attention sinks left out of the softmax",
+        "Your output is attention without the sinks: each row of weights sums to 1. Append the head's sink logit to "
+        "every row of scores, take the softmax over Tk + 1 columns, then drop the sink's column.",
+        chapter=14, topic="modern", examples=[("sinks_ignored", "check_sink_attention")])
+mistake("absorption-transposed", "MLA weight absorption with W_uk transposed",
+        "Your scores match q_nope @ w_uk.T @ c.T. The keys are k = c @ w_uk[h].T (w_uk[h] is (N, C)), so "
+        "q . k = q @ w_uk[h] @ c.T: multiply the query by w_uk[h] itself (N -> C), not by its transpose (which "
+        "only has the right shape when N == C).",
+        chapter=14, topic="modern", examples=[("absorbed_scores_transposed", "check_absorbed_scores")])
+
+
+# ==================================================================================================================
+# The capstone, numbered 15 (causal multi-head attention with RoPE and a KV cache, end to end)
 # ==================================================================================================================
 
 mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
         "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
         "queries and the keys of every head by their positions before the scores.",
-        chapter=14, topic="capstone")
+        chapter=15, topic="capstone")

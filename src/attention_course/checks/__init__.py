@@ -24,7 +24,7 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
-:mod:`.distributed`, :mod:`.porting`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`) and :mod:`.questions` (checked letter and number questions).
 """
 
 from ..mistakes import CODES
@@ -43,6 +43,7 @@ from .heads import check_merge_heads, check_split_heads
 from .interpret import check_find_induction_head, check_prefix_matching_score
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .masks import check_causal_mask, check_padding_mask
+from .modern import check_absorbed_scores, check_qk_norm_rope, check_sink_attention, check_softcap_attention
 from .modules import (
     check_einsum_attention,
     check_keras_attention,
@@ -60,6 +61,7 @@ __all__ = [
     "CODES",
     "DEFAULT_TIMEOUT",
     "CheckFailed",
+    "check_absorbed_scores",
     "check_additive_mask",
     "check_alibi_slopes",
     "check_attention_one_query",
@@ -83,6 +85,7 @@ __all__ = [
     "check_post_ln_block",
     "check_pre_ln_block",
     "check_prefix_matching_score",
+    "check_qk_norm_rope",
     "check_repeat_kv",
     "check_ring_causal_mask",
     "check_ring_merge",
@@ -92,8 +95,10 @@ __all__ = [
     "check_row_parallel_output",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
+    "check_sink_attention",
     "check_sliding_window_attention",
     "check_sinusoidal_positions",
+    "check_softcap_attention",
     "check_softmax",
     "check_split_heads",
     "check_streaming_attention",

@@ -163,6 +163,15 @@ def window_sizes() -> list[tuple[int, int, int]]:
     return [(_n(rng, 20, 30), _n(rng, 3, 8), _n(rng, 3, 6))]
 
 
+def sink_sizes() -> list[tuple[int, int, int]]:
+    """(H, T, window) of a hidden sinks-in-a-window case (chapter 14): more heads, longer, a window inside T."""
+    if not active():
+        return []
+    rng = _rng(11)
+    t = _n(rng, 12, 20)
+    return [(_n(rng, 3, 6), t, _n(rng, 2, t - 2))]
+
+
 def capstone_sizes() -> list[tuple[int, int, tuple[int, ...]]]:
     """(d_model, num_heads, chunk lengths) of a hidden capstone case: 2 to 4 heads of an even width, a prompt,
     then chunks of 1 to 3 tokens, 10 to 16 tokens in all."""

@@ -19,8 +19,10 @@ from ..validation import check_int
 class PublishedConfig:
     """The attention sizes of a published model that decide its cache.
 
-    ``local_layers`` of the ``num_layers`` keep at most ``local_span`` tokens (a sliding window or a chunk);
-    ``latent_dim`` is MLA's per-layer cache per token (kv_lora_rank + qk_rope_head_dim), None for other models.
+    ``local_layers`` of the ``num_layers`` keep at most ``local_span`` tokens (a sliding window, or a chunk of
+    Llama 4's chunked attention); ``shared_layers`` cache nothing, reusing an earlier layer's keys and values
+    (cross-layer KV sharing, Gemma 3n and 4); the other layers keep every token. ``latent_dim`` is MLA's per-layer
+    cache per token (kv_lora_rank + qk_rope_head_dim), None for other models.
     """
 
     name: str
@@ -32,6 +34,7 @@ class PublishedConfig:
     local_layers: int = 0
     local_span: int | None = None
     latent_dim: int | None = None
+    shared_layers: int = 0
     features: tuple[str, ...] = ()
 
 
@@ -46,6 +49,8 @@ PUBLISHED = (
     PublishedConfig("Qwen3-8B", "yang2025qwen3", 36, 32, 8, 128, features=("GQA", "QK-norm")),
     PublishedConfig("GPT-OSS-120B", "openai2025gptoss", 36, 64, 8, 64, local_layers=18, local_span=128,
                     features=("GQA", "sliding window", "sinks", "YaRN")),
+    PublishedConfig("Llama-4-Scout", "meta2025llama4", 48, 40, 8, 128, local_layers=36, local_span=8192,
+                    features=("GQA", "chunked local", "NoPE global 1:4")),
     PublishedConfig("DeepSeek-V3", "deepseekai2024v3", 61, 128, 128, 128, latent_dim=512 + 64,
                     features=("MLA", "YaRN")),
 )
@@ -67,16 +72,20 @@ def scheme_bytes_per_token(config: PublishedConfig, scheme: str, dtype=torch.bfl
     return cache_bytes_per_token(config.num_layers, heads[scheme], config.head_dim, dtype)
 
 
-def published_cache_bytes(config: PublishedConfig, context: int, dtype=torch.bfloat16) -> int:
+def published_cache_bytes(
+    config: PublishedConfig, context: int, dtype=torch.bfloat16, between_steps: bool = False
+) -> int:
     """Bytes of the published model's cache for one sequence of ``context`` tokens.
 
-    MLA if the model has it, its key/value heads otherwise; a local layer keeps only its last ``local_span`` tokens.
+    MLA if the model has it, its key/value heads otherwise; a local layer keeps only its last ``local_span`` tokens
+    (the keys a step reads), ``span - 1`` with ``between_steps`` (the next token brings its own key: what
+    transformers' sliding-window cache holds between steps); a shared layer keeps none.
     """
     check_int(context, "context")
     scheme = "MLA" if config.latent_dim is not None else "GQA"
     per_layer = scheme_bytes_per_token(config, scheme, dtype) // config.num_layers  # one layer, one token
-    full_layers = config.num_layers - config.local_layers
-    local_tokens = min(context, config.local_span) if config.local_layers else 0
+    full_layers = config.num_layers - config.local_layers - config.shared_layers
+    local_tokens = min(context, config.local_span - int(between_steps)) if config.local_layers else 0
     return per_layer * (full_layers * context + config.local_layers * local_tokens)
 
 

@@ -17,28 +17,21 @@ import importlib
 import torch
 from torch import Tensor
 
-from .families import (
-    Gemma2Attention,
-    Gemma3Attention,
-    GptOssAttention,
-    LlamaAttention,
-    MistralAttention,
-    Qwen3Attention,
-)
+from . import families
 from .mla import MultiHeadLatentAttention
 
 # family -> (transformers module, config class, attention class, rotary embedding class, course class)
 FAMILIES = {
-    "llama": ("llama.modeling_llama", "LlamaConfig", "LlamaAttention", "LlamaRotaryEmbedding", LlamaAttention),
+    "llama": ("llama.modeling_llama", "LlamaConfig", "LlamaAttention", "LlamaRotaryEmbedding", families.LlamaAttention),
     "mistral": ("mistral.modeling_mistral", "MistralConfig", "MistralAttention", "MistralRotaryEmbedding",
-                MistralAttention),
-    "qwen3": ("qwen3.modeling_qwen3", "Qwen3Config", "Qwen3Attention", "Qwen3RotaryEmbedding", Qwen3Attention),
+                families.MistralAttention),
+    "qwen3": ("qwen3.modeling_qwen3", "Qwen3Config", "Qwen3Attention", "Qwen3RotaryEmbedding", families.Qwen3Attention),
     "gemma2": ("gemma2.modeling_gemma2", "Gemma2Config", "Gemma2Attention", "Gemma2RotaryEmbedding",
-               Gemma2Attention),
+               families.Gemma2Attention),
     "gemma3": ("gemma3.modeling_gemma3", "Gemma3TextConfig", "Gemma3Attention", "Gemma3RotaryEmbedding",
-               Gemma3Attention),
+               families.Gemma3Attention),
     "gpt_oss": ("gpt_oss.modeling_gpt_oss", "GptOssConfig", "GptOssAttention", "GptOssRotaryEmbedding",
-                GptOssAttention),
+                families.GptOssAttention),
     "deepseek_v3": ("deepseek_v3.modeling_deepseek_v3", "DeepseekV3Config", "DeepseekV3Attention",
                     "DeepseekV3RotaryEmbedding", MultiHeadLatentAttention),
 }
@@ -107,3 +100,9 @@ def hf_forward(layer, x: Tensor, positions: Tensor | None = None) -> Tensor:
 def relative_error(ours: Tensor, ref: Tensor) -> float:
     """max |ours - ref| / max |ref|: a disagreement measured against the size of the output."""
     return float((ours.detach() - ref.detach()).abs().max() / ref.detach().abs().max())
+
+
+def hf_cache_bytes(cache) -> int:
+    """Bytes of the keys and values a transformers cache holds (a shared layer holds none)."""
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)

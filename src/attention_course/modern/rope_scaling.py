@@ -83,7 +83,9 @@ def yarn_frequencies(
     linearly with i. ``truncate`` rounds the two boundary indices outwards (floor and ceil), as the reference code.
     Multiply cos and sin by :func:`yarn_attention_factor` as well.
     """
-    check_int(dim, "dim", even=True)
+    check_int(dim, "dim")
+    if dim % 2:
+        raise ValueError(f"dim must be even (RoPE rotates pairs of features), got dim={dim}")
     check_base(base)
     check_factor(factor, "factor")
     check_int(original_max_positions, "original_max_positions")

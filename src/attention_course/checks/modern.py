@@ -1,0 +1,254 @@
+"""Checks of chapter 14: soft-capping, QK-norm before RoPE, sinks in a sliding window, MLA's absorbed scores.
+
+Every reference is float64 NumPy written for the checker; each ``*_variant`` builder is the reference with one
+deliberate deviation, the mistake whose code it is listed under.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..modern.cache import PUBLISHED, published_cache_bytes, scheme_bytes_per_token
+from . import hidden
+from .cases import to_framework
+from .diagnosis import diagnose
+from .positions import rope_variant
+from .questions import number_question
+from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, run_check, shape_text, split_result
+
+ATOL, RTOL = 2e-5, 1e-4  # float32 inputs against a float64 reference
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def window_mask(t: int, window: int | None) -> np.ndarray:
+    """(T, T) boolean: causal, and 0 <= i - j < window when a window is given."""
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    return (j <= i) & (True if window is None else i - j < window)
+
+
+def attention_variant(q, k, v, *, cap=None, cap_on="scores", sinks=None, sink="ok", window=None):
+    """Causal attention, float64, q k (..., H, T, Dk), v (..., H, T, Dv) -> (out, weights).
+
+    ``cap_on``: scores (cap * tanh(s / cap) before the softmax) | probabilities (applied to the weights);
+    ``sink``: ok (an extra logit with no value) | value (its weight goes to the first token's value) | ignored.
+    """
+    t = q.shape[-2]
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if cap is not None and cap_on == "scores":
+        scores = cap * np.tanh(scores / cap)
+    scores = np.where(window_mask(t, window), scores, -np.inf)
+    if sinks is None or sink == "ignored":
+        weights = _softmax(scores)
+        sink_weight = np.zeros((*scores.shape[:-1], 1))
+    else:
+        column = np.broadcast_to(np.asarray(sinks)[:, None, None], (*scores.shape[:-1], 1))
+        full = _softmax(np.concatenate([scores, column], axis=-1))
+        weights, sink_weight = full[..., :-1], full[..., -1:]
+    if cap is not None and cap_on == "probabilities":
+        weights = cap * np.tanh(weights / cap)
+    out = weights @ v
+    if sink == "value":
+        out = out + sink_weight * v[..., :1, :]
+    return out, weights
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Soft-capping (Gemma 2)
+# ----------------------------------------------------------------------------------------------------------
+
+_CAP_CASES = [((2, 6, 4), 5.0, 3.0), ((1, 2, 5, 8), 2.0, 4.0), ((3, 7, 6), 1.0, 2.0), ((2, 3, 9, 16), 50.0, 20.0)]
+
+
+def check_softcap_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(q, k, v, cap)`` -> (out, weights) or out: causal attention (q, k, v (..., T, D) float32 tensors,
+    scale 1 / sqrt(D)) whose scores s are soft-capped to ``cap * tanh(s / cap)`` before the mask and the softmax
+    (Gemma 2). Diagnoses ``[cap-on-probabilities]``."""
+    label = "softcap_attention"
+
+    def body():
+        rng = np.random.default_rng(14)
+        for i, (shape, cap, spread) in enumerate(_CAP_CASES, 1):
+            q, k, v = (spread * rng.standard_normal(shape) for _ in range(3))
+            case = f"case {i} of {len(_CAP_CASES)}: q, k, v of shape {shape_text(shape)}, cap={cap}"
+            args = {"q": to_framework(q, "torch"), "k": to_framework(k, "torch"), "v": to_framework(v, "torch"),
+                    "cap": cap}
+            out, weights = _student_result(call(fn, args, label, positional=4), case)
+            ref_out, ref_w = attention_variant(q, k, v, cap=cap)
+            if close(out, ref_out, ATOL, RTOL) and (weights is None or close(weights, ref_w, ATOL, RTOL)):
+                continue
+            candidates = [("cap-on-probabilities", "", lambda q=q, k=k, v=v, c=cap: attention_variant(
+                q, k, v, cap=c, cap_on="probabilities"))]
+            diagnose(out, weights, candidates, case, ref_out, ref_w, atol=ATOL, rtol=RTOL)
+        return (f"✓ {display_name(fn, label)}: {len(_CAP_CASES)} random cases (caps from 1 to 50, scores well "
+                "beyond the cap) match causal attention with soft-capped scores")
+
+    run_check(body, timeout)
+
+
+def _student_result(result, case):
+    out, weights = split_result(result, case)
+    out = as_array(out, "output" if weights is not None else "result", case)
+    return out, None if weights is None else as_array(weights, "weights", case)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# QK-norm before RoPE (Qwen3, OLMo 2, Gemma 3)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def qk_norm_variant(x, positions, weight, eps, *, order="norm-first", pairing="halves"):
+    """RMSNorm(x) * weight, then RoPE (halves pairing); ``order="rope-first"`` rotates before normalising."""
+
+    def norm(y):
+        return y / np.sqrt((y**2).mean(axis=-1, keepdims=True) + eps) * weight
+
+    if order == "rope-first":
+        return norm(rope_variant(x, positions, pairing=pairing))
+    return rope_variant(norm(x), positions, pairing=pairing)
+
+
+# (shape (..., T, Dh), first position)
+_NORM_CASES = [((5, 8), 0), ((2, 3, 6, 4), 3), ((1, 2, 7, 16), 20), ((2, 9, 6), 0)]
+
+
+def check_qk_norm_rope(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(x, positions, weight, eps)``: x (..., T, Dh) float32 queries or keys of one head, positions (T,)
+    int64, weight (Dh,) -> RMSNorm of each vector (``x / sqrt(mean(x^2) + eps) * weight``) THEN RoPE in the halves
+    pairing (feature i with i + Dh/2, base 10000), as Qwen3. Diagnoses ``[norm-after-rope]`` and
+    ``[rope-wrong-pairing]``."""
+    label = "qk_norm_rope"
+
+    def body():
+        rng = np.random.default_rng(15)
+        for i, (shape, start) in enumerate(_NORM_CASES, 1):
+            x = rng.standard_normal(shape) * rng.uniform(0.5, 3.0, size=shape[-1])  # features of unequal sizes
+            weight, eps = rng.uniform(0.5, 2.0, size=shape[-1]), 1e-6
+            positions = np.arange(start, start + shape[-2])
+            case = (f"case {i} of {len(_NORM_CASES)}: x of shape {shape_text(shape)}, positions "
+                    f"{start}..{positions[-1]}")
+            args = {"x": to_framework(x, "torch"), "positions": torch.from_numpy(positions),
+                    "weight": to_framework(weight, "torch"), "eps": eps}
+            out = as_array(call(fn, args, label, positional=4), "result", case)
+            ref = qk_norm_variant(x, positions, weight, eps)
+            if close(out, ref, ATOL, RTOL):
+                continue
+            candidates = [
+                ("norm-after-rope", "", lambda x=x, p=positions, w=weight: (
+                    qk_norm_variant(x, p, w, eps, order="rope-first"), None)),
+                ("rope-wrong-pairing", "you pair neighbours (x_2i, x_2i+1); Qwen3's checkpoints pair feature i with "
+                 "feature i + Dh/2 (rotate_half)", lambda x=x, p=positions, w=weight: (
+                     qk_norm_variant(x, p, w, eps, pairing="interleaved"), None)),
+            ]
+            diagnose(out, None, candidates, case, ref, None, what="result", atol=ATOL, rtol=RTOL)
+        return (f"✓ {display_name(fn, label)}: {len(_NORM_CASES)} random cases (one head and batched heads, "
+                "positions from 0 and later) match RMSNorm then halves RoPE")
+
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Attention sinks in a sliding window (GPT-OSS)
+# ----------------------------------------------------------------------------------------------------------
+
+# (B, H, T, Dh, window)
+_SINK_CASES = [(1, 2, 6, 4, 3), (2, 3, 8, 8, 4), (1, 1, 5, 4, 5), (2, 2, 9, 6, 1), (1, 4, 7, 8, 20)]
+
+
+def check_sink_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(q, k, v, sinks, window)`` -> (out, weights) or out: GPT-OSS's attention core. q, k, v (B, H, T, Dh)
+    float32 tensors, sinks (H,) one logit per head; query i may attend key j when 0 <= i - j < window; scale
+    1 / sqrt(Dh); the sink joins each softmax as one more logit and contributes no value (weights returned without
+    the sink's column). Diagnoses ``[sink-given-value]``, ``[sink-ignored]`` and ``[window-off-by-one]``."""
+    label = "sink_attention"
+
+    def body():
+        rng = np.random.default_rng(16)
+        sizes = list(_SINK_CASES) + [(2, h, t, 8, w) for h, t, w in hidden.sink_sizes()]
+        for i, (b, h, t, dh, window) in enumerate(sizes, 1):
+            q, k, v = (rng.standard_normal((b, h, t, dh)) for _ in range(3))
+            sinks = rng.uniform(-1.0, 2.0, size=h)
+            case = f"case {i} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}, window={window}"
+            args = {"q": to_framework(q, "torch"), "k": to_framework(k, "torch"), "v": to_framework(v, "torch"),
+                    "sinks": to_framework(sinks, "torch"), "window": window}
+            out, weights = _student_result(call(fn, args, label, positional=5), case)
+            ref_out, ref_w = attention_variant(q, k, v, sinks=sinks, window=window)
+            if close(out, ref_out, ATOL, RTOL) and (weights is None or close(weights, ref_w, ATOL, RTOL)):
+                continue
+            candidates = [
+                ("sink-given-value", "", lambda q=q, k=k, v=v, s=sinks, w=window: attention_variant(
+                    q, k, v, sinks=s, sink="value", window=w)),
+                ("sink-ignored", "", lambda q=q, k=k, v=v, w=window: attention_variant(q, k, v, window=w)),
+                ("window-off-by-one", f"each query sees {window + 1} keys (j >= i - window)",
+                 lambda q=q, k=k, v=v, s=sinks, w=window: attention_variant(q, k, v, sinks=s, window=w + 1)),
+            ]
+            if window > 1:
+                candidates.append(("window-off-by-one", f"each query sees {window - 1} keys (j > i - window + 1)",
+                                   lambda q=q, k=k, v=v, s=sinks, w=window: attention_variant(
+                                       q, k, v, sinks=s, window=w - 1)))
+            diagnose(out, weights, candidates, case, ref_out, ref_w, atol=ATOL, rtol=RTOL)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} random cases (windows from 1 key to longer than the "
+                "sequence, 1 to 4 heads) match sliding-window attention with a sink logit per head")
+
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MLA: scores from the latent cache (weight absorption)
+# ----------------------------------------------------------------------------------------------------------
+
+# (B, H, T, N (no-RoPE query features), C (latent width)): a square N == C first, where a transposed W_uk fits
+_MLA_CASES = [(2, 3, 4, 4, 4), (1, 2, 5, 4, 6), (1, 1, 6, 8, 3), (2, 2, 7, 6, 6)]
+
+
+def check_absorbed_scores(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(q_nope, c, w_uk)`` -> (B, H, T, T) scores ``q_nope . k_nope`` (unscaled, unmasked) where head h's
+    keys are ``k_nope = c @ w_uk[h].T``, computed without forming the keys: q_nope (B, H, T, N), the latent cache
+    c (B, T, C), w_uk (H, N, C). Diagnoses ``[absorption-transposed]``."""
+    label = "absorbed_scores"
+
+    def body():
+        rng = np.random.default_rng(17)
+        for i, (b, h, t, n, c_dim) in enumerate(_MLA_CASES, 1):
+            q = rng.standard_normal((b, h, t, n))
+            c = rng.standard_normal((b, t, c_dim))
+            w_uk = rng.standard_normal((h, n, c_dim))
+            case = f"case {i} of {len(_MLA_CASES)}: q_nope {shape_text(q.shape)}, c {shape_text(c.shape)}"
+            args = {"q_nope": to_framework(q, "torch"), "c": to_framework(c, "torch"),
+                    "w_uk": to_framework(w_uk, "torch")}
+            out = as_array(call(fn, args, label, positional=3), "result", case)
+            keys = c[:, None] @ np.swapaxes(w_uk, -1, -2)  # (B, H, T, N): what absorption avoids forming
+            ref = q @ np.swapaxes(keys, -1, -2)
+            if close(out, ref, 1e-4, RTOL):
+                continue
+            candidates = [("absorption-transposed", "", lambda q=q, c=c, w=w_uk: (
+                (q @ np.swapaxes(w, -1, -2)) @ np.swapaxes(c[:, None], -1, -2), None))]
+            diagnose(out, None, candidates, case, ref, None, what="scores", atol=1e-4, rtol=RTOL)
+        return (f"✓ {display_name(fn, label)}: {len(_MLA_CASES)} random cases (latent narrower, wider and as wide "
+                "as the head) match the scores of the expanded keys")
+
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Questions
+# ----------------------------------------------------------------------------------------------------------
+
+_GEMMA3 = next(c for c in PUBLISHED if c.name == "Gemma-3-12B")
+
+number_question(
+    "14.gemma3-cache", answer=lambda: published_cache_bytes(_GEMMA3, 32768) / 1024**2, rtol=1e-3,
+    why="8 global layers keep all 32768 tokens and 40 local layers only 1024: "
+        "2 * 8 * 256 * 2 bytes * (8 * 32768 + 40 * 1024) = 2368 MiB, a fifth of the 12288 MiB of 48 global layers.",
+    known=lambda: {
+        scheme_bytes_per_token(_GEMMA3, "GQA") * 32768 / 1024**2: (
+            "window-ignored", "that counts all 48 layers as global; the 40 local layers keep only 1024 tokens."),
+        scheme_bytes_per_token(_GEMMA3, "GQA") * 32768 / 1024**2 / 2: (
+            "cache-keys-only", "that is half the cache: count keys AND values (the factor 2)."),
+    },
+    hint="Count the global and the local layers apart: bytes per layer and token = 2 (K, V) * 8 heads * 256 * 2.",
+)
