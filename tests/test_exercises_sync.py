@@ -92,6 +92,16 @@ def test_stub_keeps_signature_and_indentation():
     )
 
 
+def test_a_long_stub_line_is_split_to_fit_the_code_column():
+    title = "Vectorised attention that survives a fully masked row"
+    source = "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"
+    stub = exercises.stub_source(source, exercises.Exercise(5, "core", title), "nb")
+    assert stub == f'def f(x):\n    raise NotImplementedError(\n        "Exercise 5: {title}"\n    )'
+    assert max(len(line) for line in stub.splitlines()) <= exercises.CODE_LINE_LENGTH
+    short = exercises.stub_source(source, exercises.Exercise(5, "core", "Short"), "nb")
+    assert short == 'def f(x):\n    raise NotImplementedError("Exercise 5: Short")'
+
+
 @pytest.mark.parametrize(
     "source, error",
     [
