@@ -61,8 +61,7 @@ def train(
         loss_fn: (model, batch) -> scalar loss.
         eval_fn: model -> {name: value}, run in eval mode without gradients at step 0, every ``eval_every``
             steps and after the last step.
-        progress: show a tqdm progress bar while training (a widget in Jupyter; the text bar goes to stderr, which
-            the book's pages leave out), then print one summary line to stdout, which every page and log shows.
+        progress: show a tqdm progress bar (rendered as a widget in Jupyter).
     """
     check_size(steps, "steps")
     check_size(eval_every, "eval_every")
@@ -87,7 +86,6 @@ def train(
             bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     if bar is not None:
         bar.close()
-        print(f"trained {steps} steps: loss {history.losses[0]:.3f} at the first, {history.losses[-1]:.3f} at the last")
     if eval_fn is not None:
         _evaluate(model, eval_fn, steps, history)
     model.eval()
