@@ -31,7 +31,7 @@ def test_check_fails_for_an_out_of_date_copy(tmp_path, capsys):
     solution = tmp_path / "solutions" / name
     nb = nbformat.read(solution, as_version=4)
     index = next(i for i, c in enumerate(nb.cells) if "def attend" in c.source)
-    nb.cells[index].source = nb.cells[index].source.replace("Loops over the keys", "Loops over the KEYS")
+    nb.cells[index].source = nb.cells[index].source.replace("Attention for one query", "Attention for ONE query")
     nbformat.write(nb, solution)
     capsys.readouterr()
     assert exercises.main(["--check", "--root", str(tmp_path)]) == 1
