@@ -5,9 +5,16 @@ no console errors or uncaught exceptions, math typeset by MathJax with no raw `$
 no error traceback outside cells tagged `raises-exception`, the sidebar and the "next" buttons reach every page,
 and the search page finds "softmax". Screenshots of the intro and of every chapter go to _build/screenshots/.
 
-Pages that fit the screen (a second visit of every page, book/_static/course.css): on a 390 px phone no page is wider
-than the screen; at 1280 px no code block needs a scroll bar (its lines wrap); in dark mode the plots sit on a light
-panel; and every page shows the licence in its footer.
+Pages read as a reader reads them (a second visit of every page, book/_static/course.css), with these rules:
+- on a 390 px phone no page is wider than the screen;
+- at 1280 px no display equation is wider than its column (long ones are split into aligned lines); at 390 px one
+  may scroll inside its own box, up to 1.5 columns wide, but none is cut off;
+- at 1280 px no line of a code cell is longer than the code column holds (measured in characters of its font; the
+  notebook lint keeps code within 79) and no code block needs a scroll bar;
+- every cell shows each of its output streams in one box (`nb_merge_streams`), however the kernel chunked it;
+- exercise pages show a failing check's message, not its traceback; solution pages show no BEGIN/END SOLUTION
+  markers; the install cell's toggle says what it hides;
+- in dark mode the plots sit on a light panel, and every page shows the licence in its footer.
 
 Offline by design: the pages are served from 127.0.0.1 by a thread of this process; the requests the pages make for
 MathJax 3 (from its CDN, as published) are answered from the pinned copy that `make browser`
@@ -38,6 +45,8 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]
 DESKTOP, PHONE = 1280, 390  # CSS pixels: a laptop, and a phone held upright
+NAVIGATION_TIMEOUT_MS = 120_000  # a loaded CI machine (or a shared one) can take more than Playwright's 30 s
+PHONE_EQUATION_SWIPES = 1.5  # at 390 px a display equation may scroll in its box, up to 1.5 columns wide
 MATHJAX_REQUEST = re.compile(r"/mathjax@3[^/]*/es5/(?P<path>[^?#]+)")
 RAW_MATH = re.compile(r"\$\$.+?\$\$|\$[^\s$][^$\n]*?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)
 
@@ -68,6 +77,11 @@ INSPECT_PAGE = """() => {
     images: document.images.length,
     tracebacks: Array.from(document.querySelectorAll(".cell:not(.tag_raises-exception) .output.traceback"))
       .map(e => e.textContent.slice(0, 300)),
+    expectedErrors: Array.from(document.querySelectorAll(".cell.tag_raises-exception .output.traceback"))
+      .map(e => e.textContent.trim()),
+    solutionMarkers: Array.from(main.querySelectorAll("div.cell_input pre"))
+      .filter(e => /### (BEGIN|END) SOLUTION/.test(e.textContent)).length,
+    toggles: Array.from(main.querySelectorAll("details.hide summary")).map(e => e.textContent.trim()),
     sidebar: Array.from(document.querySelectorAll(".bd-sidebar-primary a.reference.internal")).map(a => a.href),
     next: link("a.right-next"),
     prev: link("a.left-prev"),
@@ -76,7 +90,11 @@ INSPECT_PAGE = """() => {
 
 
 # Run in the page after MathJax: what does not fit. Elements inside a box that scrolls on its own (a wide table or
-# equation) do not widen the page and are not counted.
+# equation) do not widen the page and are not counted. Also measured, for the reader's checks below:
+#   equations: every display equation's rendered width against the width of its box (and whether that box scrolls);
+#   codeLines: every line of a visible code cell's source longer than its column holds, in characters of the
+#     column's monospace font (a line the browser must wrap to the left margin);
+#   streams: per cell, how many output boxes each stream (stdout, stderr) is shown in.
 INSPECT_LAYOUT = """() => {
   const width = document.documentElement.clientWidth;
   const scrollsItself = e => { for (let p = e.parentElement; p && p !== document.body; p = p.parentElement) {
@@ -91,12 +109,40 @@ INSPECT_LAYOUT = """() => {
   const clipped = Array.from(document.querySelectorAll("main pre"))
     .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
     .map(pre => `${pre.scrollWidth} px of text in ${pre.clientWidth} px: ` + pre.textContent.trim().slice(0, 60));
+  const tex = e => { try { const items = MathJax.startup.document.getMathItemsWithin(e);
+      return items.length ? items[0].math : e.textContent; } catch (error) { return e.textContent; } };
+  const equations = Array.from(document.querySelectorAll("main mjx-container[display='true']")).map(e => {
+    const box = e.closest("div.math") || e;
+    const math = e.querySelector("mjx-math");
+    const overflow = getComputedStyle(e).overflowX;
+    return {tex: tex(box).trim().replace(/\\s+/g, " ").slice(0, 90),
+            width: Math.ceil(math.getBoundingClientRect().width), box: e.clientWidth,
+            scrolls: overflow === "auto" || overflow === "scroll"}; });
+  const canvas = document.createElement("canvas").getContext("2d");
+  const columnChars = pre => { const style = getComputedStyle(pre); canvas.font = style.font;
+    const inner = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    return Math.floor(inner / canvas.measureText("0123456789").width * 10); };
+  const codeLines = [];
+  document.querySelectorAll("main div.cell_input pre").forEach(pre => {
+    if (pre.offsetParent === null || pre.closest("details:not([open])")) return;  // behind a toggle: the install cell
+    const holds = columnChars(pre);
+    pre.textContent.split("\\n").forEach(line => { if (line.trimEnd().length > holds)
+      codeLines.push({holds, length: line.trimEnd().length, line: line.trim().slice(0, 70)}); }); });
+  const streams = Array.from(document.querySelectorAll("main div.cell_output")).map(out => {
+    const counts = {};
+    for (const box of out.children) {
+      const kind = box.classList.contains("stderr") ? "stderr" : box.classList.contains("stream") ? "stdout" : null;
+      if (kind) counts[kind] = (counts[kind] || 0) + 1; }
+    const input = out.parentElement.querySelector("div.cell_input pre");
+    return {counts, cell: input ? input.textContent.trim().slice(0, 60) : ""}; })
+    .filter(s => Object.values(s.counts).some(n => n > 1));
   const panel = Array.from(document.querySelectorAll("main div.cell_output img")).map(img => {
     const style = getComputedStyle(img);
     return {background: style.backgroundColor, padding: parseFloat(style.paddingLeft)}; });
   const licence = Array.from(document.querySelectorAll("footer a"))
     .filter(a => a.href.startsWith("https://creativecommons.org/licenses/by/4.0") && a.offsetParent !== null);
-  return {pageWidth: document.documentElement.scrollWidth, width, wide, clipped, panel,
+  return {pageWidth: document.documentElement.scrollWidth, width, wide, clipped, panel, equations, codeLines,
+          streams,
           theme: document.documentElement.dataset.theme, licence: licence.length};
 }"""
 
@@ -184,6 +230,7 @@ def crawl(site, browser):
     context = browser.new_context(viewport={"width": DESKTOP, "height": 900})
     context.route("**/*", route)
     page = context.new_page()
+    page.set_default_navigation_timeout(NAVIGATION_TIMEOUT_MS)
     errors: list[str] = []
     page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
     page.on("pageerror", lambda exc: errors.append(f"uncaught exception: {exc}"))
@@ -252,6 +299,7 @@ def layouts(site, browser):
                                       device_scale_factor=1, is_mobile=width == PHONE, has_touch=width == PHONE)
         context.route("**/*", _offline(site, []))
         page = context.new_page()
+        page.set_default_navigation_timeout(NAVIGATION_TIMEOUT_MS)
         records[width, scheme] = {}
         for docname in docnames:
             page.goto(f"{site}{docname}.html", wait_until="load")
@@ -274,6 +322,41 @@ def test_no_code_block_is_clipped_on_a_laptop(layouts):
     problems = [f"{docname}: {clip}" for docname, r in layouts[DESKTOP, "light"].items() for clip in r["clipped"]]
     assert not problems, f"code blocks that need a scroll bar at {DESKTOP} px:\n" + _report(problems)
     assert all(r["pageWidth"] <= r["width"] + 1 for r in layouts[DESKTOP, "light"].values())
+
+
+def test_display_equations_fit_a_laptop_column(layouts):
+    """At 1280 px every display equation fits its column: a long one is split into aligned lines, as in a textbook
+    (an `aligned` environment), never hidden behind an inner scroll bar."""
+    problems = [f"{docname}: {e['width']} px wide in a {e['box']} px column: {e['tex']}"
+                for docname, r in layouts[DESKTOP, "light"].items() for e in r["equations"]
+                if e["width"] > e["box"] + 1]
+    assert not problems, f"display equations clipped at {DESKTOP} px:\n" + _report(problems)
+
+
+def test_display_equations_on_a_phone(layouts):
+    """At 390 px an equation wider than the column scrolls inside its own box (course.css), so nothing is cut off;
+    and none is wider than PHONE_EQUATION_SWIPES columns, so one line is read with at most one swipe."""
+    problems = [f"{docname}: {e['width']} px wide in a {e['box']} px column"
+                f"{'' if e['scrolls'] else ' that does not scroll'}: {e['tex']}"
+                for docname, r in layouts[PHONE, "light"].items() for e in r["equations"]
+                if e["width"] > e["box"] + 1 and (not e["scrolls"] or e["width"] > PHONE_EQUATION_SWIPES * e["box"])]
+    assert not problems, f"display equations cut off or too wide at {PHONE} px:\n" + _report(problems)
+
+
+def test_no_code_line_wraps_on_a_laptop(layouts):
+    """At 1280 px no line of a code cell is longer than the code column holds (course.css would wrap it to the left
+    margin, where it reads as a new statement): tools/lint_notebooks.py keeps the chapters' code cells within
+    CODE_LINE_LENGTH (79) characters, and course.css sets the cells' code in a size whose column holds them."""
+    problems = [f"{docname}: a line of {c['length']} characters, the column holds {c['holds']}: {c['line']}"
+                for docname, r in layouts[DESKTOP, "light"].items() for c in r["codeLines"]]
+    assert not problems, f"lines that wrap at {DESKTOP} px:\n" + _report(problems)
+
+
+def test_one_output_box_per_stream(layouts):
+    """A cell's printed output is one box per stream, however the kernel chunked it (`nb_merge_streams`)."""
+    problems = [f"{docname}: {s['counts']} boxes in the cell {s['cell']!r}"
+                for docname, r in layouts[DESKTOP, "light"].items() for s in r["streams"]]
+    assert not problems, "cells whose printed output is split into several boxes:\n" + _report(problems)
 
 
 def _luminance(css_colour):
@@ -346,6 +429,27 @@ def test_every_image_loads(crawl):
 def test_no_error_tracebacks_in_outputs(crawl):
     problems = [f"{v.docname}: {t!r}" for v in crawl.visits.values() for t in v.info["tracebacks"]]
     assert not problems, "tracebacks in cells not tagged raises-exception:\n" + _report(problems)
+
+
+def test_exercise_pages_show_the_check_message_not_a_traceback(crawl):
+    """An exercise page shows, under a check that fails because the work is not done yet, the check's message
+    (tools/book_html_fixes.py keeps the end of the stored traceback, from the line naming the exception)."""
+    exercise_pages = [v for v in crawl.visits.values() if v.docname.startswith("exercises/")]
+    assert sum(len(v.info["expectedErrors"]) for v in exercise_pages), "no failing check on any exercise page"
+    problems = [f"{v.docname}: {text[:120]!r}" for v in exercise_pages for text in v.info["expectedErrors"]
+                if "Traceback" in text or "---->" in text or not re.match(r"[\w.]+: ", text)]
+    assert not problems, "exercise pages showing tracebacks:\n" + _report(problems)
+
+
+def test_solution_pages_read_as_solutions(crawl):
+    problems = [f"{v.docname}: {v.info['solutionMarkers']} code cells show BEGIN/END SOLUTION markers"
+                for v in crawl.visits.values() if v.info["solutionMarkers"]]
+    assert not problems, _report(problems)
+
+
+def test_the_install_cell_toggle_says_what_it_hides(crawl):
+    toggles = {text.splitlines()[0] for v in crawl.visits.values() for text in v.info["toggles"]}
+    assert toggles == {"Show the install cell (for Colab)"}, f"toggle labels: {toggles}"
 
 
 def test_navigation_reaches_every_page(crawl):

@@ -31,7 +31,7 @@ def test_check_fails_for_an_out_of_date_copy(tmp_path, capsys):
     solution = tmp_path / "solutions" / name
     nb = nbformat.read(solution, as_version=4)
     index = next(i for i, c in enumerate(nb.cells) if "def attend" in c.source)
-    nb.cells[index].source = nb.cells[index].source.replace("Loops over the keys", "Loops over the KEYS")
+    nb.cells[index].source = nb.cells[index].source.replace("Attention for one query", "Attention for ONE query")
     nbformat.write(nb, solution)
     capsys.readouterr()
     assert exercises.main(["--check", "--root", str(tmp_path)]) == 1
@@ -90,6 +90,16 @@ def test_stub_keeps_signature_and_indentation():
         'class C:\n    def g(self):\n        raise NotImplementedError("Exercise 2: A \\"quoted\\" title")\n'
         'raise NotImplementedError("Exercise 2: A \\"quoted\\" title")\nprint(answer)'
     )
+
+
+def test_a_long_stub_line_is_split_to_fit_the_code_column():
+    title = "Vectorised attention that survives a fully masked row"
+    source = "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"
+    stub = exercises.stub_source(source, exercises.Exercise(5, "core", title), "nb")
+    assert stub == f'def f(x):\n    raise NotImplementedError(\n        "Exercise 5: {title}"\n    )'
+    assert max(len(line) for line in stub.splitlines()) <= exercises.CODE_LINE_LENGTH
+    short = exercises.stub_source(source, exercises.Exercise(5, "core", "Short"), "nb")
+    assert short == 'def f(x):\n    raise NotImplementedError("Exercise 5: Short")'
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,8 @@ def cell(source, text=None, tags=(), executed=True, error=None):
             "execution_count": 1 if executed else None, "outputs": outputs}
 
 
-def rules(c):
-    return sorted({rule for rule, _ in lint_notebooks.lint_cell(c)})
+def rules(c, line_length=True):
+    return sorted({rule for rule, _ in lint_notebooks.lint_cell(c, line_length)})
 
 
 def test_old_chapter_6_cell_is_flagged_and_the_fix_is_clean():
@@ -88,3 +88,20 @@ def test_the_course_notebooks_are_clean(capsys):
     dirs = [str(ROOT / d) for d in lint_notebooks.DEFAULT_DIRS]
     status = lint_notebooks.main(dirs)
     assert status == 0, capsys.readouterr().out
+
+
+def test_a_code_line_longer_than_the_column_is_flagged_except_in_the_install_cell():
+    fits = "x = 1  # " + "a" * (lint_notebooks.CODE_LINE_LENGTH - 9)
+    assert len(fits) == lint_notebooks.CODE_LINE_LENGTH
+    assert rules(cell(fits)) == []
+    assert rules(cell(fits + "a")) == ["long-line"]
+    assert rules(cell(fits + "a"), line_length=False) == []
+    install = lint_notebooks.INSTALL_CELL_START + ": install it once (locally it is already installed).\n" + fits + "a"
+    assert rules(cell(install)) == []
+
+
+def test_the_long_line_rule_checks_the_chapters(tmp_path):
+    chapter = tmp_path / "book" / "99_x.ipynb"
+    chapter.parent.mkdir()
+    chapter.write_text(json.dumps({"cells": [cell("y = 2" + " " * 80 + "# far away")]}))
+    assert any("[long-line]" in finding for finding in lint_notebooks.lint_notebook(chapter))

@@ -15,6 +15,11 @@ prints. Float rounding differs across CPUs, SIMD kernels and thread counts, henc
 * ``stray-error``: an error output in a cell not tagged ``raises-exception``.
 * ``address``: a ``<... at 0x...>`` repr (end plot lines with ``;``).
 * ``tf-log``: TensorFlow C++ log lines stored in stderr (start kernels with TF_CPP_MIN_LOG_LEVEL=3).
+* ``long-line`` (source): a code line longer than ``CODE_LINE_LENGTH`` (79) characters. The book's code column holds
+  about 80 characters of its monospace font at 1280 px (tests/test_browser.py measures it); a longer line wraps to
+  the left margin, where it reads as a new statement. Wrap the call (``ruff format --line-length 79`` does it for
+  code; split long strings into adjacent literals). The install cell is exempt: its text is fixed
+  (tests/test_publishing.py) and it is hidden behind its toggle.
 * ``ignored-output``: ``nbval-ignore-output`` on a cell that neither times, measures memory, shows a progress bar
   nor prints versions (only such cells may hide their output).
 """
@@ -27,8 +32,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+# The longest code line (79): one number for this rule and for the exercise generator's stub lines.
+from attention_course.course.exercises import CODE_LINE_LENGTH
+
 DEFAULT_DIRS = ("book", "exercises", "solutions")
 IGNORE_TAG = "nbval-ignore-output"
+# Notebooks whose code the long-line rule checks.
+LINE_LENGTH_DIRS = ("book", "exercises", "solutions")
+INSTALL_CELL_START = "# Colab and other hosted notebooks do not have the course package"
 
 # {value:.0e}, {value:e}, {value:.3E}, {value:.6f} and longer fixed-point formats inside f-strings or format().
 E_FORMAT = re.compile(r"\{[^{}]*:[^{}]*?(?:\.\d+)?[eE]\}|\{[^{}]*:[^{}]*?\.(?:[5-9]|\d\d)f\}")
@@ -65,8 +76,15 @@ def print_lines(source: str) -> Iterator[str]:
             yield code
 
 
-def lint_cell(cell: dict) -> list[tuple[str, str]]:
-    """(rule, detail) for every problem of one code cell."""
+def long_lines(source: str) -> list[str]:
+    """The lines of a code cell that the book's code column cannot hold (none for the install cell)."""
+    if source.startswith(INSTALL_CELL_START):
+        return []
+    return [line for line in source.splitlines() if len(line) > CODE_LINE_LENGTH]
+
+
+def lint_cell(cell: dict, line_length: bool = True) -> list[tuple[str, str]]:
+    """(rule, detail) for every problem of one code cell; ``line_length``: apply the long-line rule."""
     source = cell_source(cell)
     tags = set(cell.get("metadata", {}).get("tags", []))
     ignored = IGNORE_TAG in tags or "# NBVAL_IGNORE_OUTPUT" in source
@@ -79,6 +97,9 @@ def lint_cell(cell: dict) -> list[tuple[str, str]]:
         for line in print_lines(source):
             if E_FORMAT.search(line):
                 found.append(("float-e-format", f"prints rounding noise: {E_FORMAT.search(line).group(0)}"))
+    if line_length:
+        found += [("long-line", f"{len(line)} > {CODE_LINE_LENGTH} characters: {line.strip()[:60]}")
+                  for line in long_lines(source)]
     for output in cell.get("outputs", []):
         text = output_text(output)
         if output.get("output_type") == "error" and "raises-exception" not in tags:
@@ -95,9 +116,10 @@ def lint_cell(cell: dict) -> list[tuple[str, str]]:
 def lint_notebook(path: Path) -> list[str]:
     nb = json.loads(path.read_text(encoding="utf-8"))
     findings = []
+    line_length = path.resolve().parent.name in LINE_LENGTH_DIRS
     for index, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") == "code":
-            findings += [f"{path} cell {index}: [{rule}] {detail}" for rule, detail in lint_cell(cell)]
+            findings += [f"{path} cell {index}: [{rule}] {detail}" for rule, detail in lint_cell(cell, line_length)]
     return findings
 
 

@@ -26,8 +26,6 @@ from keras import ops
 from .params import check_params, keras_mha_params
 from .validation import check_dropout, check_heads
 
-_params_from_keras = keras_mha_params  # the name chapter 6 imports and displays
-
 _LARGE_NEGATIVE = -1e9  # finite "minus infinity": a fully masked row stays NaN-free through softmax
 
 

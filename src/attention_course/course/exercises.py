@@ -9,7 +9,8 @@ Usage, from the project root::
 ``solutions/NAME.ipynb`` is the source; ``exercises/NAME.ipynb`` is generated from it:
 
 * every region between a line ``### BEGIN SOLUTION`` and a line ``### END SOLUTION`` (as in nbgrader) becomes
-  ``raise NotImplementedError("Exercise N: <title>")`` at the indentation of the BEGIN line; lines outside the
+  ``raise NotImplementedError("Exercise N: <title>")`` at the indentation of the BEGIN line (the message on a line
+  of its own where one line would be longer than ``CODE_LINE_LENGTH``); lines outside the
   regions (e.g. ``def`` lines and docstrings) are kept;
 * check cells (tags ``check`` and ``exercise-N``) get the tag ``raises-exception`` as well, since they fail
   until the student has written the code;
@@ -45,6 +46,7 @@ import nbformat
 from .kernel import execute_notebook
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+CODE_LINE_LENGTH = 79  # the longest code line of a notebook (tools/lint_notebooks.py, rule long-line)
 LEVELS = ("warm-up", "core", "challenge")
 HEADING = re.compile(r"^##\s+Exercise\s+(\d+)\s+\(([^)]*)\)\s*:\s*(.+?)\s*$", re.M)
 CHECK_TAG, RAISES_TAG, SOLUTION_ONLY_TAG = "check", "raises-exception", "solution-only"
@@ -91,6 +93,15 @@ def parse_heading(cell) -> Exercise | None:
     return Exercise(int(m.group(1)), m.group(2).strip(), m.group(3).strip()) if m else None
 
 
+def _raise_line(indent: str, message: str) -> str:
+    """``raise NotImplementedError(message)`` at ``indent``; split over three lines where one would be longer than
+    the book's code column holds (CODE_LINE_LENGTH, as tools/lint_notebooks.py)."""
+    line = f"{indent}raise NotImplementedError({message})\n"
+    if len(line) - 1 <= CODE_LINE_LENGTH:
+        return line
+    return f"{indent}raise NotImplementedError(\n{indent}    {message}\n{indent})\n"
+
+
 def stub_source(source: str, exercise: Exercise, where: str) -> str:
     """Replace each solution region of ``source`` by ``raise NotImplementedError("Exercise N: title")``."""
     out, inside, begin_line = [], False, 0
@@ -102,7 +113,7 @@ def stub_source(source: str, exercise: Exercise, where: str) -> str:
                 raise ExerciseError(f"{where}: line {lineno}: {BEGIN} inside another solution region")
             inside, begin_line = True, lineno
             indent = line[: len(line) - len(line.lstrip())]
-            out.append(f"{indent}raise NotImplementedError({message})\n")
+            out.append(_raise_line(indent, message))
         elif marker == END:
             if not inside:
                 raise ExerciseError(f"{where}: line {lineno}: {END} without {BEGIN}")
