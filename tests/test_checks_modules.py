@@ -2,6 +2,8 @@
 parameter count; weight layouts, keys and values of other widths. Correct code in several styles passes with one
 line; each planted wrong answer (PLANTED) gets its own code."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ import attention_course as ac
 from attention_course import bug_zoo, checks
 from attention_course.checks import diagnosis
 from attention_course.checks import modules as check_modules
+from attention_course.functional import masked_softmax
 from attention_impls import (
     LoadableSingleHead,
     LoadableSingleHeadTransposed,
@@ -32,7 +35,7 @@ def test_single_head_success_line(capsys):
     checks.check_single_head_attention(ac.SingleHeadAttention)
     assert capsys.readouterr().out == (
         "✓ SingleHeadAttention: 18 cases (3 sizes, d_in != d_out too; self- and cross-attention, Tq != Tk, masks) "
-        "match the reference; dropout is off in eval mode\n"
+        "match the reference; dropout is off in eval mode and drops attention weights at rate p in training mode\n"
     )
 
 
@@ -321,6 +324,83 @@ def test_code_that_assumes_square_weights_is_told_so():
         checks.check_multi_head_attention(MHAKdimSquareOnly)
 
 
+
+# --- dropout in training mode: wrong answers a student writes ------------------------------------------------------
+
+
+class MHADropoutHardCodedOff(bug_zoo.ZooMultiHeadAttention):
+    """`training=False` written into the call: deterministic in eval mode, and in training mode too."""
+
+    def attend(self, q, k, v, mask):
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), mask)
+        return F.dropout(weights, self.p, training=False) @ v
+
+
+class MHANoDropoutLayer(ScratchMHA):
+    """Builds nn.Dropout and never calls it."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (ac.split_heads(w(x), self.h) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+        out, weights = sdpa_scratch(q, k, v, mask)
+        return self.w_o(ac.merge_heads(out)), weights
+
+
+class MHADropoutKeepProbability(bug_zoo.ZooMultiHeadAttention):
+    """Passes the keep probability 1 - p where F.dropout wants the drop probability."""
+
+    def attend(self, q, k, v, mask):
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), mask)
+        return F.dropout(weights, 1 - self.p, training=self.training) @ v
+
+
+class MHADropsTheOutput(bug_zoo.ZooMultiHeadAttention):
+    """Dropout on the layer's output instead of the attention weights."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.split(self.w_q(query)), self.split(self.w_k(key)), self.split(self.w_v(value))
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), mask)
+        return F.dropout(self.w_o(self.merge(weights @ v)), self.p, training=self.training)
+
+
+class MHADropsTheScores(ScratchMHA):
+    """Dropout on the scores before the softmax: the weights still sum to 1, none is exactly 0."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (ac.split_heads(w(x), self.h) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+        scores = self.drop(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))
+        weights = ac.masked_softmax(scores, mask)
+        return self.w_o(ac.merge_heads(weights @ v)), weights
+
+
+class MHAReturnsDroppedAttendsUndropped(ScratchMHA):
+    """Returns dropped weights, but the output uses the weights before dropout."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (ac.split_heads(w(x), self.h) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+        out, weights = sdpa_scratch(q, k, v, mask)
+        return self.w_o(ac.merge_heads(out)), self.drop(weights)
+
+
+class SHADropoutHardCodedOff(bug_zoo.ZooSingleHeadAttention):
+    def attend(self, scores, v, mask):
+        weights = F.dropout(ac.masked_softmax(scores, mask), self.p, training=False)
+        return weights @ v, weights
+
+
+class SHADropoutFixedRate(bug_zoo.ZooSingleHeadAttention):
+    """Drops at a fixed 0.1, whatever the module was built with."""
+
+    def attend(self, scores, v, mask):
+        weights = F.dropout(ac.masked_softmax(scores, mask), 0.1, training=self.training)
+        return weights @ v, weights
+
+
+class SHADropsTheValues(bug_zoo.ZooSingleHeadAttention):
+    def attend(self, scores, v, mask):
+        weights = ac.masked_softmax(scores, mask)
+        return weights @ F.dropout(v, self.p, training=self.training), weights
+
+
 CORRECT = [
     # (check, a correct implementation in some style)
     (checks.check_multi_head_attention, ac.MultiHeadAttention),
@@ -339,6 +419,15 @@ CORRECT = [
 
 PLANTED = [
     # (check, a wrong implementation, the code it must get)
+    (checks.check_multi_head_attention, MHADropoutHardCodedOff, "dropout-off-in-training"),
+    (checks.check_multi_head_attention, MHANoDropoutLayer, "dropout-off-in-training"),
+    (checks.check_multi_head_attention, MHADropoutKeepProbability, "dropout-wrong-rate"),
+    (checks.check_multi_head_attention, MHADropsTheOutput, "dropout-wrong-tensor"),
+    (checks.check_multi_head_attention, MHADropsTheScores, "dropout-wrong-tensor"),
+    (checks.check_multi_head_attention, MHAReturnsDroppedAttendsUndropped, "dropout-wrong-tensor"),
+    (checks.check_single_head_attention, SHADropoutHardCodedOff, "dropout-off-in-training"),
+    (checks.check_single_head_attention, SHADropoutFixedRate, "dropout-wrong-rate"),
+    (checks.check_single_head_attention, SHADropsTheValues, "dropout-wrong-tensor"),
     (checks.check_multi_head_attention, mha_scale_by_d_model, "wrong-scale"),
     (checks.check_multi_head_attention, MHANoLinears, "missing-attribute"),
     (checks.check_multi_head_attention, MHAWrongLinearShape, "wrong-shape"),
