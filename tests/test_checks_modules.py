@@ -2,6 +2,7 @@
 parameter count; weight layouts, keys and values of other widths. Correct code in several styles passes with one
 line; each planted wrong answer (PLANTED) gets its own code."""
 
+import functools
 import math
 
 import pytest
@@ -381,6 +382,16 @@ class MHAReturnsDroppedAttendsUndropped(ScratchMHA):
         return self.w_o(ac.merge_heads(out)), self.drop(weights)
 
 
+class MHANoGuardOnEmptyRows(bug_zoo.ZooMultiHeadAttention):
+    """A plain softmax of a row of -inf: NaN where a query may attend no key."""
+
+    def attend(self, q, k, v, mask):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return F.dropout(torch.softmax(scores, dim=-1), self.p, training=self.training) @ v
+
+
 class SHADropoutHardCodedOff(bug_zoo.ZooSingleHeadAttention):
     def attend(self, scores, v, mask):
         weights = F.dropout(ac.masked_softmax(scores, mask), self.p, training=False)
@@ -401,8 +412,46 @@ class SHADropsTheValues(bug_zoo.ZooSingleHeadAttention):
         return weights @ F.dropout(v, self.p, training=self.training), weights
 
 
+
+keras_check = functools.partial(checks.check_keras_attention, timeout=None)  # TensorFlow's first call is slow
+
+
+def keras_layer(change):
+    """A factory for the check: the course's Keras layer with one method changed (TensorFlow imported on call)."""
+
+    def build(d_model, num_heads, dropout=0.0):
+        from attention_course.keras_attention import KerasMultiHeadAttention
+
+        return type("KerasLayer", (KerasMultiHeadAttention,), change(KerasMultiHeadAttention))(
+            d_model, num_heads, dropout=dropout)
+
+    return build
+
+
+def keras_dropout_always_on(base):
+    def call(self, query, key=None, value=None, mask=None, training=None, return_weights=False):
+        return base.call(self, query, key, value, mask=mask, training=True, return_weights=return_weights)
+
+    return {"call": call}
+
+
+def keras_dropout_never(base):
+    def call(self, query, key=None, value=None, mask=None, training=None, return_weights=False):
+        return base.call(self, query, key, value, mask=mask, training=False, return_weights=return_weights)
+
+    return {"call": call}
+
+
+def keras_kernels_transposed(base):
+    def load_numpy_params(self, params):
+        base.load_numpy_params(self, {name: a.T for name, a in params.items()})
+
+    return {"load_numpy_params": load_numpy_params}
+
+
 CORRECT = [
     # (check, a correct implementation in some style)
+    (keras_check, keras_layer(lambda base: {})),
     (checks.check_multi_head_attention, ac.MultiHeadAttention),
     (checks.check_multi_head_attention, ScratchMHA),
     (checks.check_einsum_attention, ac.EinsumMultiHeadAttention),
@@ -419,6 +468,7 @@ CORRECT = [
 
 PLANTED = [
     # (check, a wrong implementation, the code it must get)
+    (checks.check_multi_head_attention, MHANoGuardOnEmptyRows, "nan-on-masked-row"),
     (checks.check_multi_head_attention, MHADropoutHardCodedOff, "dropout-off-in-training"),
     (checks.check_multi_head_attention, MHANoDropoutLayer, "dropout-off-in-training"),
     (checks.check_multi_head_attention, MHADropoutKeepProbability, "dropout-wrong-rate"),
@@ -428,6 +478,10 @@ PLANTED = [
     (checks.check_single_head_attention, SHADropoutHardCodedOff, "dropout-off-in-training"),
     (checks.check_single_head_attention, SHADropoutFixedRate, "dropout-wrong-rate"),
     (checks.check_single_head_attention, SHADropsTheValues, "dropout-wrong-tensor"),
+    (keras_check, keras_layer(keras_dropout_always_on), "dropout-in-eval"),
+    (keras_check, keras_layer(keras_dropout_never), "dropout-off-in-training"),
+    (keras_check, keras_layer(keras_kernels_transposed), "weight-layout-transposed"),
+    (keras_check, keras_layer(lambda base: {"load_numpy_params": None}), "missing-attribute"),
     (checks.check_multi_head_attention, mha_scale_by_d_model, "wrong-scale"),
     (checks.check_multi_head_attention, MHANoLinears, "missing-attribute"),
     (checks.check_multi_head_attention, MHAWrongLinearShape, "wrong-shape"),

@@ -11,6 +11,23 @@ entry's code and check), the tests (every example is diagnosed with its code) an
 
 Adding a mistake: call :func:`mistake` in the section of your chapter below (a new chapter adds its own section at
 the end), with a code that is new, then make a checker report it and plant it in a test.
+
+What a check must prove (a check a student can pass without doing the exercise is a broken promise):
+
+* **training and evaluation mode**: anything with dropout is probed in both: deterministic after ``.eval()``, and
+  in ``.train()`` dropping the right tensor at the module's rate (``[dropout-off-in-training]``,
+  ``[dropout-wrong-rate]``, ``[dropout-wrong-tensor]``), read back from what the module computed;
+* **measured, not reported**: a number about the student's own work (tiles computed, bytes stored) is counted by the
+  check (:mod:`attention_course.checks.observe`), never taken from the student's return value;
+* **the prompt's rules**: a rule the exercise states ("the float mask, not the boolean one") is enforced by
+  observing the call, the dtype or the storage, or it is not stated;
+* **independent of the installed kernel**: a guard the chapter teaches (a row that may attend nothing) is exercised
+  even where this PyTorch version would hide its absence (inside the checks the fused kernel returns NaN there);
+* **at the scale of the instability**: inputs large enough for the taught failure to show (scores of about 1000
+  for a softmax without its maximum, maxima that rise for a merge without its rescale);
+* **named**: each plausible wrong answer gets its own code from this catalogue, not ``[wrong-output]``, and hints
+  name the symptom and the diagnosis and point at the chapter's section, without dictating the fix (find-the-bug
+  exercises show them).
 """
 
 from __future__ import annotations
@@ -341,15 +358,15 @@ mistake("stream-not-rescaled", "a stream over the keys that does not rescale wha
         chapter=9, topic="core")
 mistake("window-off-by-one", "a sliding window that lets each query see one key too many or too few",
         "Your output matches a window in which {detail}. Query i may attend key j when i - window < j <= i: itself "
-        "and the window - 1 keys before it, window keys in all.", chapter=9, topic="core")
+        "and the window - 1 keys before it, window keys in all.", chapter=9, topic="tiles")
 mistake("window-ignored", "blockwise attention over a sliding window that attends every earlier key",
         "Your output is plain causal attention: each query attends every key up to itself. The window lets query i "
-        "see only keys j with i - window < j <= i: mask the others in each tile.", chapter=9, topic="core")
+        "see only keys j with i - window < j <= i (chapter 9, exercise 4).", chapter=9, topic="tiles")
 mistake("tiles-not-skipped", "blockwise attention that computes tiles holding no allowed (query, key) pair",
         "Your output is right, but {detail}. A tile of a query block and a key block whose pairs are all outside "
-        "the window costs as much as any other and adds nothing: skip it. With query block [a, a + bs) and key "
-        "block [b, b + bs), the tile holds an allowed pair when b <= a + bs - 1 (not all in the future) and "
-        "b + bs - 1 > a - window (not all too far in the past).", chapter=9, topic="core")
+        "the window costs as much as any other and adds nothing: skip it. Which tiles hold an allowed pair? Work it "
+        "out on paper for a small T, window and block size (chapter 9, 'Blockwise attention').",
+        chapter=9, topic="tiles")
 
 # ==================================================================================================================
 # Chapter 10: positions (append this chapter's mistakes here)
