@@ -513,3 +513,14 @@ PLANTED = [
     (checks.check_single_head_attention, LoadableSingleHeadTransposed, "weight-layout-transposed"),
     (checks.check_single_head_attention, NotAModule, "wrong-type"),
 ]
+
+
+def test_module_checks_leave_the_random_stream_as_it_was(capsys):
+    """The modules a check builds and the dropout it draws do not move the notebook's torch random stream."""
+    torch.manual_seed(0)
+    expected = torch.randn(3)
+    torch.manual_seed(0)
+    checks.check_multi_head_attention(bug_zoo.ZooMultiHeadAttention)
+    checks.check_single_head_attention(bug_zoo.ZooSingleHeadAttention)
+    assert torch.equal(torch.randn(3), expected)
+    assert capsys.readouterr().out.count("✓") == 2

@@ -284,6 +284,17 @@ def _training_probe(run_train, ref_w, weights_from_output, case):
                    f"drops about {p:.0%}", case=case)
 
 
+def _keeping_rng(body):
+    """``body`` run so that the modules it builds and the dropout it draws leave the notebook's torch random stream
+    as it was: a cell after a check gives the same numbers whether the check ran or not."""
+
+    def run():
+        with torch.random.fork_rng(devices=[]):
+            return body()
+
+    return run
+
+
 def _require_eval_outputs(outs, ref_out, atol, rtol, case):
     """Two eval-mode outputs of a module built with dropout=0.5 must both equal the dropout-free reference."""
     if close(outs[0], ref_out, atol, rtol) and close(outs[1], ref_out, atol, rtol):
@@ -318,8 +329,9 @@ def check_multi_head_attention(cls, *, test_dropout: bool = True, timeout: float
     def layout_code(module):
         return "weight-not-transposed" if _has_linears(module) else "weight-layout-transposed"
 
-    run_check(lambda: _check_mha_body(make, lambda m, p: _load_torch_mha(m, p, label), run, label, test_dropout,
-                                       cross_dims=_accepts_cross_dims(cls), layout_code=layout_code), timeout)
+    run_check(_keeping_rng(lambda: _check_mha_body(make, lambda m, p: _load_torch_mha(m, p, label), run, label,
+                                                    test_dropout, cross_dims=_accepts_cross_dims(cls),
+                                                    layout_code=layout_code)), timeout)
 
 
 def _check_mha_function_body(fn, label, atol=2e-5, rtol=1e-4):
@@ -513,7 +525,7 @@ def check_single_head_attention(cls, *, test_dropout: bool = True, timeout: floa
     be deterministic and match the reference.
     """
     label = display_name(cls, "SingleHeadAttention")
-    run_check(lambda: _check_single_head_body(cls, label, test_dropout), timeout)
+    run_check(_keeping_rng(lambda: _check_single_head_body(cls, label, test_dropout)), timeout)
 
 
 # ----------------------------------------------------------------------------------------------------------
