@@ -125,3 +125,17 @@ def test_tiles_needed_counts_the_band():
     assert tiles.tiles_needed(8, 1, 4) == 2  # the diagonal only
     assert tiles.tiles_needed(16, 6, 4) == 4 + 3 + 2  # the diagonal, the tiles one and two blocks below it
     assert tiles.window_mask(4, 2).sum() == 4 + 3
+
+
+def test_fused_attention_counts_its_scores_and_stand_ins_are_not_observed():
+    """A fused kernel's scores are counted (Tq x Tk); the grader's stand-ins run in the sandbox, where nothing can be
+    observed from here."""
+    from attention_course.checks import observe
+    from attention_course.course import judge
+
+    q = torch.randn(2, 5, 17)
+    with observe.ScoreCounter(17) as counter:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert counter.scores == 2 * 5 * 5
+    assert observe.observable(make())
+    assert not observe.observable(judge.stand_in(None, "key", "f", {"name": "f"}))

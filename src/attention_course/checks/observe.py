@@ -38,10 +38,14 @@ _FUSED = {getattr(_aten, name).default for name in ("_scaled_dot_product_flash_a
                                                     "_scaled_dot_product_cudnn_attention") if hasattr(_aten, name)}
 
 
+_GRADER_STAND_INS = "attention_course.course.judge"  # the module whose stand-ins call a function in the sandbox
+
+
 def observable(fn) -> bool:
     """Whether the student's ``fn`` runs in this process, where its torch operations can be observed (False for the
-    grader's stand-in of a function in the sandbox)."""
-    return _sandbox_field(fn, "_sandbox", None) is None
+    grader's stand-ins: a Remote object, or a function of :mod:`attention_course.course.judge` that forwards the
+    call to the sandbox)."""
+    return _sandbox_field(fn, "_sandbox", None) is None and getattr(fn, "__module__", None) != _GRADER_STAND_INS
 
 
 def warm_up() -> None:
