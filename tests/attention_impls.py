@@ -128,8 +128,11 @@ class ScratchSingleHead(nn.Module):
     def forward(self, query, key=None, value=None, mask=None):
         key = query if key is None else key
         value = key if value is None else value
-        out, weights = sdpa_scratch(self.w_q(query), self.w_k(key), self.w_v(value), mask)
-        return out, self.drop(weights)
+        q, k, v = self.w_q(query), self.w_k(key), self.w_v(value)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
+            torch.zeros((), dtype=torch.bool) if mask is None else ~mask, float("-inf"))
+        weights = self.drop(torch.softmax(scores, dim=-1).nan_to_num(0.0))
+        return weights @ v, weights
 
 
 class LoadableSingleHead(nn.Module):
@@ -139,6 +142,7 @@ class LoadableSingleHead(nn.Module):
         super().__init__()
         self.p = nn.ParameterDict({f"{w}_{n}": nn.Parameter(torch.zeros((d_in, d_out) if w == "w" else (d_out,)))
                                    for n in "qkv" for w in "wb"})
+        self.dropout = dropout
 
     def load_numpy_params(self, params):
         with torch.no_grad():
@@ -149,7 +153,7 @@ class LoadableSingleHead(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         q, k, v = (x @ self.p[f"w_{n}"] + self.p[f"b_{n}"] for x, n in ((query, "q"), (key, "k"), (value, "v")))
-        return ac.scaled_dot_product_attention(q, k, v, mask)[0]
+        return ac.scaled_dot_product_attention(q, k, v, mask, self.dropout if self.training else 0.0)[0]
 
 
 class LoadableSingleHeadTransposed(LoadableSingleHead):
@@ -168,8 +172,8 @@ class ScratchMHA(nn.Module):
 
     def forward(self, query, key, value, mask=None):
         q, k, v = (ac.split_heads(w(x), self.h) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
-        out, weights = sdpa_scratch(q, k, v, mask)
-        return self.w_o(ac.merge_heads(out)), weights
+        weights = self.drop(sdpa_scratch(q, k, v, mask)[1])
+        return self.w_o(ac.merge_heads(weights @ v)), weights
 
 
 def sdpa_not_implemented(q, k, v, mask=None):

@@ -83,9 +83,11 @@ def test_number_answers_match_the_library():
     from attention_course.kv_cache import cache_bytes_per_token
 
     assert cache_bytes_per_token(32, 32, 128, "float16") * 4096 / 2**30 == QUESTIONS["8.cache-gib"].answer
-    lengths, t = [6, 4], 6
+    lengths, t = [5, 3], 6
     allowed = np.tril(np.ones((t, t), dtype=bool))[None] & (np.arange(t)[None, None] < np.array(lengths)[:, None, None])
     assert allowed.sum() == QUESTIONS["4.allowed-pairs"].answer
     x = (10 * np.arange(3)[:, None] + np.arange(6))[None]
-    split = x.reshape(1, 3, 2, 3).transpose(0, 2, 1, 3)
-    assert split[0, 1, 0, 2] == QUESTIONS["3.split-entry"].answer
+    split = x.reshape(1, 3, 3, 2).transpose(0, 2, 1, 3)
+    assert split[0, 2, 1, 0] == QUESTIONS["3.split-entry"].answer
+    d_k = 64
+    assert (1 / math.sqrt(d_k)) / (1 / d_k) == QUESTIONS["7.scale-by-d"].answer  # muP's scores, divided by sqrt(d_k)

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
 import attention_course as ac
 from attention_course import bug_zoo, checks, numpy_ref
@@ -155,8 +157,95 @@ def test_attention_core_in_tensorflow(capsys):
         "shape (4, 8), mask=None).")
 
 
+def attend_no_scale(query, keys, values):
+    return attend_loop(query * math.sqrt(len(query)), keys, values)
+
+
+def attend_divide_by_dk(query, keys, values):
+    return attend_loop(query / math.sqrt(len(query)), keys, values)
+
+
+def attend_exp_only(query, keys, values):
+    scores = keys @ query / math.sqrt(len(query))
+    return np.exp(scores) @ values  # never divided by the sum
+
+
+def attention_numpy_no_guard(q, k, v, mask=None):
+    """NumPy attention whose fully masked rows are 0 / 0."""
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    with np.errstate(all="ignore"):
+        e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights = e / e.sum(axis=-1, keepdims=True)
+    return weights @ v, weights
+
+
+def attention_numpy_minus_1e9(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -1e9)
+    weights = softmax_np(scores)
+    return weights @ v, weights
+
+
+def attention_numpy_mask_inverted(q, k, v, mask=None):
+    return attention_numpy(q, k, v, None if mask is None else ~np.asarray(mask))
+
+
+def attention_numpy_k_transposed_wrong(q, k, v, mask=None):
+    """k.T instead of swapping the last two axes: right without batch axes only."""
+    scores = q @ k.T / math.sqrt(q.shape[-1])
+    weights = softmax_np(scores if mask is None else np.where(mask, scores, -np.inf))
+    return weights @ v, weights
+
+
+def attention_numpy_einsum(q, k, v, mask=None):
+    """Another style: einsum, and a guard that zeroes the rows with no allowed key."""
+    scores = np.einsum("...qd,...kd->...qk", q, k) / math.sqrt(q.shape[-1])
+    if mask is None:
+        weights = softmax_np(scores)
+    else:
+        allowed = np.broadcast_to(mask, scores.shape)
+        shifted = np.where(allowed, scores - np.where(allowed, scores, -np.inf).max(-1, keepdims=True, initial=-1e300),
+                           -np.inf)
+        e = np.exp(shifted)
+        weights = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+    return np.einsum("...qk,...kd->...qd", weights, v), weights
+
+
+def float_mask_attention(to_additive, guard=True, fused=True):
+    """Chapter 4's exercise: ``to_additive(mask, q)`` builds the attn_mask, then the fused function (or a manual
+    softmax); with ``guard`` the rows that may attend nothing are set to zero by the code itself."""
+
+    def attention_float_mask(q, k, v, mask=None):
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v)
+        if fused:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=to_additive(mask, q))
+        else:
+            out = sdpa_scratch(q, k, v, mask)[0]
+        return torch.where(mask.any(-1, keepdim=True), out, 0.0) if guard else out
+
+    return attention_float_mask
+
+
+def additive_inf(mask, q):
+    return torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+
+
+def additive_by_where(mask, q):
+    """Another style: torch.where with a finite large negative number (not -inf)."""
+    return torch.where(mask, 0.0, torch.finfo(q.dtype).min).to(q.dtype)
+
+
+numpy_attention_with_empty_rows = functools.partial(checks.check_numpy_attention, fully_masked_rows=True)
+
 CORRECT = [
     # (check, a correct implementation in some style)
+    (numpy_attention_with_empty_rows, attention_numpy_einsum),
+    (checks.check_float_mask_attention, float_mask_attention(additive_inf)),
+    (checks.check_float_mask_attention, float_mask_attention(additive_by_where)),
     (checks.check_scaled_dot_product_attention, sdpa_scratch),
     (checks.check_scaled_dot_product_attention, ac.scaled_dot_product_attention),
     (checks.check_scaled_dot_product_attention, sdpa_torch_builtin),
@@ -175,6 +264,25 @@ CORRECT = [
 
 PLANTED = [
     # (check, a wrong implementation, the code it must get)
+    (checks.check_attention_one_query, attend_no_scale, "missing-scale"),
+    (checks.check_attention_one_query, attend_divide_by_dk, "wrong-scale"),
+    (checks.check_attention_one_query, attend_exp_only, "weights-not-normalized"),
+    (numpy_attention_with_empty_rows, attention_numpy_no_guard, "nan-on-masked-row"),
+    (numpy_attention_with_empty_rows, attention_numpy_minus_1e9, "masked-row-not-zero"),
+    (numpy_attention_with_empty_rows, attention_numpy_mask_inverted, "mask-inverted"),
+    (numpy_attention_with_empty_rows, attention_numpy_k_transposed_wrong, "raised-exception"),
+    (checks.check_float_mask_attention, float_mask_attention(lambda mask, q: mask), "float-mask-not-passed"),
+    (checks.check_float_mask_attention, float_mask_attention(additive_inf, fused=False), "float-mask-not-passed"),
+    (checks.check_float_mask_attention, float_mask_attention(additive_inf, guard=False), "nan-on-masked-row"),
+    (checks.check_float_mask_attention, float_mask_attention(lambda mask, q: (1 - mask.to(q.dtype)) * -1e10,
+                                                             guard=False),
+     "masked-row-not-zero"),  # the classic recipe: a row of -1e10 everywhere is uniform
+    (checks.check_float_mask_attention, float_mask_attention(lambda mask, q: mask.to(q.dtype)),
+     "float-mask-not-additive"),
+    (checks.check_float_mask_attention, float_mask_attention(lambda mask, q: mask.to(q.dtype) * -1e10),
+     "mask-inverted"),
+    (checks.check_scaled_dot_product_attention, float_mask_attention(lambda mask, q: mask.to(q.dtype)),
+     "float-mask-not-additive"),
     (checks.check_scaled_dot_product_attention, sdpa_returns_scores_shape, "wrong-shape"),
     (checks.check_scaled_dot_product_attention, sdpa_weights_wrong_shape, "wrong-shape"),
     (checks.check_scaled_dot_product_attention, sdpa_off_a_bit, "wrong-output"),

@@ -2,6 +2,9 @@
 parameter count; weight layouts, keys and values of other widths. Correct code in several styles passes with one
 line; each planted wrong answer (PLANTED) gets its own code."""
 
+import functools
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +14,7 @@ import attention_course as ac
 from attention_course import bug_zoo, checks
 from attention_course.checks import diagnosis
 from attention_course.checks import modules as check_modules
+from attention_course.functional import masked_softmax
 from attention_impls import (
     LoadableSingleHead,
     LoadableSingleHeadTransposed,
@@ -32,7 +36,7 @@ def test_single_head_success_line(capsys):
     checks.check_single_head_attention(ac.SingleHeadAttention)
     assert capsys.readouterr().out == (
         "✓ SingleHeadAttention: 18 cases (3 sizes, d_in != d_out too; self- and cross-attention, Tq != Tk, masks) "
-        "match the reference; dropout is off in eval mode\n"
+        "match the reference; dropout is off in eval mode and drops attention weights at rate p in training mode\n"
     )
 
 
@@ -321,8 +325,133 @@ def test_code_that_assumes_square_weights_is_told_so():
         checks.check_multi_head_attention(MHAKdimSquareOnly)
 
 
+
+# --- dropout in training mode: wrong answers a student writes ------------------------------------------------------
+
+
+class MHADropoutHardCodedOff(bug_zoo.ZooMultiHeadAttention):
+    """`training=False` written into the call: deterministic in eval mode, and in training mode too."""
+
+    def attend(self, q, k, v, mask):
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), mask)
+        return F.dropout(weights, self.p, training=False) @ v
+
+
+class MHANoDropoutLayer(ScratchMHA):
+    """Builds nn.Dropout and never calls it."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (ac.split_heads(w(x), self.h) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+        out, weights = sdpa_scratch(q, k, v, mask)
+        return self.w_o(ac.merge_heads(out)), weights
+
+
+class MHADropoutKeepProbability(bug_zoo.ZooMultiHeadAttention):
+    """Passes the keep probability 1 - p where F.dropout wants the drop probability."""
+
+    def attend(self, q, k, v, mask):
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), mask)
+        return F.dropout(weights, 1 - self.p, training=self.training) @ v
+
+
+class MHADropsTheOutput(bug_zoo.ZooMultiHeadAttention):
+    """Dropout on the layer's output instead of the attention weights."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.split(self.w_q(query)), self.split(self.w_k(key)), self.split(self.w_v(value))
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), mask)
+        return F.dropout(self.w_o(self.merge(weights @ v)), self.p, training=self.training)
+
+
+class MHADropsTheScores(ScratchMHA):
+    """Dropout on the scores before the softmax: the weights still sum to 1, none is exactly 0."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (ac.split_heads(w(x), self.h) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+        scores = self.drop(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))
+        weights = ac.masked_softmax(scores, mask)
+        return self.w_o(ac.merge_heads(weights @ v)), weights
+
+
+class MHAReturnsDroppedAttendsUndropped(ScratchMHA):
+    """Returns dropped weights, but the output uses the weights before dropout."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (ac.split_heads(w(x), self.h) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+        out, weights = sdpa_scratch(q, k, v, mask)
+        return self.w_o(ac.merge_heads(out)), self.drop(weights)
+
+
+class MHANoGuardOnEmptyRows(bug_zoo.ZooMultiHeadAttention):
+    """A plain softmax of a row of -inf: NaN where a query may attend no key."""
+
+    def attend(self, q, k, v, mask):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return F.dropout(torch.softmax(scores, dim=-1), self.p, training=self.training) @ v
+
+
+class SHADropoutHardCodedOff(bug_zoo.ZooSingleHeadAttention):
+    def attend(self, scores, v, mask):
+        weights = F.dropout(ac.masked_softmax(scores, mask), self.p, training=False)
+        return weights @ v, weights
+
+
+class SHADropoutFixedRate(bug_zoo.ZooSingleHeadAttention):
+    """Drops at a fixed 0.1, whatever the module was built with."""
+
+    def attend(self, scores, v, mask):
+        weights = F.dropout(ac.masked_softmax(scores, mask), 0.1, training=self.training)
+        return weights @ v, weights
+
+
+class SHADropsTheValues(bug_zoo.ZooSingleHeadAttention):
+    def attend(self, scores, v, mask):
+        weights = ac.masked_softmax(scores, mask)
+        return weights @ F.dropout(v, self.p, training=self.training), weights
+
+
+
+keras_check = functools.partial(checks.check_keras_attention, timeout=None)  # TensorFlow's first call is slow
+
+
+def keras_layer(change):
+    """A factory for the check: the course's Keras layer with one method changed (TensorFlow imported on call)."""
+
+    def build(d_model, num_heads, dropout=0.0):
+        from attention_course.keras_attention import KerasMultiHeadAttention
+
+        return type("KerasLayer", (KerasMultiHeadAttention,), change(KerasMultiHeadAttention))(
+            d_model, num_heads, dropout=dropout)
+
+    return build
+
+
+def keras_dropout_always_on(base):
+    def call(self, query, key=None, value=None, mask=None, training=None, return_weights=False):
+        return base.call(self, query, key, value, mask=mask, training=True, return_weights=return_weights)
+
+    return {"call": call}
+
+
+def keras_dropout_never(base):
+    def call(self, query, key=None, value=None, mask=None, training=None, return_weights=False):
+        return base.call(self, query, key, value, mask=mask, training=False, return_weights=return_weights)
+
+    return {"call": call}
+
+
+def keras_kernels_transposed(base):
+    def load_numpy_params(self, params):
+        base.load_numpy_params(self, {name: a.T for name, a in params.items()})
+
+    return {"load_numpy_params": load_numpy_params}
+
+
 CORRECT = [
     # (check, a correct implementation in some style)
+    (keras_check, keras_layer(lambda base: {})),
     (checks.check_multi_head_attention, ac.MultiHeadAttention),
     (checks.check_multi_head_attention, ScratchMHA),
     (checks.check_einsum_attention, ac.EinsumMultiHeadAttention),
@@ -339,6 +468,20 @@ CORRECT = [
 
 PLANTED = [
     # (check, a wrong implementation, the code it must get)
+    (checks.check_multi_head_attention, MHANoGuardOnEmptyRows, "nan-on-masked-row"),
+    (checks.check_multi_head_attention, MHADropoutHardCodedOff, "dropout-off-in-training"),
+    (checks.check_multi_head_attention, MHANoDropoutLayer, "dropout-off-in-training"),
+    (checks.check_multi_head_attention, MHADropoutKeepProbability, "dropout-wrong-rate"),
+    (checks.check_multi_head_attention, MHADropsTheOutput, "dropout-wrong-tensor"),
+    (checks.check_multi_head_attention, MHADropsTheScores, "dropout-wrong-tensor"),
+    (checks.check_multi_head_attention, MHAReturnsDroppedAttendsUndropped, "dropout-wrong-tensor"),
+    (checks.check_single_head_attention, SHADropoutHardCodedOff, "dropout-off-in-training"),
+    (checks.check_single_head_attention, SHADropoutFixedRate, "dropout-wrong-rate"),
+    (checks.check_single_head_attention, SHADropsTheValues, "dropout-wrong-tensor"),
+    (keras_check, keras_layer(keras_dropout_always_on), "dropout-in-eval"),
+    (keras_check, keras_layer(keras_dropout_never), "dropout-off-in-training"),
+    (keras_check, keras_layer(keras_kernels_transposed), "weight-layout-transposed"),
+    (keras_check, keras_layer(lambda base: {"load_numpy_params": None}), "missing-attribute"),
     (checks.check_multi_head_attention, mha_scale_by_d_model, "wrong-scale"),
     (checks.check_multi_head_attention, MHANoLinears, "missing-attribute"),
     (checks.check_multi_head_attention, MHAWrongLinearShape, "wrong-shape"),
@@ -370,3 +513,14 @@ PLANTED = [
     (checks.check_single_head_attention, LoadableSingleHeadTransposed, "weight-layout-transposed"),
     (checks.check_single_head_attention, NotAModule, "wrong-type"),
 ]
+
+
+def test_module_checks_leave_the_random_stream_as_it_was(capsys):
+    """The modules a check builds and the dropout it draws do not move the notebook's torch random stream."""
+    torch.manual_seed(0)
+    expected = torch.randn(3)
+    torch.manual_seed(0)
+    checks.check_multi_head_attention(bug_zoo.ZooMultiHeadAttention)
+    checks.check_single_head_attention(bug_zoo.ZooSingleHeadAttention)
+    assert torch.equal(torch.randn(3), expected)
+    assert capsys.readouterr().out.count("✓") == 2

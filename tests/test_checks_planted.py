@@ -1,9 +1,15 @@
 """The planted answers of every checker test (tests/test_checks_<topic>.py): each topic file lists CORRECT answers
 (right code in several styles) and PLANTED wrong ones (check, implementation, the code it must get). Here every right
-answer passes with one line, every wrong one is rejected with exactly its code, and every code of the catalogue is
-produced by some planted answer or zoo entry."""
+answer passes with one line, every wrong one is rejected with exactly its code, every code of the catalogue is
+produced by some planted answer or zoo entry, and every check an exercise notebook calls has wrong answers planted
+(the checks of chapters 10 to 14 are listed as pending: a list that may only shrink)."""
 
 from __future__ import annotations
+
+import collections
+import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +18,15 @@ import test_checks_heads
 import test_checks_kv_cache
 import test_checks_masks
 import test_checks_modules
+import test_checks_porting
 import test_checks_runner
+import test_checks_tiles
 from attention_course import bug_zoo, checks, mistakes
 
 TOPICS = {"core": test_checks_core, "heads": test_checks_heads, "kv_cache": test_checks_kv_cache,
-          "masks": test_checks_masks, "modules": test_checks_modules, "runner": test_checks_runner}
+          "masks": test_checks_masks, "modules": test_checks_modules, "runner": test_checks_runner,
+          "tiles": test_checks_tiles}
+# Tables this file runs; test_checks_porting.py runs its own (with the details of its messages), counted below.
 CORRECT = [(topic, *row) for topic, module in TOPICS.items() for row in getattr(module, "CORRECT", [])]
 PLANTED = [(topic, *row) for topic, module in TOPICS.items() for row in module.PLANTED]
 
@@ -56,3 +66,54 @@ def test_every_code_is_produced_somewhere():
     planted_elsewhere |= {"calls-reference", "sandbox-ended", "not-run", "softmax-global-max"}
     codes = {p[3] for p in PLANTED} | {b.code for b in zoo} | planted_elsewhere
     assert codes == set(checks.CODES)
+
+
+# Checks of the exercise notebooks whose wrong answers are not planted in a table yet (chapters 10 to 14: their
+# tests plant mistakes in their own style). Remove a check from this list when its table exists; never add one.
+PENDING = {"check_sinusoidal_positions", "check_rope", "check_alibi_slopes", "check_rope_decode_step",
+           "check_feed_forward", "check_pre_ln_block", "check_post_ln_block", "check_decoder_block",
+           "check_prefix_matching_score", "check_find_induction_head", "check_row_parallel_output",
+           "check_ring_causal_mask", "check_ring_merge", "check_rope_cached_attention"}
+# Questions: tests/test_chapter_questions.py tries every registered question's right answer and each wrong one.
+QUESTION_CHECKS = {"check_choice", "check_number"}
+MIN_PLANTED, MIN_CODES = 3, 2
+
+
+def _check_name(check) -> str:
+    return getattr(check, "__name__", None) or check.func.__name__  # a check, or a functools.partial of one
+
+
+def _checks_in_exercise_notebooks() -> set[str]:
+    names = set()
+    for path in sorted((Path(__file__).parents[1] / "solutions").glob("*_exercises.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if "check" in cell.get("metadata", {}).get("tags", []):
+                names |= set(re.findall(r"checks\.(check_\w+)", "".join(cell["source"])))
+    return names - QUESTION_CHECKS
+
+
+def _planted_by_check():
+    zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
+    wrong, right = collections.defaultdict(list), collections.Counter()
+    tables = [*TOPICS.values(), test_checks_porting]
+    for module in tables:
+        for check, _, code in module.PLANTED:
+            wrong[_check_name(check)].append(code)
+        for check, _ in getattr(module, "CORRECT", []):
+            right[_check_name(check)] += 1
+    for entry in zoo:
+        wrong[entry.check].append(entry.code)
+    return wrong, right
+
+
+def test_every_exercise_check_has_planted_wrong_answers():
+    """At least three wrong answers with two codes or more, and one right answer in some style, for every check an
+    exercise notebook calls."""
+    used = _checks_in_exercise_notebooks()
+    wrong, right = _planted_by_check()
+    assert PENDING <= used, f"pending checks no exercise uses: {sorted(PENDING - used)}"
+    missing = {name: (len(wrong[name]), len(set(wrong[name])), right[name]) for name in sorted(used - PENDING)
+               if len(wrong[name]) < MIN_PLANTED or len(set(wrong[name])) < MIN_CODES or not right[name]}
+    assert not missing, f"(planted, codes, right) of checks without enough planted answers: {missing}"
+    done = {name for name in PENDING if len(wrong[name]) >= MIN_PLANTED and right[name]}
+    assert not done, f"remove from PENDING, their tables exist: {sorted(done)}"

@@ -119,24 +119,8 @@ def raises(*args):
     return np.split(args[0], 5)  # 36 rows do not split into 5
 
 
-@pytest.mark.parametrize("impl", [keras_weights_from_torch, as_torch_tensors, heads_reversed,
-                                  lambda *a: tuple(keras_weights_from_torch(*a))])
-def test_right_conversions_pass_with_one_line(impl, capsys):
-    checks.check_keras_weights_from_torch(impl)
-    out = capsys.readouterr().out
-    assert out.startswith("✓ ") and out.count("\n") == 1, out
-    assert "(2, 3, 4, 6 heads)" in out
-
-
-def test_success_line_names_the_function(capsys):
-    checks.check_keras_weights_from_torch(keras_weights_from_torch)
-    checks.check_keras_weights_from_torch(lambda *a: keras_weights_from_torch(*a))
-    first, second = capsys.readouterr().out.splitlines()
-    assert first.startswith("✓ keras_weights_from_torch: 4 nn.MultiheadAttention layers")
-    assert second.startswith("✓ keras_weights_from_torch: ")  # a lambda: the contract's name
-
-
-@pytest.mark.parametrize("impl, code, detail", [
+RIGHT = [keras_weights_from_torch, as_torch_tensors, heads_reversed, lambda *a: tuple(keras_weights_from_torch(*a))]
+MISTAKES = [
     (in_proj_not_transposed, "weight-layout-transposed", "the query, key and value kernels"),
     (out_proj_not_transposed, "weight-layout-transposed", "the output kernel (out_proj.weight)"),
     (nothing_transposed, "weight-layout-transposed", "every kernel"),
@@ -152,7 +136,29 @@ def test_success_line_names_the_function(capsys):
                                    "value bias, output kernel."),
     (output_bias_forgotten, "wrong-output", "differ from a conversion that works: output bias."),
     (mutates, "mutates-input", "in_proj_weight"),
-])
+]
+# The tables tests/test_checks_planted.py counts (this file runs them itself, with their messages' details).
+CORRECT = [(checks.check_keras_weights_from_torch, impl) for impl in RIGHT]
+PLANTED = [(checks.check_keras_weights_from_torch, impl, code) for impl, code, _ in MISTAKES]
+
+
+@pytest.mark.parametrize("impl", RIGHT)
+def test_right_conversions_pass_with_one_line(impl, capsys):
+    checks.check_keras_weights_from_torch(impl)
+    out = capsys.readouterr().out
+    assert out.startswith("✓ ") and out.count("\n") == 1, out
+    assert "(2, 3, 4, 6 heads)" in out
+
+
+def test_success_line_names_the_function(capsys):
+    checks.check_keras_weights_from_torch(keras_weights_from_torch)
+    checks.check_keras_weights_from_torch(lambda *a: keras_weights_from_torch(*a))
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.startswith("✓ keras_weights_from_torch: 4 nn.MultiheadAttention layers")
+    assert second.startswith("✓ keras_weights_from_torch: ")  # a lambda: the contract's name
+
+
+@pytest.mark.parametrize("impl, code, detail", MISTAKES)
 def test_each_mistake_gets_its_code(impl, code, detail):
     with pytest.raises(checks.CheckFailed) as info:
         checks.check_keras_weights_from_torch(impl)

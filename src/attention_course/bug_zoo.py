@@ -225,7 +225,8 @@ class ZooSingleHeadAttention(nn.Module):
 
     def attend(self, scores, v, mask):  # -> (B, Tq, d_out), (B, Tq, Tk)
         weights = masked_softmax(scores, mask)
-        return F.dropout(weights, self.p, training=self.training) @ v, weights
+        weights = F.dropout(weights, self.p, training=self.training)  # the weights applied are the ones returned
+        return weights @ v, weights
 
     def forward(self, query, key=None, value=None, mask=None):
         key = query if key is None else key

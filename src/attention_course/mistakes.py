@@ -11,6 +11,23 @@ entry's code and check), the tests (every example is diagnosed with its code) an
 
 Adding a mistake: call :func:`mistake` in the section of your chapter below (a new chapter adds its own section at
 the end), with a code that is new, then make a checker report it and plant it in a test.
+
+What a check must prove (a check a student can pass without doing the exercise is a broken promise):
+
+* **training and evaluation mode**: anything with dropout is probed in both: deterministic after ``.eval()``, and
+  in ``.train()`` dropping the right tensor at the module's rate (``[dropout-off-in-training]``,
+  ``[dropout-wrong-rate]``, ``[dropout-wrong-tensor]``), read back from what the module computed;
+* **measured, not reported**: a number about the student's own work (tiles computed, bytes stored) is counted by the
+  check (:mod:`attention_course.checks.observe`), never taken from the student's return value;
+* **the prompt's rules**: a rule the exercise states ("the float mask, not the boolean one") is enforced by
+  observing the call, the dtype or the storage, or it is not stated;
+* **independent of the installed kernel**: a guard the chapter teaches (a row that may attend nothing) is exercised
+  even where this PyTorch version would hide its absence (inside the checks the fused kernel returns NaN there);
+* **at the scale of the instability**: inputs large enough for the taught failure to show (scores of about 1000
+  for a softmax without its maximum, maxima that rise for a merge without its rescale);
+* **named**: each plausible wrong answer gets its own code from this catalogue, not ``[wrong-output]``, and hints
+  name the symptom and the diagnosis and point at the chapter's section, without dictating the fix (find-the-bug
+  exercises show them).
 """
 
 from __future__ import annotations
@@ -133,8 +150,8 @@ mistake("missing-scale", "scores not divided by sqrt(d_k)",
         "factor. Multiply the scores by 1 / sqrt(d_k), with d_k = q.shape[-1], before the softmax.",
         chapter=1, topic="core", examples=[("sdpa_missing_scale", _SDPA), ("SHAMissingScale", _SHA)])
 mistake("wrong-scale", "scores scaled by the wrong factor (d_k, sqrt(T), sqrt(d_model), ...)",
-        "Your scores are scaled by the wrong factor: {detail}. The factor is 1 / sqrt(d_k), where d_k = q.shape[-1] "
-        "is the feature size of the queries and keys (per head).",
+        "Your scores are scaled by the wrong factor: {detail}. The scale is 1 / sqrt of the number of terms each dot "
+        "product sums (chapter 1; for several heads, chapter 3's 'Splitting and merging heads').",
         chapter=1, topic="core", examples=[("sdpa_scale_by_dk", _SDPA), ("sdpa_scale_by_seq_len", _SDPA),
                                            ("MHAScaleByDModel", _MHA), ("SHAScaleByDIn", _SHA)])
 mistake("softmax-wrong-axis", "softmax normalised along the wrong axis",
@@ -160,8 +177,8 @@ mistake("values-from-keys", "output computed from the keys instead of the values
         chapter=1, topic="core", examples=[("sdpa_values_from_keys", _SDPA), ("MHAValuesFromKeys", _MHA),
                                            ("SHAValuesFromKeys", _SHA)])
 mistake("weights-not-normalized", "attention weights do not sum to 1 (masked after the softmax, or no division)",
-        "Your attention weights do not sum to 1 over the keys: {detail}. Apply the mask to the scores BEFORE the "
-        "softmax, and divide by the sum, so every row of weights sums to 1.",
+        "Your attention weights do not sum to 1 over the keys: {detail}. Each query's weights are its exponentials "
+        "divided by their sum (chapter 1).",
         chapter=1, topic="core", examples=[("sdpa_mask_zero_after_softmax", _SDPA)])
 
 # ==================================================================================================================
@@ -175,9 +192,23 @@ mistake("weight-not-transposed",
         "and the result is silently wrong; with d_in != d_out it fails with a shape error.",
         chapter=2, topic="modules", examples=[("SHAWeightNotTransposed", _SHA), ("MHAWeightNotTransposed", _MHA)])
 mistake("dropout-in-eval", "dropout still active after .eval() / with training=False",
-        "Your module is not deterministic in evaluation mode: built with dropout=0.5, {detail}. Dropout must only "
-        "act in training mode (nn.Dropout does this; or use dropout_p=p if self.training else 0.0).",
+        "Your module is not deterministic in evaluation mode: built with dropout=0.5, {detail}. Dropout must act in "
+        "training mode only: find your dropout and what tells it which mode the module is in (chapter 7, 'Dropout in "
+        "evaluation mode').",
         chapter=2, topic="modules", examples=[("MHADropoutInEval", _MHA), ("SHADropoutInEval", _SHA)])
+mistake("dropout-off-in-training", "dropout never acts, even in training mode",
+        "Your module never drops anything: {detail}. Dropout regularises training: in .train() mode each attention "
+        "weight is zeroed with probability p and the others are scaled by 1 / (1 - p). A module that never drops "
+        "(no dropout layer, or training=False written in) trains without it (chapter 2).",
+        chapter=2, topic="modules")
+mistake("dropout-wrong-rate", "dropout in training mode with another probability than the module's p",
+        "Your dropout does not use the module's probability: {detail}. Check which number reaches the dropout call "
+        "(the drop probability p, not the keep probability 1 - p).",
+        chapter=2, topic="modules")
+mistake("dropout-wrong-tensor", "dropout applied to another tensor than the attention weights",
+        "Your dropout acts on the wrong tensor: {detail}. In attention, dropout zeroes attention WEIGHTS (after the "
+        "softmax, before they multiply the values); the output uses the weights that were dropped.",
+        chapter=2, topic="modules")
 
 # ==================================================================================================================
 # Chapter 3: multi-head attention (splitting and merging heads, the output projection)
@@ -189,8 +220,9 @@ mistake("heads-split-without-transpose", "heads split with a reshape only, witho
         chapter=3, topic="heads", examples=[("split_heads_view", "check_split_heads"),
                                             ("MHASplitWithoutTranspose", _MHA)])
 mistake("merge-heads-wrong-order", "heads merged without transposing back first",
-        "Your heads are merged in the wrong order: going from (B, H, T, Dh) back to (B, T, D) needs a transpose to "
-        "(B, T, H, Dh) BEFORE the reshape.",
+        "Your output mixes positions: the merged (B, T, D) rows hold features of other positions, because the heads "
+        "are merged from (B, H, T, Dh) in the wrong order. Chapter 3, 'Splitting and merging heads', shows which axes "
+        "must be neighbours before a reshape.",
         chapter=3, topic="heads", examples=[("merge_heads_view", "check_merge_heads"), ("MHAMergeWrongOrder", _MHA)])
 mistake("missing-output-projection", "the output projection w_o is not applied",
         "Your output skips the output projection: after merging the heads, apply w_o.",
@@ -201,12 +233,14 @@ mistake("missing-output-projection", "the output projection w_o is not applied",
 # ==================================================================================================================
 
 mistake("mask-ignored", "the mask has no effect",
-        "Your output ignores the mask: keys where the mask is False must get zero weight. Fill their scores with -inf "
-        "before the softmax.",
+        "Your output ignores the mask: keys where the mask is False get the weight they would have without a mask. "
+        "Follow the masked scores from where they are made to the softmax: does the softmax get them? (chapter 4, "
+        "'The causal mask').",
         chapter=4, topic="core", examples=[("sdpa_mask_ignored", _SDPA), ("SHAMaskIgnored", _SHA)])
 mistake("mask-inverted", "the mask is applied the wrong way round (True treated as 'blocked')",
         "Your mask is inverted: {detail}. In this course True = may attend (as in PyTorch's "
-        "scaled_dot_product_attention; nn.MultiheadAttention's masks use the opposite convention).",
+        "scaled_dot_product_attention; nn.MultiheadAttention's masks use the opposite convention: chapter 4, 'The "
+        "other convention').",
         chapter=4, topic="masks", examples=[("sdpa_mask_inverted", _SDPA), ("causal_mask_triu", "check_causal_mask"),
                                             ("SHAMaskInverted", _SHA)])
 mistake("mask-wrong-sign", "masked positions get a large positive score instead of -inf",
@@ -217,10 +251,16 @@ mistake("mask-zero-before-softmax", "masked scores set to 0 instead of -inf befo
         "Blocked scores are set to 0 before the softmax, but exp(0) = 1 still gives them weight. Fill them with -inf "
         "instead, e.g. scores.masked_fill(~mask, float('-inf')).",
         chapter=4, topic="core", examples=[("sdpa_mask_zero_before_softmax", _SDPA)])
+mistake("float-mask-not-passed", "the fused attention called without the additive float mask the exercise asks for",
+        "The exercise asks for the additive float mask to reach F.scaled_dot_product_attention, and {detail}. "
+        "Build a float mask of q's dtype from the boolean one and pass that as attn_mask (chapter 4, 'Float masks: "
+        "added, not selected').",
+        chapter=4, topic="core")
 mistake("nan-on-masked-row", "a fully masked query row gives NaN instead of zeros",
-        "Your result has NaN in query rows where every key is masked (the softmax of a row of -inf is 0/0). The "
-        "course's convention: such rows get all-zero weights and a zero output, e.g. set the weights of rows with no "
-        "allowed key to 0 after the softmax.",
+        "Your result has NaN in query rows where every key is masked (the softmax of a row of -inf is 0/0; some "
+        "PyTorch kernels return zeros there, others NaN, and the check behaves like the latter). The course's "
+        "convention: such rows get all-zero weights and a zero output, decided by your code (chapter 4, 'Fully "
+        "masked rows: zeros, not NaN').",
         chapter=4, topic="core", examples=[("sdpa_nan_on_masked_row", _SDPA)])
 mistake("masked-row-not-zero", "a fully masked query row gives uniform weights instead of zeros",
         "In query rows where every key is masked your weights are spread evenly over all keys (what filling with a "
@@ -318,15 +358,15 @@ mistake("stream-not-rescaled", "a stream over the keys that does not rescale wha
         chapter=9, topic="core")
 mistake("window-off-by-one", "a sliding window that lets each query see one key too many or too few",
         "Your output matches a window in which {detail}. Query i may attend key j when i - window < j <= i: itself "
-        "and the window - 1 keys before it, window keys in all.", chapter=9, topic="core")
+        "and the window - 1 keys before it, window keys in all.", chapter=9, topic="tiles")
 mistake("window-ignored", "blockwise attention over a sliding window that attends every earlier key",
         "Your output is plain causal attention: each query attends every key up to itself. The window lets query i "
-        "see only keys j with i - window < j <= i: mask the others in each tile.", chapter=9, topic="core")
+        "see only keys j with i - window < j <= i (chapter 9, exercise 4).", chapter=9, topic="tiles")
 mistake("tiles-not-skipped", "blockwise attention that computes tiles holding no allowed (query, key) pair",
         "Your output is right, but {detail}. A tile of a query block and a key block whose pairs are all outside "
-        "the window costs as much as any other and adds nothing: skip it. With query block [a, a + bs) and key "
-        "block [b, b + bs), the tile holds an allowed pair when b <= a + bs - 1 (not all in the future) and "
-        "b + bs - 1 > a - window (not all too far in the past).", chapter=9, topic="core")
+        "the window costs as much as any other and adds nothing: skip it. Which tiles hold an allowed pair? Work it "
+        "out on paper for a small T, window and block size (chapter 9, 'Blockwise attention').",
+        chapter=9, topic="tiles")
 
 # ==================================================================================================================
 # Chapter 10: positions (append this chapter's mistakes here)

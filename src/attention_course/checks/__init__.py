@@ -24,7 +24,8 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
-:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`) and :mod:`.questions` (checked letter and number questions).
+:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.capstone`), :mod:`.questions` (checked letter and number questions),
+:mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the student's code computes and calls).
 """
 
 from ..mistakes import CODES
@@ -32,6 +33,7 @@ from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block
 from .capstone import check_rope_cached_attention
 from .core import (
     check_attention_one_query,
+    check_float_mask_attention,
     check_numpy_attention,
     check_scaled_dot_product_attention,
     check_softmax,
@@ -71,6 +73,7 @@ __all__ = [
     "check_einsum_attention",
     "check_feed_forward",
     "check_find_induction_head",
+    "check_float_mask_attention",
     "check_grouped_query_attention",
     "check_keras_attention",
     "check_keras_weights_from_torch",

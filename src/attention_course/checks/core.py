@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from .. import numpy_ref
-from . import hidden
+from . import hidden, observe
 from .cases import sdpa_cases, to_framework, with_neg_inf
 from .diagnosis import core_variants, diagnose, sdpa_variant
 from .questions import choice_question, number_question
@@ -25,9 +25,12 @@ from .runner import (
 )
 
 
-def sdpa_check_body(fn, framework, fully_masked_rows, label, atol, rtol, name=None):
+def sdpa_check_body(fn, framework, fully_masked_rows, label, atol, rtol, name=None, float_mask=False):
     """``label`` names the function in failure messages (the contract's name); ``name`` in the success line.
-    When the hidden cases are on, the first of them is sent once more in the dtype the public cases do not use."""
+    When the hidden cases are on, the first of them is sent once more in the dtype the public cases do not use.
+    The student's calls of ``F.scaled_dot_product_attention`` return NaN in rows that may attend nothing, as older
+    kernels do (:class:`.observe.FusedAttentionCalls`): the guard must be the student's. With ``float_mask``, every
+    case with a mask must reach that function with a float ``attn_mask`` (chapter 4's rule)."""
     cases = [(*case, None) for case in sdpa_cases(fully_masked_rows)]
     dtype = hidden.other_dtype(framework)
     if dtype is not None:
@@ -39,7 +42,10 @@ def sdpa_check_body(fn, framework, fully_masked_rows, label, atol, rtol, name=No
                 "v": to_framework(v, framework, dtype), "mask": to_framework(mask, framework)}
         if dtype == "float32":  # NumPy code computing in float32: float32's tolerance, not float64's
             atol, rtol = max(atol, 2e-5), max(rtol, 1e-4)
-        result = call(fn, args, label, positional=3)
+        with observe.FusedAttentionCalls() as fused:
+            result = call(fn, args, label, positional=3)
+        if float_mask and mask is not None and observe.observable(fn):
+            _require_float_mask(fused.mask_dtypes, case)
         out_s, w_s = split_result(result, case)
         out_s = as_array(out_s, "output" if w_s is not None else "result", case)
         w_s = None if w_s is None else as_array(w_s, "weights", case)
@@ -53,6 +59,16 @@ def sdpa_check_body(fn, framework, fully_masked_rows, label, atol, rtol, name=No
         diagnose(out_s, w_s, candidates, case, ref_out, ref_w, atol=atol, rtol=rtol)
     extras = "Tq != Tk, masks, batch dims" + (", fully masked rows" if fully_masked_rows else "")
     return f"✓ {name or label}: {len(cases)} random cases ({extras}) match the reference"
+
+
+def _require_float_mask(mask_dtypes, case):
+    """Chapter 4's rule: the boolean mask turned into an additive float mask, passed to the fused function."""
+    if not mask_dtypes:
+        raise fail("float-mask-not-passed", detail="your function never calls F.scaled_dot_product_attention",
+                   case=case)
+    if any(dtype is None or not dtype.is_floating_point for dtype in mask_dtypes):
+        passed = ", ".join("no attn_mask" if d is None else f"an attn_mask of dtype {d}" for d in mask_dtypes)
+        raise fail("float-mask-not-passed", detail=f"your function passes {passed}", case=case)
 
 
 _FRAMEWORKS = ("torch", "tf", "numpy")
@@ -78,6 +94,19 @@ def check_scaled_dot_product_attention(fn, *, fully_masked_rows: bool = True, fr
     atol, rtol = (1e-8, 1e-6) if framework == "numpy" else (2e-5, 1e-4)
     run_check(lambda: sdpa_check_body(fn, framework, fully_masked_rows, label, atol, rtol, display_name(fn, label)),
                timeout)
+
+
+def check_float_mask_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Chapter 4: check ``fn(q, k, v, mask=None)`` as :func:`check_scaled_dot_product_attention` (torch, fully masked
+    rows), for code that turns the boolean ``mask`` into an additive float mask and passes THAT to
+    ``F.scaled_dot_product_attention``: every call with a mask must reach that function with a floating-point
+    ``attn_mask`` (``[float-mask-not-passed]``), and the rows that may attend nothing must be zero whatever the
+    kernel returns there (it returns NaN inside this check, as older kernels do: ``[nan-on-masked-row]``)."""
+    label = "attention_float_mask"
+    name = display_name(fn, label)
+    run_check(lambda: sdpa_check_body(fn, "torch", True, label, 2e-5, 1e-4, name, float_mask=True).replace(
+        " match the reference", " match the reference, each through F.scaled_dot_product_attention with a float "
+        "mask"), timeout)
 
 
 def check_numpy_attention(fn, *, fully_masked_rows: bool = False, timeout: float = DEFAULT_TIMEOUT):
@@ -311,18 +340,18 @@ choice_question(
                              "uniform, not one-hot."),
     },
 )
-choice_question(
+number_question(
     "7.scale-by-d",
-    answer="B",
-    why="1/sqrt(d_k) is what the model was trained with; changing the scale changes the function. Some models "
-        "choose another scale on purpose (muP uses 1/d_k; T5 folds it into the initialisation; QK-norm and learned "
-        "temperatures exist), and are right to, as long as training and inference agree.",
-    wrong={
-        "A": "scaling by 1/d_k is a deliberate choice in muP (Yang et al., 2022): it is a bug only where the model "
-             "was trained with 1/sqrt(d_k).",
-        "C": ("wrong-scale", "the scale sets how sharp the softmax is: in a model trained with 1/sqrt(d_k), "
-                             "dividing by d_k instead flattens every row of weights."),
+    answer=8.0,
+    rtol=1e-3,
+    why="the muP model's scores are q . k / 64; divided by sqrt(64) = 8 instead, they are 64 / 8 = 8 times larger, "
+        "and every row of weights is much sharper than the one the model was trained with.",
+    known={
+        64.0: "64 is d_k itself: the scores are divided by sqrt(64) = 8 instead of 64, a factor 64 / 8.",
+        0.125: ("wrong-scale", "dividing by 8 instead of 64 makes the scores LARGER, not smaller."),
+        1.0: ("wrong-scale", "the scale is part of the function the model learned: 1/d_k and 1/sqrt(d_k) differ."),
     },
+    hint="Write both scores as q . k divided by something, and take their ratio.",
 )
 choice_question(
     "7.which-bug",

@@ -25,6 +25,7 @@ def sdpa_variant(
     """Scaled dot-product attention with one deliberate deviation; returns (out, weights), float64.
 
     mask_mode: ok | ignored | inverted | zero (masked scores = 0) | after (softmax, then zero masked weights)
+    | added01 (the boolean mask cast to 0/1 and added to the scores)
     | plus-blocked (a huge positive number added to the blocked scores: uniform over the blocked keys).
     rows: what a fully masked row gets: zero | nan | uniform (over all keys).
     """
@@ -44,6 +45,8 @@ def sdpa_variant(
             weights = np.where(empty, np.nan, weights)
         elif rows == "uniform":
             weights = np.where(empty, 1.0 / scores.shape[-1], weights)
+    elif mask_mode == "added01":  # the boolean mask cast to 0/1 and ADDED: +1 on the allowed scores hides nothing
+        weights = numpy_ref.softmax(scores + m, axis=axis)
     elif mask_mode == "zero":
         weights = numpy_ref.softmax(np.where(m, scores, 0.0), axis=axis)
     elif mask_mode == "after":
@@ -55,7 +58,7 @@ def sdpa_variant(
     return weights @ (k if values == "k" else v), weights
 
 
-_BLOCK_TRUE = "you block the keys where the mask is True; fill the scores where it is False (~mask) with -inf"
+_BLOCK_TRUE = "you block the keys where the mask is True and let the others through"
 
 
 def core_variants(dk, dv, tq, tk, ndim, has_mask, fully_masked, extra_scales=()):
@@ -91,6 +94,7 @@ def core_variants(dk, dv, tq, tk, ndim, has_mask, fully_masked, extra_scales=())
             ("mask-inverted", _BLOCK_TRUE, {"mask_mode": "inverted", "rows": "uniform"}),
             ("mask-wrong-sign", "they are boosted, e.g. by + 1e10", {"mask_mode": "plus-blocked"}),
             ("mask-zero-before-softmax", "", {"mask_mode": "zero"}),
+            ("float-mask-not-additive", "1 where a key may be attended, 0 where not", {"mask_mode": "added01"}),
             ("weights-not-normalized", "you zero the blocked weights AFTER the softmax", {"mask_mode": "after"}),
         ]
         if fully_masked:

@@ -66,13 +66,15 @@ def check_merge_heads(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
 number_question(
     "3.split-entry",
-    answer=5,
-    why="head 1 owns features 3, 4, 5; its feature 2 is feature 5 of the model, at position 0: 10 * 0 + 5 = 5.",
+    answer=14,
+    why="with 3 heads of 2 features, head 2 owns features 4 and 5; its feature 0 is feature 4 of the model, at "
+        "position 1: 10 * 1 + 4 = 14.",
     known={
-        15: ("heads-split-without-transpose", "15 is what reshaping (B, T, D) straight to (B, H, T, Dh) gives: the "
+        22: ("heads-split-without-transpose", "22 is what reshaping (B, T, D) straight to (B, H, T, Dh) gives: the "
                                               "flat memory is cut into heads before the positions are separated."),
-        23: ("heads-split-without-transpose", "23 is what transposing (B, T, D) to (B, D, T) and then reshaping "
+        24: ("heads-split-without-transpose", "24 is what transposing (B, T, D) to (B, D, T) and then reshaping "
                                               "gives: the transpose must come AFTER the reshape to (B, T, H, Dh)."),
+        12: "12 is feature 2 of the model: head 2's features start at 2 * Dh = 4, not at 2.",
     },
     hint="Head h holds features h * Dh .. (h + 1) * Dh - 1 of every position.",
 )

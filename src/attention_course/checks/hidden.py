@@ -68,6 +68,7 @@ class Topic(enum.IntEnum):
     BLOCK = 8  # the transformer blocks
     CAPSTONE = 9
     WINDOW = 10  # chapter 9's sliding-window tiles
+    SINKS = 11  # chapter 14's sinks in a window
 
 
 def _rng(topic: Topic) -> np.random.Generator:
@@ -167,7 +168,7 @@ def sink_sizes() -> list[tuple[int, int, int]]:
     """(H, T, window) of a hidden sinks-in-a-window case (chapter 14): more heads, longer, a window inside T."""
     if not active():
         return []
-    rng = _rng(11)
+    rng = _rng(Topic.SINKS)
     t = _n(rng, 12, 20)
     return [(_n(rng, 3, 6), t, _n(rng, 2, t - 2))]
 

@@ -107,8 +107,9 @@ choice_question(
     why="the last query sees every key and each earlier query one key fewer: the triangle is aligned bottom-right, "
         "as when 3 new tokens attend a cache of 6 (query i sees keys j <= i + Tk - Tq).",
     wrong={
-        "A": ("causal-top-left-aligned", "a top-left triangle (is_causal=True, tril without diagonal) would let "
-                                         "query 0 see key 0 only and the last query keys 0..2."),
+        "A": ("causal-top-left-aligned", "a top-left triangle (is_causal=True: tril of a (3, 6) mask, "
+                                         "diagonal kept) would let query 0 see key 0 only and the last query keys "
+                                         "0..2."),
         "C": "a padding mask hides the same keys from EVERY query; here each query sees a different number of keys.",
         "D": ("causal-excludes-diagonal", "without the diagonal each query would see one key fewer: the last query "
                                           "would not see the last key."),
@@ -116,13 +117,13 @@ choice_question(
 )
 number_question(
     "4.allowed-pairs",
-    answer=39,
-    why="sequence 0 (length 6): 1 + 2 + ... + 6 = 21 pairs; sequence 1 (length 4): queries see min(i + 1, 4) keys, "
-        "1 + 2 + 3 + 4 + 4 + 4 = 18; 21 + 18 = 39.",
+    answer=35,
+    why="query i sees min(i + 1, length) keys: sequence 0 (length 5): 1 + 2 + 3 + 4 + 5 + 5 = 20 pairs; sequence 1 "
+        "(length 3): 1 + 2 + 3 + 3 + 3 + 3 = 15; 20 + 15 = 35.",
     known={
-        42: ("mask-ignored", "42 = 2 x 21 leaves out the padding mask of the second sequence."),
-        52: ("mask-ignored", "52 = 36 + 16 leaves out the causal mask: query i must not see the keys after i."),
-        31: "the padding mask hides padded KEYS only; padded queries still attend (their outputs are ignored later).",
+        42: ("mask-ignored", "42 = 2 x 21 leaves out the padding masks: only the causal triangle is counted."),
+        48: ("mask-ignored", "48 = 6 x 5 + 6 x 3 leaves out the causal mask: query i must not see the keys after i."),
+        21: "the padding mask hides padded KEYS only; padded queries still attend (their outputs are ignored later).",
     },
     hint="Count sequence by sequence: how many keys may query i of each sequence attend?",
 )

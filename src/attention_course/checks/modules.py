@@ -3,7 +3,9 @@ Keras (chapter 6), and the parameter count of multi-head attention.
 
 Known weights are loaded into the student's module (its ``nn.Linear`` layers, or its ``load_numpy_params``), the
 module runs on self- and cross-attention cases with masks, and its output is compared with the float64 reference;
-a module built with dropout=0.5 must be deterministic after ``.eval()``.
+a module built with dropout=0.5 must be deterministic after ``.eval()``, and one built with dropout=0.25 must, in
+``.train()`` mode, drop attention weights at that rate (:func:`_training_probe`: measured on the weights and output
+it returns, whatever its random numbers).
 """
 
 from __future__ import annotations
@@ -218,7 +220,79 @@ def _check_mha_body(make, load, run, label, test_dropout, atol=2e-5, rtol=1e-4, 
     outs = [as_array(split_result(run(module, query, key, value, mask, training=False), desc)[0], "result", desc)
             for _ in range(2)]
     _require_eval_outputs(outs, ref_out, atol, rtol, case=f"d_model={d_model}, num_heads={num_heads}: {desc}")
-    return text + "; dropout is off in eval mode"
+    module = make(d_model, num_heads, _TRAIN_P)
+    eye = np.eye(d_model)
+    effective = load(module, dict(params, w_v=eye, b_v=0 * eye[0], w_o=eye, b_o=0 * eye[0]))
+    d_h = d_model // num_heads
+    x = numpy_ref.merge_heads(_orthogonal_values(np.random.default_rng(3), (16, num_heads, d_h, d_h)))
+    _, ref_w = numpy_ref.multi_head_attention(x, x, x, effective, num_heads)
+    case = (f"d_model={d_model}, num_heads={num_heads}, dropout={_TRAIN_P}, training mode: self-attention, "
+            f"x {shape_text(x.shape)}")
+
+    def run_train():
+        out_s, w_s = split_result(run(module, x, x, x, None, training=True), case)
+        return as_array(out_s, "output", case), None if w_s is None else as_array(w_s, "weights", case)
+
+    def weights_from_output(out):  # out = merge(W @ V) with V = split(x), orthogonal per head: V^-1 = V^T / 4
+        heads, v = (numpy_ref.split_heads(a, num_heads) for a in (out, x))  # (B, H, T, Dh)
+        return heads @ np.swapaxes(v, -1, -2) / 4
+
+    _training_probe(run_train, ref_w, weights_from_output, case)
+    return text + "; dropout is off in eval mode and drops attention weights at rate p in training mode"
+
+
+_TRAIN_P = 0.25  # not 0.5: a module that drops with probability 1 - p instead of p must show it
+
+
+def _orthogonal_values(rng, shape) -> np.ndarray:
+    """(..., n, n) random orthogonal matrices, times 2: values from which attention weights can be read back."""
+    q, r = np.linalg.qr(rng.standard_normal(shape))
+    return 2 * q * np.sign(np.diagonal(r, axis1=-2, axis2=-1))[..., None, :]
+
+
+def _training_probe(run_train, ref_w, weights_from_output, case):
+    """Dropout in training mode, measured on one call of a module built with dropout=_TRAIN_P: it must act, at rate
+    p, on the attention weights. The probe loads an identity value projection (and output projection) and feeds
+    values that are orthogonal per head, so the weights the module applied can be read back from its output
+    (``weights_from_output``), whether or not it returns them, and whatever its random numbers: each must be either
+    dropped (0) or kept and scaled by 1 / (1 - p), about a fraction p of them dropped. ``run_train()`` -> the
+    student's (output, weights or None)."""
+    out_s, w_s = run_train()
+    applied = weights_from_output(out_s)
+    p, scale = _TRAIN_P, 1 / (1 - _TRAIN_P)
+    if w_s is not None and not close(w_s, applied, 1e-4, 1e-3):
+        raise fail("dropout-wrong-tensor", detail="its output is not the one the weights it returns give (it "
+                   "attends with other weights than it returns, or drops something else as well)", case=case)
+    if close(applied, ref_w, 1e-4, 1e-3):
+        raise fail("dropout-off-in-training", detail=f"built with dropout={p} and in .train() mode, it computes "
+                   "what it computes in .eval() mode", case=case)
+    allowed = ref_w > 1e-3
+    dropped = (np.abs(applied) < 1e-5) & allowed
+    kept = allowed & ~dropped
+    ratios = applied[kept] / ref_w[kept]
+    factor = float(np.median(ratios)) if ratios.size else 0.0
+    if not dropped.any() or not np.allclose(ratios, factor, rtol=1e-2):
+        raise fail("dropout-wrong-tensor", detail="the weights its output is made of are not the attention weights "
+                   "with some of them zeroed (each either 0 or the same multiple of the weight without dropout): "
+                   "dropout acts before the softmax, or on the values, the output or another tensor", case=case)
+    if not np.isclose(factor, scale, rtol=1e-2):
+        raise fail("dropout-wrong-rate", detail=f"the weights it keeps are multiplied by {factor:.3g}, where "
+                   f"dropout={p} keeps them scaled by 1 / (1 - p) = {scale:.3g}", case=case)
+    rate = float(dropped.sum() / allowed.sum())
+    if abs(rate - p) > 0.1:  # about six standard deviations of the rate over the probe's weights
+        raise fail("dropout-wrong-rate", detail=f"it drops {rate:.0%} of the attention weights, where dropout={p} "
+                   f"drops about {p:.0%}", case=case)
+
+
+def _keeping_rng(body):
+    """``body`` run so that the modules it builds and the dropout it draws leave the notebook's torch random stream
+    as it was: a cell after a check gives the same numbers whether the check ran or not."""
+
+    def run():
+        with torch.random.fork_rng(devices=[]):
+            return body()
+
+    return run
 
 
 def _require_eval_outputs(outs, ref_out, atol, rtol, case):
@@ -248,13 +322,16 @@ def check_multi_head_attention(cls, *, test_dropout: bool = True, timeout: float
         return _torch_module(cls, label, {"d_model": d_model, "num_heads": num_heads}, dropout, **dims)
 
     def run(module, query, key, value, mask, training=None):
+        if training is not None:
+            module.train(training)
         return _call_mha(module, query, key, value, mask, "torch", label)
 
     def layout_code(module):
         return "weight-not-transposed" if _has_linears(module) else "weight-layout-transposed"
 
-    run_check(lambda: _check_mha_body(make, lambda m, p: _load_torch_mha(m, p, label), run, label, test_dropout,
-                                       cross_dims=_accepts_cross_dims(cls), layout_code=layout_code), timeout)
+    run_check(_keeping_rng(lambda: _check_mha_body(make, lambda m, p: _load_torch_mha(m, p, label), run, label,
+                                                    test_dropout, cross_dims=_accepts_cross_dims(cls),
+                                                    layout_code=layout_code)), timeout)
 
 
 def _check_mha_function_body(fn, label, atol=2e-5, rtol=1e-4):
@@ -344,7 +421,7 @@ def check_keras_attention(cls, *, test_dropout: bool = True, timeout: float = 60
         return params
 
     def run(layer, query, key, value, mask, training=False):
-        return _call_mha(layer, query, key, value, mask, "tf", label, training=False)
+        return _call_mha(layer, query, key, value, mask, "tf", label, training=bool(training))
 
     def body():
         with _KerasErrorsUnfiltered():  # imports Keras (slow: TensorFlow) inside the time limit
@@ -417,7 +494,20 @@ def _check_single_head_body(cls, label, test_dropout, atol=2e-5, rtol=1e-4):
     outs = [as_array(split_result(_call_single_head(module, query, key, value, mask, label), desc)[0], "result", desc)
             for _ in range(2)]
     _require_eval_outputs(outs, ref_out, atol, rtol, case=f"d_in={d_in}, d_out={d_out}: {desc}")
-    return text + "; dropout is off in eval mode"
+    d = _SINGLE_HEAD_CONFIGS[0][0]  # square, for an identity value projection
+    module = _torch_module(cls, label, {"d_in": d, "d_out": d}, _TRAIN_P).train()
+    eye = np.eye(d)
+    effective = load(module, dict(single_head_params(d, d, seed=2 * d), w_v=eye, b_v=0 * eye[0]))
+    x = _orthogonal_values(np.random.default_rng(3), (12, d, d))
+    _, ref_w = _single_head_reference(x, x, x, effective, None)
+    case = f"d_in={d}, d_out={d}, dropout={_TRAIN_P}, training mode: self-attention, x {shape_text(x.shape)}"
+
+    def run_train():
+        out_s, w_s = split_result(_call_single_head(module, x, None, None, None, label), case)
+        return as_array(out_s, "output", case), None if w_s is None else as_array(w_s, "weights", case)
+
+    _training_probe(run_train, ref_w, lambda out: out @ np.swapaxes(x, -1, -2) / 4, case)
+    return text + "; dropout is off in eval mode and drops attention weights at rate p in training mode"
 
 
 def check_single_head_attention(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
@@ -435,7 +525,7 @@ def check_single_head_attention(cls, *, test_dropout: bool = True, timeout: floa
     be deterministic and match the reference.
     """
     label = display_name(cls, "SingleHeadAttention")
-    run_check(lambda: _check_single_head_body(cls, label, test_dropout), timeout)
+    run_check(_keeping_rng(lambda: _check_single_head_body(cls, label, test_dropout)), timeout)
 
 
 # ----------------------------------------------------------------------------------------------------------
