@@ -119,7 +119,8 @@ def test_table(graded):
     text = formats.format_table([graded[n] for n in ("solution", "planted", "misbehaving", "corrupt")])
     lines = text.splitlines()
     assert lines[0].endswith(f"solution_{NAME}: 5/5")
-    assert lines[1] == "  Exercise 1   Shift every score                                pass"
+    assert lines[1].startswith("  isolation: bwrap: namespaces")  # every report names the isolation used
+    assert lines[2] == "  Exercise 1   Shift every score                                pass"
     assert f"planted_{NAME}: 3/5\n" in text
     assert "  Exercise 5   Vectorised attention that survives an empty row  FAIL  [missing-scale]" in lines
     assert "  Exercise 4   Read the heatmap: which scaling?                 FAIL  [check-missing]" in lines
@@ -141,6 +142,7 @@ def test_json_and_csv_parse(graded):
     assert [(n["passed"], n["total"], n["error"]) for n in data["notebooks"]] == [(5, 5, None), (3, 5, None),
                                                                                   (0, 0, "no such file")]
     assert data["notebooks"][1]["reference"] == str(ROOT / "solutions" / NAME)
+    assert data["notebooks"][1]["isolation"].startswith("bwrap: ")
     assert data["notebooks"][2]["reference"] is None
     assert data["notebooks"][1]["exercises"][4]["code"] == "missing-scale"
     rows = list(csv.DictReader(io.StringIO(formats.format_csv(results))))
@@ -150,6 +152,7 @@ def test_json_and_csv_parse(graded):
     totals = [(r["notebook"].rsplit("/", 1)[-1], r["passed"], r["message"]) for r in rows if r["exercise"] == "total"]
     assert totals == [(f"solution_{NAME}", "5", "5/5"), (f"planted_{NAME}", "3", "3/5")]
     assert rows[-1]["code"] == "error" and rows[-1]["message"] == "no such file"
+    assert all(r["isolation"].startswith("bwrap: ") for r in rows)
 
 
 def test_command_line(tmp_path, capsys):
@@ -159,9 +162,11 @@ def test_command_line(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert [n["error"].split(" (")[0] for n in data["notebooks"]] == ["not a valid notebook", "no such file"]
     assert cli.main([str(bad), "--csv", "--timeout", "5"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "notebook,exercise,title,level,passed,code,message"
+    assert capsys.readouterr().out.splitlines()[0] == "notebook,exercise,title,level,passed,code,message,isolation"
     assert cli.main([str(tmp_path / "gone.ipynb")]) == 0
     assert capsys.readouterr().out == f"ERROR {tmp_path / 'gone.ipynb'}: no such file\n"
+    with pytest.raises(SystemExit):  # never silently weaker: without bubblewrap, only an explicit --isolation=rlimit
+        cli.main([str(bad), "--isolation", "none"])
     for usage_error in (["--json", "--csv", str(bad)], ["--solutions", str(tmp_path / "nowhere"), str(bad)],
                         ["--reference", str(tmp_path / "nowhere"), str(bad)],
                         ["--solutions", str(tmp_path), "--no-reference", str(bad)]):
@@ -193,14 +198,13 @@ def test_reference_notebooks_are_found_by_name(tmp_path):
 
 
 
-def test_default_reference_is_the_solutions_folder_of_the_current_directory(tmp_path, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    assert canonical.default_reference() == Path("solutions").resolve()
-    assert canonical.find_reference(f"x_{NAME}") == Path("solutions").resolve() / NAME  # AUTO
-    monkeypatch.chdir(tmp_path)  # e.g. an installed package, run where there are no solutions
-    assert canonical.default_reference() is None and canonical.find_reference(f"x_{NAME}") is None
+def test_default_reference_is_the_courses_solutions_folder_wherever_the_grader_runs(tmp_path, monkeypatch):
+    """The course's own solutions/ (beside the package's src/), never the current folder's: a student's clone
+    graded from inside must not supply its own reference."""
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "solutions").mkdir()
-    assert canonical.default_reference() == tmp_path / "solutions"
+    assert canonical.default_reference() == ROOT / "solutions"
+    assert canonical.find_reference(f"x_{NAME}") == ROOT / "solutions" / NAME  # AUTO
 
 
 def test_canonical_check_sources_replace_the_submissions(tmp_path):

@@ -12,12 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from attention_course.course import sandbox
+
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    # the grader's default isolation; without bubblewrap it refuses (exit 2) unless given --isolation=rlimit
+    assert sandbox.bwrap_works(), "the grader needs bubblewrap here (apt-get install bubblewrap), as CI installs it"
     tmp = tmp_path_factory.mktemp("course")
     for path in SOLUTIONS:
         shutil.copy(path, tmp / f"solved_{path.name}")
@@ -28,6 +32,7 @@ def graded(tmp_path_factory):
             "--solutions", str(ROOT / "solutions"), *map(str, sorted(tmp.glob("*.ipynb")))]
     done = subprocess.run([sys.executable, "-m", "attention_course.grade", *args], capture_output=True, text=True,
                           timeout=1500, env=env, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
     return {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
 
 

@@ -4,6 +4,7 @@ graded honestly (0/5), the solved one 5/5, nothing is written outside the sandbo
 output, no process outlives grading, and the batch ends within the notebook limit plus the grace period."""
 
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -18,11 +19,12 @@ import uuid
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from attention_course import checks
-from attention_course.course import canonical, cli, grade, judge, references, sandbox
+from attention_course.course import canonical, cli, grade, judge, references, sandbox, wire
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_soft_lookup_exercises.ipynb"
@@ -124,7 +126,7 @@ def _run(args, timeout, **env):
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    assert sandbox.backend() == "bwrap", "these tests need bubblewrap (apt-get install bubblewrap)"
+    assert sandbox.bwrap_works(), "these tests need bubblewrap (apt-get install bubblewrap)"
     tmp = tmp_path_factory.mktemp("hostile")
     outside, refs, subs = tmp / "outside", tmp / "reference", tmp / "submissions"
     for folder in (outside, refs, subs):
@@ -169,10 +171,12 @@ def test_every_attack_is_graded_zero_and_the_solved_notebook_full(batch):
 
 def test_the_diagnoses_are_honest(batch):
     results = _results(batch)
-    for name in ("replace_checks", "custom_exc", "input_transformer", "patch_allclose", "read_solutions",
-                 "write_outside", "forged_output", "new_session_child"):
+    for name in ("replace_checks", "patch_allclose", "write_outside", "forged_output", "new_session_child"):
         codes = {e["code"] for e in results[name]["exercises"]}
         assert codes == {"not-implemented"}, (name, codes)
+    for name in ("custom_exc", "input_transformer", "read_solutions"):  # IPython's hooks, exec: out of sight
+        codes = {e["code"] for e in results[name]["exercises"]}
+        assert codes == {"calls-reference"}, (name, codes)
     assert {e["code"] for e in results["hang"]["exercises"]} == {"timeout"}
     assert {e["code"] for e in results["class_for_function"]["exercises"]} == {"wrong-type"}
 
@@ -200,7 +204,7 @@ def test_forged_output_does_not_reach_csv_or_table(batch):
               str(batch["reference"]), str(path)]
     as_csv = _run(["--csv", *common], timeout=300)
     rows = list(csv.reader(io.StringIO(as_csv.stdout)))
-    assert rows[0] == ["notebook", "exercise", "title", "level", "passed", "code", "message"]
+    assert rows[0] == ["notebook", "exercise", "title", "level", "passed", "code", "message", "isolation"]
     assert len(rows) == 7 and all(r[4] == "0" for r in rows[1:])  # 5 exercises and the total
     table = _run(common, timeout=300)
     assert table.stdout.splitlines()[0] == f"{path}: 0/5"
@@ -250,13 +254,12 @@ def test_a_function_that_never_returns_fails_alone(tmp_path, body, code):
     assert [(e.passed, e.code) for e in result.exercises] == [(True, None)] * 3 + [(False, code), (True, None)]
 
 
-def test_the_rlimit_fallback_grades_the_same(tmp_path, monkeypatch):
+def test_the_rlimit_fallback_grades_the_same(tmp_path):
     """Without bubblewrap (weaker: see the instructor guide) the same worker judges the same way, under the same
     resource limits and with a scrubbed environment."""
-    monkeypatch.setattr(sandbox, "_BACKEND", "rlimit")
     shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
     nbformat.write(_with_cell(_attacks(tmp_path, tmp_path / "none.ipynb")["patch_allclose"]), tmp_path / f"x_{NAME}")
-    limits = sandbox.Limits(cell_s=CELL_S, notebook_s=60)
+    limits = sandbox.Limits(cell_s=CELL_S, notebook_s=60, isolation="rlimit")
     paths = [tmp_path / f"solved_{NAME}", tmp_path / f"x_{NAME}"]
     solved, attacked = grade.grade(paths, reference=FIXTURES / "solutions", limits=limits)
     assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
@@ -274,9 +277,10 @@ def test_under_rlimit_a_process_in_a_new_session_dies_with_a_killed_grader(tmp_p
               "os.kill(os.getppid(), 9)")
     nbformat.write(_with_cell(attack), tmp_path / f"orphan_{NAME}")
     shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
-    args = ["--jsonl", "-j", "2", "--timeout", str(CELL_S), "--notebook-timeout", "60", "--solutions",
+    args = ["--jsonl", "-j", "2", "--isolation", "rlimit", "--timeout", str(CELL_S), "--notebook-timeout", "60",
+            "--solutions",
             str(FIXTURES / "solutions"), str(tmp_path / f"orphan_{NAME}"), str(tmp_path / f"solved_{NAME}")]
-    done = _run(args, timeout=600, ATTENTION_COURSE_SANDBOX="rlimit")
+    done = _run(args, timeout=600)
     results = {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
     assert results[f"solved_{NAME}"]["passed"] == 5 and results[f"orphan_{NAME}"]["passed"] == 0
     time.sleep(1)
@@ -317,8 +321,7 @@ class MyFeedForward(nn.Module):
         return self.linear2(self.dropout({hidden}))
 """
 CHEATS = ("for n in dir(checks):\n    if n.startswith('check_'):\n        setattr(checks, n, lambda *a, **k: None)\n"
-          "torch.allclose = lambda *a, **k: True\nimport numpy as np\nnp.allclose = lambda *a, **k: True\n"
-          "get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)")
+          "torch.allclose = lambda *a, **k: True\nimport numpy as np\nnp.allclose = lambda *a, **k: True")
 
 
 def _class_notebook(hidden: str, *extra: str):
@@ -332,9 +335,10 @@ def _class_notebook(hidden: str, *extra: str):
 
 
 def test_a_class_is_judged_by_the_grader_not_by_the_sandbox(tmp_path):
-    """A class exercise whose submission forgets the activation and patches every check, torch.allclose,
-    np.allclose and IPython's exception hook: the checker runs in the grader, builds the module by reference and
-    names the mistake. (When a class's check ran inside the sandbox, these patches made it pass.)"""
+    """A class exercise whose submission forgets the activation and patches every check, torch.allclose and
+    np.allclose: the checker runs in the grader, builds the module by reference and names the mistake. (When a
+    class's check ran inside the sandbox, these patches made it pass. IPython's hooks are rejected before any
+    check: see the batch's custom_exc.)"""
     nbformat.write(_class_notebook("torch.relu(self.linear1(x))"), tmp_path / "reference.ipynb")
     nbformat.write(_class_notebook("self.linear1(x)", CHEATS), tmp_path / "cheat.ipynb")
     nbformat.write(_class_notebook("torch.relu(self.linear1(x))", CHEATS), tmp_path / "honest.ipynb")
@@ -355,11 +359,10 @@ ROUND_LIMITS = sandbox.Limits(cell_s=30, notebook_s=120, memory_mb=4096)
 
 
 @pytest.fixture(params=BACKENDS)
-def backend(request, monkeypatch):
+def backend(request):
     """Each attack runs under bubblewrap (required here, as in CI) and under the rlimit fallback."""
     if request.param == "bwrap":
         assert sandbox.bwrap_works(), "these tests need bubblewrap (apt-get install bubblewrap)"
-    monkeypatch.setattr(sandbox, "_BACKEND", request.param)
     return request.param
 
 
@@ -371,9 +374,10 @@ def _chapter_2_with(source: str, before_exercise: int):
     return nb
 
 
-def _grade_one(tmp_path, nb, name=CHAPTER_2, reference=ROOT / "solutions"):
+def _grade_one(tmp_path, nb, backend, name=CHAPTER_2, reference=ROOT / "solutions"):
     nbformat.write(nb, tmp_path / name)
-    return grade.grade_notebook(tmp_path / name, reference=reference, limits=ROUND_LIMITS, seed=1)
+    limits = dataclasses.replace(ROUND_LIMITS, isolation=backend)
+    return grade.grade_notebook(tmp_path / name, reference=reference, limits=limits, seed=1)
 
 
 WRITE_BACK = '''import torch
@@ -403,7 +407,7 @@ def test_student_code_cannot_write_into_the_checkers_arrays(tmp_path, backend):
     """A module that zeroes the weights it is given and returns zeros: the checker compares with what its own
     (untouched) weights give. (When the grader copied what a call left in its arguments back into the checker's,
     this module passed chapter 2's exercise 3.)"""
-    result = _grade_one(tmp_path, _chapter_2_with(WRITE_BACK, 3))
+    result = _grade_one(tmp_path, _chapter_2_with(WRITE_BACK, 3), backend)
     third = result.exercises[2]
     assert (third.exercise, third.passed) == (3, False), third
     assert result.passed == 0, result
@@ -416,3 +420,247 @@ def test_a_local_check_gives_the_student_code_copies_too():
     exec(WRITE_BACK, namespace)  # noqa: S102 - the attack's own source, written above
     with pytest.raises(checks.CheckFailed):
         checks.check_single_head_attention(namespace["MySingleHeadAttention"])
+
+
+def _chapter_1_with(cells: dict[int, str]):
+    """The frozen chapter 1 exercises with a cell inserted right before the check cell of each exercise given."""
+    nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
+    for number, source in sorted(cells.items(), reverse=True):
+        index = next(i for i, c in enumerate(nb.cells) if f"exercise-{number}" in c.metadata.get("tags", []))
+        nb.cells.insert(index, new_code_cell(source))
+    return nb
+
+
+REBOUND = {
+    1: "from attention_course.numpy_ref import softmax  # rebinds the stub's name",
+    3: "home = %env HOME\nfrom attention_course import numpy_ref\n\n"
+       "def attention(q, k, v, mask=None):\n    return numpy_ref.scaled_dot_product_attention(q, k, v, mask)",
+    4: "%time from attention_course.numpy_ref import causal_mask",
+}
+
+
+def test_calls_to_the_reference_are_read_as_ipython_runs_the_cells(tmp_path, backend):
+    """The library's functions bound to the exercises' names by an import after the stub, inside a `%time`
+    magic, and in a cell that a magic assignment made unparsable to Python: each is the reference, and each is
+    rejected. (A reading of the last `def` before the check, skipping cells Python cannot parse, passed them.)"""
+    result = _grade_one(tmp_path, _chapter_1_with(REBOUND), backend, name=NAME, reference=FIXTURES / "solutions")
+    codes = {e.exercise: e.code for e in result.exercises}
+    assert (codes[1], codes[3], codes[4]) == ("calls-reference",) * 3, result
+    assert result.passed == 0
+
+
+def _not_a_plain_file(tmp_path, kind: str) -> Path:
+    path = tmp_path / f"{kind}_{NAME}"
+    if kind == "link_to_solution":
+        path.symlink_to(FIXTURES / "solutions" / NAME)
+    elif kind == "link_to_dev_zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:  # 9 MB of metadata
+        nb = nbformat.read(FIXTURES / "exercises" / NAME, as_version=4)
+        nb.metadata["padding"] = "x" * 9 * 2**20
+        nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["link_to_solution", "link_to_dev_zero", "fifo", "oversized"])
+def test_files_that_are_not_what_they_seem_are_refused(tmp_path, backend, kind):
+    """A symbolic link (to a solution notebook: graded 5/5 before; to /dev/zero: read until the process was
+    killed), a FIFO (blocked the grader) and a notebook over the size limit are refused before they are read."""
+    path = _not_a_plain_file(tmp_path, kind)
+    start = time.monotonic()
+    limits = dataclasses.replace(ROUND_LIMITS, isolation=backend)
+    result = grade.grade_notebook(path, reference=FIXTURES / "solutions", limits=limits)
+    assert result.total == 0 and result.error, result
+    assert ("symbolic link" if kind.startswith("link") else "regular file" if kind == "fifo" else "limit") in \
+        result.error
+    assert time.monotonic() - start < 10
+
+
+def _clone_of_a_student(tmp_path) -> Path:
+    """A student's clone: its own solutions/ (a check cell that always passes) and its own attention_course package
+    at its root, whose grader prints a forged full mark."""
+    clone = tmp_path / "clone"
+    (clone / "solutions").mkdir(parents=True)
+    fake = nbformat.read(FIXTURES / "solutions" / NAME, as_version=4)
+    for cell in fake.cells:
+        if "check" in cell.metadata.get("tags", []):
+            cell.source = "print('ok')"
+    nbformat.write(fake, clone / "solutions" / NAME)
+    forged = json.dumps({"notebook": NAME, "passed": 5, "total": 5, "error": None, "reference": "forged",
+                         "exercises": []})
+    package = clone / "attention_course" / "course"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    for module in ("grade.py", "cli.py"):
+        (package / module).write_text(f"print('attention-grade-result ' + {forged!r})\n")
+    shutil.copy(ROOT / "exercises" / NAME, clone / NAME)
+    return clone
+
+
+def test_grading_inside_a_students_clone_takes_nothing_from_it(tmp_path, backend):
+    """Graded from inside a student's clone (as `python -P -m`, as the instructor guide says): the reference is the
+    course's solutions/, not the clone's, and no module of the clone is imported (before, each notebook's grader
+    process imported the clone's attention_course and printed its forged 5/5)."""
+    clone = _clone_of_a_student(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    done = subprocess.run([sys.executable, "-P", "-m", "attention_course.grade", "--jsonl", "--seed", "1",
+                           "--isolation", backend,
+                           "--timeout", str(CELL_S), "--notebook-timeout", "120", NAME], capture_output=True,
+                          text=True, timeout=600, env=env, cwd=clone, check=False)
+    result = json.loads(done.stdout.splitlines()[0])
+    assert (result["passed"], result["total"], result["reference"]) == (0, 5, str(ROOT / "solutions" / NAME)), done
+
+
+FORGE = "\x1b[2J\x1b]0;pwned\x07\n" + FORGED + " 5/5\u2028=HYPERLINK(1)"
+
+
+def _forging_notebook():
+    """Its own check cells (no reference): a title and an exception message that forge lines, drive the terminal
+    and start spreadsheet formulas."""
+    check = new_code_cell(f"raise ValueError({('=1+2' + FORGE)!r})")
+    check.metadata["tags"] = ["check", "exercise-1"]
+    cells = [new_markdown_cell("# Exercises: forged"),
+             new_markdown_cell("## Exercise 1 (core): =cmd|' /C calc'!A0 \x1b[31mred"), check]
+    return new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                              "language": "python"}})
+
+
+def test_report_text_is_escaped_for_each_format(tmp_path, backend):
+    """Exception messages and titles from a submission reach every format escaped: no escape code or forged line
+    in the table, no formula in the CSV, one ASCII line per result in JSON lines. (Before, the table carried the
+    escape codes and a line starting FORGED-LINE, and the CSV a cell starting with =.)"""
+    nbformat.write(_forging_notebook(), tmp_path / "forging.ipynb")
+    outputs = {}
+    for fmt in ("table", "--csv", "--jsonl"):
+        done = _run([*([fmt] if fmt != "table" else []), "--no-reference", "--isolation", backend, "--timeout",
+                     str(CELL_S), "--notebook-timeout", "120", str(tmp_path / "forging.ipynb")], timeout=600)
+        outputs[fmt] = done.stdout
+    table = outputs["table"]
+    assert "\x1b" not in table and "\x07" not in table and "\u2028" not in table
+    assert not any(line.startswith(FORGED) for line in table.splitlines()) and "FAIL  [ValueError]" in table
+    rows = list(csv.reader(io.StringIO(outputs["--csv"])))
+    assert len(rows) == 3 and all(not cell.startswith(("=", "+", "-", "@")) for row in rows for cell in row), rows
+    assert "\x1b" not in outputs["--csv"]
+    lines = outputs["--jsonl"].splitlines()
+    assert len(lines) == 1 and lines[0].isascii() and json.loads(lines[0])["exercises"][0]["message"].startswith("=1+2")
+
+
+def test_without_bubblewrap_the_grader_refuses_unless_the_weaker_mode_is_asked_for(tmp_path):
+    """Where bubblewrap is missing (here: not on PATH), grading stops with a clear message; --isolation=rlimit
+    grades, and the report says so. (Before, the grader silently used its rlimit backend and said nothing.)"""
+    shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / NAME)
+    common = ["--jsonl", "--timeout", str(CELL_S), "--notebook-timeout", "120", "--solutions",
+              str(FIXTURES / "solutions"), str(tmp_path / NAME)]
+    refused = _run(common, timeout=600, PATH=str(tmp_path))
+    assert refused.returncode == 2 and "bubblewrap is not available" in refused.stderr and refused.stdout == ""
+    weaker = _run(["--isolation", "rlimit", *common], timeout=600, PATH=str(tmp_path))
+    result = json.loads(weaker.stdout)
+    assert result["passed"] == 5 and result["isolation"].startswith("rlimit (weaker")
+
+
+def _message(header: dict, arrays: dict, compress: bool = False) -> bytes:
+    buf = io.BytesIO()
+    data = {f"x_{k}": v for k, v in arrays.items()}
+    header_array = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    (np.savez_compressed if compress else np.savez)(buf, __header__=header_array, **data)
+    return buf.getvalue()
+
+
+def test_the_wire_refuses_what_would_grow_in_the_grader():
+    """A few-MB compressed message (before: decompressed into 2-3 GB), a 200-byte description with a huge dtype,
+    a header over its limit, arrays of a dtype outside the list: refused before they are decoded; a reply naming a
+    new type for each of 600k items makes at most 256 classes."""
+    bomb = _message({"op": "check"}, {"a0": np.zeros(2**26, dtype=np.uint8)}, compress=True)
+    assert len(bomb) < 2**20
+    for body in (bomb, _message({"op": "check", "pad": "x" * (2 * 2**20)}, {}),
+                 _message({"op": "check"}, {"a0": np.zeros(3, dtype="<U3")}),
+                 _message({"op": "check"}, {"a0": np.zeros((1,) * 9)})):
+        with pytest.raises(wire.WireError, match="malformed"):
+            wire.unpack(body)
+    forged = {"value": {"t": "numpy", "a": "a0"}, "arrays": {"a0": [1]}, "dtypes": {"a0": "(1000000000000,)f8"}}
+    with pytest.raises((wire.WireError, TypeError, ValueError)):
+        wire.decode_value(forged)
+    items = [{"t": "opaque", "type": f"T{i}"} for i in range(600_000)]
+    values = wire.decode({"t": "list", "v": items}, {})
+    assert len(values) == 600_000 and len(wire._NAMED) <= wire.MAX_NAMED + 1
+
+
+TOTALS = '''import os, subprocess, sys
+
+def fill(folder, limit):
+    """Write 1 MB files into folder until limit or an error; the bytes written."""
+    total, i = 0, 0
+    block = b"x" * 2**20
+    try:
+        while total < limit:
+            with open(os.path.join(folder, f"f{i}"), "wb") as f:
+                f.write(block)
+            total, i = total + len(block), i + 1
+    except OSError:
+        pass
+    return total
+
+def children_that_got(mb, n):
+    """How many of n child processes, together, could each fill mb of memory (each under the per-process limit)."""
+    code = f"b = bytearray(b'x') * ({mb} * 2**20); import time; time.sleep(3)"
+    return sum(p.wait() == 0 for p in [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)])
+'''
+
+
+def _totals_notebook():
+    """Its own check cells (no reference), run in the sandbox: each passes when the limit held."""
+    checks_ = {1: "assert fill('.', 700 * 2**20) <= 512 * 2**20", 2: "assert fill('/tmp', 400 * 2**20) <= 256 * 2**20",
+               3: "assert children_that_got(700, 3) < 3"}
+    cells = [new_markdown_cell("# Exercises: totals"), new_code_cell(TOTALS)]
+    for number, source in checks_.items():
+        check = new_code_cell(source)
+        check.metadata["tags"] = ["check", f"exercise-{number}"]
+        cells += [new_markdown_cell(f"## Exercise {number} (core): limit {number}"), check]
+    return new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                              "language": "python"}})
+
+
+def test_the_sandbox_is_limited_in_total(tmp_path):
+    """Under bubblewrap: its folder and /tmp are tmpfs of fixed sizes (before: 700 MB written to the host's disk,
+    a /tmp in RAM that no limit counted), and its processes share one memory limit (a cgroup, as root; before,
+    three children each under the per-process limit used 2.1 GB under a 2 GB limit). The rlimit mode bounds
+    neither the disk in total nor, without a cgroup, memory across processes, and its reports say so."""
+    nbformat.write(_totals_notebook(), tmp_path / "totals.ipynb")
+    limits = sandbox.Limits(cell_s=60, notebook_s=240, memory_mb=2048)
+    result = grade.grade_notebook(tmp_path / "totals.ipynb", reference=None, limits=limits)
+    assert [(e.exercise, e.passed) for e in result.exercises[:2]] == [(1, True), (2, True)], result
+    if sandbox._cgroup_parents("memory"):
+        assert result.exercises[2].passed, result
+    weaker = sandbox.describe(dataclasses.replace(limits, isolation="rlimit"))
+    assert "disk in total unlimited" in weaker
+
+
+def _leftovers(tmp: Path) -> list[str]:
+    """Sandbox folders in ``tmp`` and cgroups of grader processes that are gone."""
+    found = [p.name for p in tmp.glob(f"{sandbox.CGROUP_PREFIX}*")]
+    for controller in ("pids", "memory"):
+        for parent in sandbox._cgroup_parents(controller):
+            for group in parent.glob(f"{sandbox.CGROUP_PREFIX}*-*"):
+                pid = group.name[len(sandbox.CGROUP_PREFIX):].split("-")[0]
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    found.append(str(group))
+    return found
+
+
+def test_nothing_is_left_behind(tmp_path, backend):
+    """After a batch with a submission that kills its grader process and an honest one: no sandbox folder, no
+    cgroup (before: an empty pids cgroup for every notebook graded, and under rlimit the folder of a killed
+    grader)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    nbformat.write(_with_cell(_attacks(tmp_path, tmp_path / "x")["kill_grader"]), tmp_path / f"kill_{NAME}")
+    shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
+    done = _run(["--jsonl", "-j", "2", "--isolation", backend, "--timeout", str(CELL_S), "--notebook-timeout", "120",
+                 "--solutions", str(FIXTURES / "solutions"), str(tmp_path / f"kill_{NAME}"),
+                 str(tmp_path / f"solved_{NAME}")], timeout=600, TMPDIR=str(tmp))
+    results = {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
+    assert results[f"solved_{NAME}"]["passed"] == 5 and results[f"kill_{NAME}"]["passed"] == 0
+    assert _leftovers(tmp) == []

@@ -14,6 +14,9 @@ check takes a class. :func:`plan` puts the reference's check sources into a subm
 from __future__ import annotations
 
 import ast
+import errno
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +25,8 @@ import nbformat
 from . import references
 from .exercises import CHECK_TAG, exercise_number, parse_heading
 
-AUTO = "auto"  # reference=AUTO: the solutions/ folder of the current directory, if there is one
+AUTO = "auto"  # reference=AUTO: the solutions/ folder of the course's repository (see default_reference)
+MAX_NOTEBOOK_BYTES = 8 * 2**20  # a submission larger than this is refused before it is parsed
 
 
 @dataclass
@@ -97,14 +101,31 @@ def check_cells(nb) -> list[CheckCell]:
     return found
 
 
-def read_notebook(path: Path):
-    """(notebook, None) or (None, the reason it cannot be graded)."""
+def read_notebook(path: Path, limit: int = MAX_NOTEBOOK_BYTES):
+    """(notebook, None) or (None, the reason it cannot be graded). Only a regular file is read, never through a
+    symbolic link (a link to a solution notebook, to ``/dev/zero``) nor a device or a FIFO, and only up to
+    ``limit`` bytes: its size is checked before anything is parsed."""
     try:
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO waits not
     except FileNotFoundError:
         return None, "no such file"
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return None, "a symbolic link: the grader reads only regular files (copy the notebook itself)"
+        return None, f"cannot read the file ({type(err).__name__})"
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None, "not a regular file (a folder, device or FIFO): the grader reads only regular files"
+        if info.st_size > limit:
+            return None, f"the file has {info.st_size} bytes, over the grader's limit of {limit} bytes"
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        return None, f"the file has over {limit} bytes, the grader's limit"
+    try:
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+        nbformat.validate(nb)
+    except UnicodeDecodeError as err:
         return None, f"cannot read the file ({type(err).__name__})"
     except Exception as err:  # noqa: BLE001 - nbformat raises several kinds of errors for non-notebooks
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -113,8 +134,12 @@ def read_notebook(path: Path):
 
 
 def default_reference() -> Path | None:
-    """The ``solutions/`` folder of the current directory (the course's root, where instructors grade), or None."""
-    folder = Path.cwd() / "solutions"
+    """The ``solutions/`` folder of the course whose package this is (the repository holding ``src/``), or None
+    (an installed package has none). Never the current folder's: grading from inside a student's clone must not
+    take the student's ``solutions/`` as the reference."""
+    import attention_course
+
+    folder = Path(attention_course.__file__).resolve().parents[2] / "solutions"
     return folder if folder.is_dir() else None
 
 
@@ -123,7 +148,7 @@ def find_reference(notebook: str | Path, reference: str | Path | None = AUTO) ->
 
     ``reference`` is a solution notebook (used for every submission), a folder of them (the one with the
     submission's name, or whose name the submission's name ends with after ``_``, ``-``, ``.`` or a space; the
-    longest such match), ``AUTO`` (the ``solutions/`` folder of the current directory, if any) or None.
+    longest such match), ``AUTO`` (:func:`default_reference`) or None.
     """
     if reference == AUTO:
         reference = default_reference()

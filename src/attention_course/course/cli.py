@@ -9,17 +9,17 @@ Each notebook is graded by :func:`.grade.grade_notebook` (a sandbox runs it, the
 process of its own; ``--timeout`` (default 60 s) limits each cell and ``--notebook-timeout`` (default 300 s) each
 notebook; the checkers' hidden cases are drawn from ``--seed`` (default: random per run).
 
-Canonical check cells: a submission is graded against the check cells of its **reference** notebook, not its own,
-so that deleting or editing a check cell (e.g. to ``pass``) gains nothing. The reference is the solution notebook
-of the same name in the reference folder (``--solutions DIR``, also spelled ``--reference DIR``; default: the
-``solutions/`` folder of the current directory, when there is one); a name with a prefix also matches, e.g.
-``ada_lovelace_04_masking_exercises.ipynb`` is graded against ``04_masking_exercises.ipynb``. ``--solutions FILE``
-grades every submission against that one solution notebook (for renamed files). Before the run, the source of
-each check cell tagged ``exercise-N`` is replaced by the reference's check cell of exercise N; the exercises,
-their titles and levels are the reference's. An exercise whose check cell the submission no longer has (deleted,
-or its tags removed) fails with the code ``check-missing``; it still counts in the total. Without a reference
-(``--no-reference``, no matching name, or no solutions folder) the notebook's own check cells are graded, and the
-table says so.
+Canonical check cells (:mod:`.canonical`): a submission is graded against the check cells of its **reference**
+notebook, the solution notebook of the same name in ``--solutions DIR`` (also spelled ``--reference DIR``; default:
+the ``solutions/`` folder of the course's repository that this package belongs to, never the current folder's); a
+name with a prefix also matches, e.g. ``ada_lovelace_04_masking_exercises.ipynb`` is graded against
+``04_masking_exercises.ipynb``. ``--solutions FILE`` grades every submission against that one solution notebook
+(for renamed files). Without a reference (``--no-reference``, or no matching name) the notebook's own check cells
+are graded, and the table says so.
+
+Files: only regular files of at most 8 MB are graded; a symbolic link, a device or a FIFO is refused with an
+``ERROR`` line. The current folder is taken off the import path (run the grader as ``python -P -m
+attention_course.grade``, so that not even its start imports from the current folder).
 
 Output (:mod:`.results`): each notebook's result is written as soon as it is known (``-j N`` grades N notebooks at
 once, each in a child process of its own, so a crash loses nothing already written and the batch goes on): a table
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import secrets
 import subprocess
 import sys
@@ -44,10 +46,19 @@ from pathlib import Path
 from .canonical import AUTO, default_reference
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, grade_notebook
 from .results import NotebookResult, format_csv, format_json, format_jsonl, format_table
-from .sandbox import Limits, adopt_orphans, kill_adopted
+from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works, kill_adopted, remove_left_by
 
 GRACE_S = 30  # a notebook's child process is killed this long after the notebook's time limit
 RESULT_PREFIX = "attention-grade-result "
+SEED_VARIABLE = "ATTENTION_GRADE_SEED"  # the hidden cases' seed, from the command line to its child processes
+GRADER_MEMORY_MB = 8192  # address space of the grader's own process for one notebook (PyTorch, TensorFlow)
+ISOLATION_HELP = (
+    "how each submission is isolated. bwrap (the default; needs bubblewrap): its own namespaces, no network, only "
+    "the system's and the package's files, read-only, a tmpfs folder and /tmp of fixed sizes, memory and processes "
+    "limited in total by cgroups where the grader may make them (as root). rlimit (weaker, only when asked for): "
+    "resource limits per process; its code can read every file of the user it runs as (run as root, the grader "
+    "runs it as nobody: make the solutions and the submissions unreadable to others), use the network and "
+    "signal that user's processes. Every report names the isolation used.")
 
 
 _CHILDREN_LOCK = threading.Lock()
@@ -59,15 +70,18 @@ def _grade_in_child(path: str, args) -> NotebookResult:
     on, and the child is killed at the notebook's time limit plus a grace period. Then every orphan this process
     adopted (see :func:`.sandbox.adopt_orphans`) is killed: a submission that killed its grader process does not
     leave processes behind, even under the rlimit backend."""
-    cmd = [sys.executable, "-m", "attention_course.course.cli", "--one", path, "--timeout", str(args.timeout),
+    cmd = [sys.executable, "-P", "-m", "attention_course.course.cli", "--one", path, "--timeout", str(args.timeout),
            "--notebook-timeout", str(args.notebook_timeout), "--memory-mb", str(args.memory_mb),
-           "--seed", str(args.seed)]
+           "--isolation", args.isolation]
     cmd += ["--no-reference"] if args.reference is None else ["--solutions", str(args.reference)]
+    env = dict(os.environ, **{SEED_VARIABLE: str(args.seed)})  # not on the command line, which every user can read
     try:
         with _CHILDREN_LOCK:  # registered before another thread can take it for an orphan
-            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
                                      stderr=subprocess.DEVNULL, text=True, start_new_session=True)
             _LIVE_CHILDREN.add(child.pid)
+        memory = GRADER_MEMORY_MB * 2**20
+        resource.prlimit(child.pid, resource.RLIMIT_AS, (memory, memory))
         try:
             out, _ = child.communicate(timeout=args.notebook_timeout + GRACE_S)
         except subprocess.TimeoutExpired:
@@ -78,6 +92,7 @@ def _grade_in_child(path: str, args) -> NotebookResult:
             with _CHILDREN_LOCK:
                 _LIVE_CHILDREN.discard(child.pid)
                 kill_adopted(keep=set(_LIVE_CHILDREN))
+            remove_left_by(child.pid)
         lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
         if child.returncode == 0 and len(lines) == 1:
             return NotebookResult.from_dict(json.loads(lines[0][len(RESULT_PREFIX):]))
@@ -114,9 +129,26 @@ class _Writer:
             self._write(format_json(sorted(self.results, key=lambda r: rank.get(r.notebook, len(rank)))))
 
 
+def _without_current_folder() -> list[str]:
+    """Take the current folder off the import path (``python -m`` puts it first, so a student's clone graded from
+    inside would have its files imported into the grader); return the modules already imported from it."""
+    here = Path.cwd().resolve()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".") and Path(p).resolve() != here]
+    found = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and "." not in name and Path(file).resolve().parent in (here, here / name):
+            found.append(f"{name} ({file})")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attention_course.grade",
-                                     description="Run exercise notebooks in a sandbox and report which exercises pass.")
+    parser = argparse.ArgumentParser(
+        prog="python -m attention_course.grade", description="Run exercise notebooks in a sandbox and report which "
+        "exercises pass.", epilog="Run it as python -P -m attention_course.grade (nothing imported from the current "
+        "folder). Only regular files of at most 8 MB are graded. The CSV has one row per exercise and, per notebook, "
+        "a row whose exercise is 'total', whose passed is the number passed and whose message is passed/total; its "
+        "last column, like a line of the table and a field of the JSON, names the isolation used.")
     parser.add_argument("notebooks", nargs="*", help="submitted .ipynb files")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON document at the end")
@@ -125,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
     parser.add_argument("--notebook-timeout", type=int, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
                         help="time limit per notebook, in seconds")
-    parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory limit per notebook")
+    parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb,
+                        help="memory limit per notebook (all its processes together where a cgroup can be made)")
+    parser.add_argument("--isolation", choices=ISOLATIONS, default="bwrap", help=ISOLATION_HELP)
     parser.add_argument("--seed", type=int, default=None,
                         help="seed of the checkers' hidden cases (default: a random one per run)")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
@@ -133,10 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     ref = parser.add_mutually_exclusive_group()
     ref.add_argument("--solutions", "--reference", dest="reference", metavar="PATH", default=AUTO,
                      help="folder of solution notebooks (matched by name) or one solution notebook whose check cells "
-                     "grade the submissions (default: ./solutions, if there is one)")
+                     "grade the submissions (default: the solutions/ folder of the course's repository that this "
+                     "package belongs to, if there is one; never the current folder's)")
     ref.add_argument("--no-reference", dest="reference", action="store_const", const=None,
                      help="grade each notebook with its own check cells")
     args = parser.parse_args(argv)
+    shadowing = _without_current_folder()
+    if shadowing:
+        parser.error(f"modules were imported from the current folder: {', '.join(shadowing)}. Run the grader from "
+                     "another folder, or as python -P -m attention_course.grade")
     if args.reference not in (AUTO, None) and not Path(args.reference).exists():
         parser.error(f"--solutions {args.reference}: no such file or folder")
     if args.jobs < 1 or args.timeout < 1 or args.notebook_timeout < 1 or args.memory_mb < 64:
@@ -145,15 +184,22 @@ def main(argv: list[str] | None = None) -> int:
         args.reference = Path(args.reference).resolve()
     elif args.reference == AUTO:
         args.reference = default_reference()
+    if args.one and os.environ.get(SEED_VARIABLE, "").isdigit():
+        args.seed = int(os.environ[SEED_VARIABLE])
     args.seed = secrets.randbelow(2**31) if args.seed is None else args.seed
     if args.seed < 0:
         parser.error("--seed must be a non-negative integer")
-    limits = Limits(cell_s=args.timeout, notebook_s=args.notebook_timeout, memory_mb=args.memory_mb)
+    if args.isolation == "bwrap" and not bwrap_works():
+        parser.error("bubblewrap is not available here (not installed, or no user namespaces): install it "
+                     "(apt-get install bubblewrap), or ask for the weaker isolation with --isolation=rlimit, "
+                     "knowing what it does not protect (see --help)")
+    limits = Limits(cell_s=args.timeout, notebook_s=args.notebook_timeout, memory_mb=args.memory_mb,
+                    isolation=args.isolation)
     adopt_orphans()
     if args.one:
         result = grade_notebook(args.one, args.timeout, args.reference, limits, args.seed)
         kill_adopted()
-        sys.stdout.write(RESULT_PREFIX + json.dumps(result.as_dict(), ensure_ascii=False) + "\n")
+        sys.stdout.write(RESULT_PREFIX + format_jsonl(result) + "\n")
         return 0
     if not args.notebooks:
         parser.error("give at least one notebook")

@@ -27,7 +27,7 @@ from ..checks import hidden
 from . import canonical, judge, references, wire
 from .canonical import AUTO, Exercise, Reference
 from .results import ExerciseResult, NotebookResult
-from .sandbox import Limits, Sandbox, SandboxError
+from .sandbox import Limits, Sandbox, SandboxError, bwrap_works, describe
 
 DEFAULT_TIMEOUT_S = 60
 DEFAULT_NOTEBOOK_TIMEOUT_S = 300
@@ -122,7 +122,11 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S, reference
 
 
 def _grade_notebook(path, reference, limits) -> NotebookResult:
-    result = NotebookResult(str(path))
+    result = NotebookResult(str(path), isolation=describe(limits))
+    if limits.isolation == "bwrap" and not bwrap_works():
+        result.error = ("bubblewrap is not available here: install it (apt-get install bubblewrap), or ask for the "
+                        "weaker isolation (--isolation=rlimit)")
+        return result
     path = Path(path)
     nb, result.error = canonical.read_notebook(path)
     if nb is None:

@@ -126,14 +126,8 @@ class Remote:
     own probes of special names (``__array__``, ``__len__``) are not forwarded. Its type is named after the
     object's, so messages read "built a Linear"."""
 
-    _named: dict[str, type] = {}
-
     def __new__(cls, sandbox: Sandbox, key: str, target: str, info: dict):
-        name = str(info.get("type") or "object")
-        name = name if name.isidentifier() else "object"
-        if name not in Remote._named:
-            Remote._named[name] = type(name, (Remote,), {})
-        return object.__new__(Remote._named[name])
+        return object.__new__(wire.named_class(str(info.get("type") or "object"), Remote))
 
     def __init__(self, sandbox: Sandbox, key: str, target: str, info: dict):
         name = info.get("name") if isinstance(info.get("name"), str) else ""

@@ -13,22 +13,27 @@ modules (``check_*``, ``np.allclose``, IPython hooks) can change a verdict.
 
 Backends (:func:`backend`):
 
-* ``bwrap`` (bubblewrap, Debian package ``bubblewrap``): new user, mount, PID, network, IPC and UTS namespaces;
-  the file system holds only the system folders, the Python installation and the package read-only (the
-  course's ``solutions/``, the repository and other submissions are not there), a private ``/tmp`` and the
-  submission's folder; no network; an unprivileged user with no capabilities; killing the sandbox kills every
-  process in it (PID namespace, ``--die-with-parent``).
-* ``rlimit`` (where bubblewrap is missing): the same worker, resource limits and scrubbed environment, but it
-  can read every file the grader's user can, use the network and signal the user's other processes. A killed
-  grader process takes its worker with it (``PR_SET_PDEATHSIG``), and the command line's processes adopt and kill
-  what a submission started in a new session (:func:`adopt_orphans`); only when the instructor kills the whole
-  command line does such a process live on. Weaker: use it only for trusted classes, or install bubblewrap.
+* ``bwrap`` (bubblewrap, Debian package ``bubblewrap``; the default: without it the grader refuses): new user,
+  mount, PID, network, IPC and UTS namespaces; the file system holds only the system folders, the Python
+  installation and the package read-only (the course's ``solutions/``, the repository and other submissions are
+  not there), and two size-limited tmpfs, ``/tmp`` and the submission's folder, gone with the sandbox; no network;
+  an unprivileged user with no capabilities; killing the sandbox kills every process in it (PID namespace,
+  ``--die-with-parent``).
+* ``rlimit`` (weaker, only when the instructor asks for it): the same worker, resource limits and scrubbed
+  environment in a folder of its own, but it can read every file of the user it runs as (``nobody`` when the
+  grader runs as root and that user can run this Python: :func:`unprivileged_user`), use the network and signal
+  that user's processes; its folder is limited per file, not in total. A killed grader process takes its worker
+  with it (``PR_SET_PDEATHSIG``), and the command line's processes adopt and kill what a submission started in a
+  new session (:func:`adopt_orphans`); only when the instructor kills the whole command line does such a process
+  live on.
 
-Both: a scrubbed environment, limits on memory (``RLIMIT_AS``), CPU time, file size, core dumps and processes
-(``RLIMIT_NPROC``, and a ``pids`` cgroup where the grader may create one: root ignores ``RLIMIT_NPROC``), its own
-session and process group killed at the end, a hard time limit per notebook (the grader kills the sandbox) and
-per cell, and a size limit on every reply. The worker's stdout and stderr go to ``/dev/null``: nothing the
-submission prints reaches the grader's output.
+Both: a scrubbed environment, limits on memory (a ``memory`` cgroup for all its processes where the grader may
+create one, as root, and ``RLIMIT_AS`` per process), CPU time, file size, core dumps and processes (a ``pids``
+cgroup, else ``RLIMIT_NPROC``), its own session and process group killed at the end, a hard time limit per
+notebook (the grader kills the sandbox) and per cell, and a size limit on every reply. Cgroups and folders are
+named after the grader process that made them, so that the command line removes what a killed one left
+(:func:`remove_left_by`). :func:`describe` says all this in the words every report carries. The worker's stdout
+and stderr go to ``/dev/null``: nothing the submission prints reaches the grader's output.
 """
 
 from __future__ import annotations
@@ -43,8 +48,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from . import wire
 from .kernel import KERNEL_ENV
@@ -56,19 +64,22 @@ ETC = ["/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localti
        "/etc/passwd", "/etc/group", "/etc/alternatives", "/etc/matplotlibrc", "/etc/mime.types"]
 
 
+ISOLATIONS = ("bwrap", "rlimit")
+
+
 @dataclass
 class Limits:
-    """Resource limits of one submission."""
+    """How one submission is isolated and limited."""
 
     notebook_s: float = 300.0  # wall time of the whole notebook, cells and calls together
     cell_s: float = 60.0  # wall time of one cell
-    memory_mb: int = 8192  # address space (TensorFlow reserves a lot of it)
+    memory_mb: int = 8192  # memory: of all its processes together where a cgroup can be made, else address space
     processes: int = 256  # processes and threads
     file_mb: int = 64  # size of any file written
     output_mb: int = 64  # size of one reply
-
-
-_BACKEND: str | None = None
+    disk_mb: int = 512  # bwrap: its writable folder, a tmpfs of this size
+    tmp_mb: int = 256  # bwrap: its /tmp, a tmpfs of this size
+    isolation: str = "bwrap"  # "bwrap", or "rlimit": weaker, only when the instructor asks for it
 
 
 @functools.cache
@@ -81,13 +92,43 @@ def bwrap_works() -> bool:
     return subprocess.run(command, capture_output=True, timeout=30, check=False).returncode == 0
 
 
-def backend() -> str:
-    """``"bwrap"`` when bubblewrap runs here, else ``"rlimit"`` (weaker: see the module docstring)."""
-    global _BACKEND
-    if _BACKEND is None:
-        forced = os.environ.get("ATTENTION_COURSE_SANDBOX") == "rlimit"
-        _BACKEND = "bwrap" if not forced and bwrap_works() else "rlimit"
-    return _BACKEND
+UNPRIVILEGED = 65534  # rlimit as root: the submission runs as this user ("nobody") instead, where it can
+
+
+def _drop_privileges() -> None:  # pragma: no cover - runs in a child between fork and exec
+    os.setgroups([])
+    os.setgid(UNPRIVILEGED)
+    os.setuid(UNPRIVILEGED)
+
+
+@functools.cache
+def unprivileged_user() -> int | None:
+    """The user the rlimit mode runs a submission as: ``nobody`` when the grader runs as root and ``nobody`` can
+    run this Python and import the package (an interpreter under ``/root`` it cannot), else None (the grader's)."""
+    if os.getuid() != 0:
+        return None
+    try:
+        probe = subprocess.run([sys.executable, "-P", "-c", "import attention_course.course.worker"], check=False,
+                               env={"PYTHONPATH": str(_package_root())}, capture_output=True, timeout=120, cwd="/",
+                               preexec_fn=_drop_privileges)  # noqa: PLW1509 - the grader's process: one thread
+    except OSError:  # e.g. PermissionError: the interpreter is out of its reach
+        return None
+    return UNPRIVILEGED if probe.returncode == 0 else None
+
+
+def describe(limits: Limits) -> str:
+    """What the isolation of a submission is, as every report names it."""
+    memory = (f"{limits.memory_mb} MB of memory in total (cgroup)" if _cgroup_parents("memory")
+              else f"{limits.memory_mb} MB of address space per process (no cgroup here)")
+    processes = f"{limits.processes} processes" + (" (cgroup)" if _cgroup_parents("pids") else " (RLIMIT_NPROC)")
+    if limits.isolation == "bwrap":
+        return (f"bwrap: namespaces (no network, no files but the system's and the package's, read-only), "
+                f"{memory}, {processes}, a {limits.disk_mb} MB folder and {limits.tmp_mb} MB /tmp (tmpfs)")
+    user = ("as nobody, " if unprivileged_user() is not None else
+            "as the grader's user (root: nobody cannot run this Python), " if os.getuid() == 0 else
+            "as the grader's user, ")
+    return (f"rlimit (weaker: {user}no namespaces: it can read what that user can, use the network), {memory}, "
+            f"{processes}, {limits.file_mb} MB per file, disk in total unlimited")
 
 
 def _package_root() -> Path:
@@ -108,57 +149,109 @@ def _readonly_paths() -> list[str]:
     return unique
 
 
-def _environment(limits: Limits) -> dict:
+def _environment(limits: Limits, home: str) -> dict:
     env = dict(KERNEL_ENV)
     env.update({
-        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
         "PYTHONPATH": str(_package_root()), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
-        "MPLCONFIGDIR": "/tmp", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        "MPLCONFIGDIR": home, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
         "CUDA_VISIBLE_DEVICES": "",
     })
     return env
 
 
-def _command(folder: Path, env: dict) -> tuple[list[str], dict]:
-    worker = [sys.executable, "-s", "-B", "-m", "attention_course.course.worker"]
-    if backend() != "bwrap":
-        return worker + [str(folder)], env
+def _command(folder: Path | None, limits: Limits) -> tuple[list[str], dict]:
+    """The worker's command and environment: under bwrap in fresh size-limited tmpfs folders (``folder`` is
+    None), under rlimit in ``folder``."""
+    worker = [sys.executable, "-s", "-B", "-P", "-m", "attention_course.course.worker"]
+    if limits.isolation != "bwrap":
+        return worker + [str(folder)], _environment(limits, str(folder))
     # bwrap mounts in order: the private /tmp first, so that a Python or a package that lives under /tmp (a
     # clone in /tmp) is bound on top of it instead of hidden by it
-    cmd = ["bwrap", "--tmpfs", "/tmp"]
+    cmd = ["bwrap", "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp"]
     for path in _readonly_paths():
         cmd += ["--ro-bind", path, path]
-    cmd += ["--bind", str(folder), SANDBOX_DIR, "--chdir", SANDBOX_DIR, "--dev", "/dev", "--proc", "/proc",
-            "--unshare-all", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+    cmd += ["--size", str(limits.disk_mb * 2**20), "--tmpfs", SANDBOX_DIR, "--chdir", SANDBOX_DIR,
+            "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--die-with-parent", "--new-session", "--clearenv"]
-    for key, value in env.items():
+    for key, value in _environment(limits, "/tmp").items():
         cmd += ["--setenv", key, value]
     return cmd + worker + [SANDBOX_DIR], {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
-def _pids_cgroup(limits: Limits) -> Path | None:
-    """A fresh ``pids`` cgroup limited to ``limits.processes``, where this process may create one (v1 or v2)."""
-    for parent in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
-        if not (parent / "cgroup.procs").exists() or not os.access(parent, os.W_OK):
-            continue
-        try:
-            group = Path(tempfile.mkdtemp(prefix="attention-grade-", dir=parent))
-        except OSError:
-            continue
-        try:
-            (group / "pids.max").write_text(str(limits.processes))
-            return group
-        except OSError:
-            _remove_cgroup(group)
-    return None
+CGROUP_PREFIX = "attention-grade-"
 
 
-def _remove_cgroup(group: Path | None) -> None:
-    if group is not None:
+def _cgroup_parents(controller: str) -> list[Path]:
+    """Where this process may make a cgroup with ``controller`` (``pids`` or ``memory``): v1 or v2."""
+    found = []
+    for parent in (Path("/sys/fs/cgroup") / controller, Path("/sys/fs/cgroup")):
+        v2 = parent == Path("/sys/fs/cgroup")
+        if v2 and controller not in _read(parent / "cgroup.subtree_control").split():
+            continue
+        if (parent / "cgroup.procs").exists() and os.access(parent, os.W_OK):
+            found.append(parent)
+            break
+    return found
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _cgroups(limits: Limits) -> list[Path]:
+    """Fresh cgroups for one sandbox, named after this process (so its parent can remove what a killed grader
+    left): ``pids`` limited to ``limits.processes``, ``memory`` to ``limits.memory_mb`` (swap included)."""
+    settings = {"pids": {"pids.max": limits.processes},
+                "memory": {"memory.limit_in_bytes": limits.memory_mb * 2**20, "memory.max": limits.memory_mb * 2**20,
+                           "memory.memsw.limit_in_bytes": limits.memory_mb * 2**20, "memory.swap.max": 0}}
+    groups = []
+    for controller, values in settings.items():
+        for parent in _cgroup_parents(controller):
+            try:
+                group = Path(tempfile.mkdtemp(prefix=f"{CGROUP_PREFIX}{os.getpid()}-", dir=parent))
+            except OSError:
+                continue
+            groups.append(group)
+            for name, value in values.items():
+                if (group / name).exists():
+                    try:
+                        (group / name).write_text(str(value))
+                    except OSError:
+                        pass
+    return groups
+
+
+def remove_cgroup(group: Path) -> None:
+    """Kill every process in ``group`` and remove it (waiting, briefly, for the processes to be gone)."""
+    for _ in range(200):
+        pids = _read(group / "cgroup.procs").split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
         try:
             group.rmdir()
+            return
+        except FileNotFoundError:
+            return
         except OSError:
-            pass
+            time.sleep(0.01)
+
+
+def remove_left_by(pid: int) -> None:
+    """Remove the cgroups and rlimit folders that the grader process ``pid`` made, after it ended (killed, its
+    own cleanup could not run)."""
+    for controller in ("pids", "memory"):
+        for parent in _cgroup_parents(controller):
+            for group in parent.glob(f"{CGROUP_PREFIX}{pid}-*"):
+                remove_cgroup(group)
+    for folder in Path(tempfile.gettempdir()).glob(f"{CGROUP_PREFIX}{pid}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal the kernel sends this process when its parent dies
@@ -215,17 +308,21 @@ def kill_adopted(keep=frozenset()) -> None:
                 pass
 
 
-def _preexec(limits: Limits, cgroup: Path | None):
+def _preexec(limits: Limits, cgroups: list[Path], user: int | None = None):
     def apply():  # pragma: no cover - runs in the child between fork and exec
         _die_with_parent()
-        if cgroup is not None:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        for group in cgroups:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
         mb = 2**20
         cpu = int(limits.notebook_s) + 5
-        for name, value in ((resource.RLIMIT_AS, limits.memory_mb * mb), (resource.RLIMIT_CPU, cpu),
-                            (resource.RLIMIT_FSIZE, limits.file_mb * mb), (resource.RLIMIT_CORE, 0),
-                            (resource.RLIMIT_NPROC, limits.processes + _processes_now())):
+        rlimits = [(resource.RLIMIT_AS, limits.memory_mb * mb), (resource.RLIMIT_CPU, cpu),
+                   (resource.RLIMIT_FSIZE, limits.file_mb * mb), (resource.RLIMIT_CORE, 0)]
+        if not any(group.parent.name == "pids" or (group / "pids.max").exists() for group in cgroups):
+            rlimits.append((resource.RLIMIT_NPROC, limits.processes + _processes_now()))
+        for name, value in rlimits:
             resource.setrlimit(name, (value, value))
+        if user is not None:  # rlimit as root: drop to an unprivileged user for good
+            _drop_privileges()
 
     return apply
 
@@ -255,21 +352,29 @@ class Sandbox:
         self.cells, self.limits, self.deadline = cells, limits, deadline
         self.proc: subprocess.Popen | None = None
         self.folder: Path | None = None
-        self.cgroup: Path | None = None
+        self.cgroups: list[Path] = []
         self.closed = False
 
     def start(self) -> None:
-        """Start the worker; it runs the cells and stops at each check cell (see :meth:`next_event`)."""
-        self.folder = Path(tempfile.mkdtemp(prefix="attention-grade-"))
-        job = {"cells": self.cells, "cell_s": self.limits.cell_s}
-        (self.folder / wire.JOB_FILE).write_text(json.dumps(job))
-        cmd, env = _command(self.folder, _environment(self.limits))
-        # preexec_fn (limits, cgroup) is safe here: the command line grades each notebook in a single-threaded
-        # child process of its own.
-        self.cgroup = _pids_cgroup(self.limits)
+        """Start the worker and send it the job; it runs the cells and stops at each check cell (see
+        :meth:`next_event`). Under bwrap its folders are tmpfs inside the sandbox; under rlimit a private folder
+        named after this process (owned by the unprivileged user when the grader runs as root)."""
+        if self.limits.isolation == "bwrap" and not bwrap_works():
+            raise SandboxError("bubblewrap is not available here: install it, or choose --isolation=rlimit")
+        user = unprivileged_user() if self.limits.isolation == "rlimit" else None
+        if self.limits.isolation == "rlimit":
+            self.folder = Path(tempfile.mkdtemp(prefix=f"{CGROUP_PREFIX}{os.getpid()}-"))
+            if user is not None:
+                os.chown(self.folder, user, user)
+        cmd, env = _command(self.folder, self.limits)
+        self.cgroups = _cgroups(self.limits)
+        # preexec_fn (limits, cgroups, user) is safe here: the command line grades each notebook in a
+        # single-threaded child process of its own.
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     cwd=self.folder, env=env, start_new_session=True, close_fds=True,
-                                     preexec_fn=_preexec(self.limits, self.cgroup))  # noqa: PLW1509 - see below
+                                     cwd=self.folder or "/", env=env, start_new_session=True, close_fds=True,
+                                     preexec_fn=_preexec(self.limits, self.cgroups, user))  # noqa: PLW1509
+        job = json.dumps({"cells": self.cells, "cell_s": self.limits.cell_s}).encode()
+        self._send({"op": wire.JOB}, {"job": np.frombuffer(job, dtype=np.uint8)})
 
     def next_event(self) -> dict:
         """The worker's next report: ``{"op": wire.CHECK, "key": cell index, "objects": {expr: info}, "verdict":
@@ -344,8 +449,9 @@ class Sandbox:
                     stream.close()
                 except OSError:
                     pass
-        _remove_cgroup(self.cgroup)
-        self.cgroup = None
+        for group in self.cgroups:
+            remove_cgroup(group)
+        self.cgroups = []
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None

@@ -2,11 +2,12 @@
 travels, and the framing and encoding of values. Both sides (:mod:`.sandbox`, :mod:`.worker`) import it; nothing
 else defines a message.
 
-Messages. The worker reports ``{"op": CHECK, "key": cell, "objects": {expr: description}, "verdict": ...}`` at each
-check cell and ``{"op": DONE}`` at the end; the grader then sends requests, ``{"op": CALL, "key", "expr", "args",
-"kwargs"}`` or ``{"op": GETATTR, "key", "expr", "name"}``, each answered by ``{"ok": ...}``, until it sends
-``{"op": CONTINUE}``. An object a check is given is described by its ``kind``: ``FUNCTION`` (name and signature),
-``CLASS`` (also its types), ``VALUE`` (sent as data) or ``ERROR`` (its exception's name and message).
+Messages. The grader first sends ``{"op": JOB}`` with the cells to run. The worker reports ``{"op": CHECK, "key":
+cell, "objects": {expr: description}, "verdict": ...}`` at each check cell and ``{"op": DONE}`` at the end; the
+grader then sends requests, ``{"op": CALL, "key", "expr", "args", "kwargs"}`` or ``{"op": GETATTR, "key", "expr",
+"name"}``, each answered by ``{"ok": ...}``, until it sends ``{"op": CONTINUE}``. An object a check is given is
+described by its ``kind``: ``FUNCTION`` (name and signature), ``CLASS`` (also its types), ``VALUE`` (sent as data)
+or ``ERROR`` (its exception's name and message).
 
 A message is 8 bytes of length then an ``.npz`` archive (read with ``allow_pickle=False``): the entry
 ``__header__`` holds the JSON header, the others hold arrays. Values travel as trees of JSON with arrays
@@ -28,16 +29,21 @@ import os
 import select
 import struct
 import time
+import zipfile
 
 import numpy as np
 
 MAX_MESSAGE_BYTES = 64 * 2**20  # the output size limit of one reply from the sandbox
+MAX_HEADER_BYTES = 2**20  # a message's JSON header: what json.loads turns into Python objects
+MAX_DIMS = 8
+# the only dtypes that travel: booleans, integers and floats of at most 8 bytes (no objects, strings, records)
+DTYPES = frozenset(np.dtype(t) for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                                         "uint64", "float16", "float32", "float64"))
 
-JOB_FILE = "job.json"  # in the sandbox's folder: the cells the worker runs, read and deleted at its start
 # the worker's reports
 CHECK, DONE = "check", "done"
-# the grader's requests
-CALL, GETATTR, CONTINUE = "call", "getattr", "continue"
+# the grader's requests (JOB first: the cells to run, as the array "job" of their JSON's bytes)
+JOB, CALL, GETATTR, CONTINUE = "job", "call", "getattr", "continue"
 # what an object given to a check is
 FUNCTION, CLASS, VALUE, ERROR = "function", "class", "value", "error"
 
@@ -54,8 +60,23 @@ class Opaque:
 
 
 def opaque(type_name: str) -> Opaque:
+    return named_class(type_name, Opaque)()
+
+
+_NAMED: dict[tuple[str, type], type] = {}
+MAX_NAMED = 256
+
+
+def named_class(type_name: str, base: type) -> type:
+    """A subclass of ``base`` named after a type the sandbox reported (messages then read "a Linear"): one class
+    per name, for the first :data:`MAX_NAMED` names; any other is named ``object`` (a reply naming a new type for
+    each of its items makes no more classes)."""
     name = type_name if type_name.isidentifier() else "object"
-    return type(name, (Opaque,), {})()
+    if (name, base) not in _NAMED and len(_NAMED) >= MAX_NAMED:
+        name = "object"
+    if (name, base) not in _NAMED:
+        _NAMED[name, base] = type(name, (base,), {})
+    return _NAMED[name, base]
 
 
 def signature_of(obj) -> list | None:
@@ -89,8 +110,13 @@ def encode_value(obj) -> dict:
 
 
 def decode_value(info: dict):
-    """The value of a description made by :func:`encode_value`."""
-    arrays = {k: np.array(v, dtype=info.get("dtypes", {}).get(k)) for k, v in info.get("arrays", {}).items()}
+    """The value of a description made by :func:`encode_value` (its dtypes only :data:`DTYPES`)."""
+    arrays = {}
+    for k, v in info.get("arrays", {}).items():
+        dtype = np.dtype(str(info.get("dtypes", {}).get(k)))
+        if dtype not in DTYPES:
+            raise WireError(f"an array of dtype {dtype}")
+        arrays[k] = _checked(np.array(v, dtype=dtype))
     return decode(info.get("value"), arrays)
 
 
@@ -219,15 +245,32 @@ def pack(header: dict, arrays: dict | None = None) -> bytes:
 
 
 def unpack(body: bytes) -> tuple[dict, dict]:
+    """A message's header and arrays. Its archive must be uncompressed (so no entry is larger than the message
+    read), its header at most :data:`MAX_HEADER_BYTES`, and its arrays of :data:`DTYPES` with at most
+    :data:`MAX_DIMS` dimensions; anything else is refused before it is decoded."""
     try:
+        with zipfile.ZipFile(io.BytesIO(body)) as archive:
+            for info in archive.infolist():
+                if info.compress_type != zipfile.ZIP_STORED or info.file_size > len(body):
+                    raise WireError("a compressed or oversized entry")
+                if info.filename == "__header__.npy" and info.file_size > MAX_HEADER_BYTES + 128:
+                    raise WireError(f"a header over {MAX_HEADER_BYTES} bytes")
         with np.load(io.BytesIO(body), allow_pickle=False) as npz:
             header = json.loads(npz["__header__"].tobytes().decode())
-            arrays = {k[2:]: npz[k] for k in npz.files if k.startswith("x_")}
+            arrays = {k[2:]: _checked(npz[k]) for k in npz.files if k.startswith("x_")}
+    except WireError as err:
+        raise WireError(f"malformed message ({err})") from None
     except Exception as err:  # noqa: BLE001 - anything malformed from the sandbox
         raise WireError(f"malformed message ({type(err).__name__})") from None
     if not isinstance(header, dict):
         raise WireError("malformed message header")
     return header, arrays
+
+
+def _checked(arr: np.ndarray) -> np.ndarray:
+    if arr.dtype not in DTYPES or arr.ndim > MAX_DIMS:
+        raise WireError(f"an array of dtype {arr.dtype} with {arr.ndim} dimensions")
+    return arr
 
 
 def write_message(fd: int, header: dict, arrays: dict | None = None) -> None:

@@ -1,12 +1,12 @@
 """The sandboxed worker: untrusted code runs here, and nothing here is trusted by the grader.
 
 Started by :class:`.sandbox.Sandbox` as ``python -m attention_course.course.worker /sandbox`` inside the sandbox,
-with the folder holding the job (the notebook's code cells) as its only writable place. It runs the code cells top
-to bottom in IPython, a time limit per cell; at each check cell it does NOT run the check: it reports what the
-objects the check would be given are (:mod:`.wire`'s descriptions), then answers the grader's calls to them until
-the grader says continue. Its stdout and stderr go to ``/dev/null``; its replies go through the pipes it was
-started with. The submission can change anything in this process, this module included: the grader judges only
-the outputs it receives, for inputs it drew.
+that folder its only writable place; the grader first sends it the job (the notebook's code cells). It runs the
+code cells top to bottom in IPython, a time limit per cell; at each check cell it does NOT run the check: it
+reports what the objects the check would be given are (:mod:`.wire`'s descriptions), then answers the grader's
+calls to them until the grader says continue. Its stdout and stderr go to ``/dev/null``; its replies go through the
+pipes it was started with. The submission can change anything in this process, this module included: the grader
+judges only the outputs it receives, for inputs it drew.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import sys
-from pathlib import Path
 
 from . import wire
 
@@ -181,8 +180,10 @@ def worker(folder: str) -> int:  # pragma: no cover - runs in the sandbox (tests
     for fd in (0, 1, 2):
         os.dup2(null, fd)  # the submission's prints and os.write(1, ...) go nowhere
     os.chdir(folder)
-    job = json.loads(Path(folder, wire.JOB_FILE).read_text())
-    os.remove(Path(folder, wire.JOB_FILE))
+    header, arrays = wire.read_message(request_fd)
+    if header.get("op") != wire.JOB:
+        return 1
+    job = json.loads(arrays["job"].tobytes().decode())
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
