@@ -1,7 +1,8 @@
-"""Greedy generation of 256 tokens with the course's TinyDecoder, with and without a KV cache (CPU fp32).
+"""Greedy generation of 256 tokens with the course's GPT, with and without a KV cache (CPU fp32).
 
 Model: 4 layers, D=256, H=8, vocabulary 512 (random seeded weights); batch of 4 prompts of 16 tokens.
-Each run records the time of every decoding step (attention_course.kv_cache.TinyDecoder.iter_generate).
+Each run records the time of every decoding step (attention_course.gpt.GPT.iter_generate); the model is
+chapter 8's (PyTorch's initialisation, no attention biases, untied head, PyTorch's fused attention).
 Runs alternate cache / no cache (2 runs without, 4 with the cache by default); per-step times are the fastest
 over the runs at each position.
 
@@ -21,15 +22,16 @@ import time
 import common  # first: it sets OMP_WAIT_POLICY and the TF log level before torch or TensorFlow load
 import torch
 
-from attention_course.kv_cache import TinyDecoder
+from attention_course.gpt import GPT, GPTConfig
 
-MODEL = dict(vocab_size=512, d_model=256, num_heads=8, num_layers=4, max_seq_len=1024)
+MODEL = dict(vocab_size=512, d_model=256, num_heads=8, num_layers=4, max_len=1024, tie_embeddings=False,
+             init="pytorch", bias=False, use_sdpa=True)
 BATCH, PROMPT, NEW_TOKENS = 4, 16, 256
 MIN_SPEEDUP = 5.0
 MAX_FLATNESS = 1.5
 
 
-def step_times(model: TinyDecoder, prompt: torch.Tensor, use_cache: bool) -> tuple[list[float], torch.Tensor]:
+def step_times(model: GPT, prompt: torch.Tensor, use_cache: bool) -> tuple[list[float], torch.Tensor]:
     """Seconds of each decoding step and the generated ids."""
     times, ids = [], []
     start = time.perf_counter()
@@ -55,7 +57,7 @@ def quarters(per_step: list[float]) -> tuple[float, float]:
 def main(repeats: int = 2) -> dict:
     extra = {"model": MODEL, "batch": BATCH, "prompt": PROMPT, "new_tokens": NEW_TOKENS}
     config = common.setup("bench_kv_cache", extra)
-    model = TinyDecoder(**MODEL)
+    model = GPT(GPTConfig(**MODEL), seed=0).eval()
     prompt = torch.randint(0, MODEL["vocab_size"], (BATCH, PROMPT), generator=torch.Generator().manual_seed(0))
 
     small = prompt[:, :4]  # correctness first: identical tokens, logits within 1e-5

@@ -28,7 +28,7 @@ TITLES = {
     "bench_blockwise_memory": "Extra peak memory vs T, causal (B=1, H=12, Dh=64)",
     "bench_kv_cache": "Generation of 256 tokens with and without a KV cache",
     "bench_keras": "Keras: the course's layer vs keras.layers.MultiHeadAttention",
-    "bench_training": "Training throughput: TinyGPT vs nn.TransformerEncoder (D=128, H=4, 2 layers, B=16, T=128)",
+    "bench_training": "Training throughput: GPT vs nn.TransformerEncoder (D=128, H=4, 2 layers, B=16, T=128)",
 }
 
 NOTES = {
@@ -62,7 +62,7 @@ NOTES = {
         "One step = forward, cross-entropy, backward and AdamW on the same batch. The nn.TransformerEncoder model "
         "(pre-LN, GELU, dropout 0) gets the same causal mask (its convention: True = NOT allowed, plus "
         "`is_causal=True`), the same learned positions and tied head, and the same weights: the script first "
-        "checks the two compute the same loss and gradients. TinyGPT forms the attention weights explicitly "
+        "checks the two compute the same loss and gradients. GPT forms the attention weights explicitly "
         "(chapter 12 reads them), nn.TransformerEncoder calls SDPA. Tokens/s = B·T / fastest step time."
     ),
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_course import checks
+from attention_course import checks, online_softmax
 from attention_course.checks import CheckFailed
 from attention_course.distributed import ring_attention
 from attention_course.masks import causal_mask
@@ -64,8 +64,9 @@ def test_row_parallel_mistakes_are_named(fn, code):
 
 
 def merge_right(m, l, acc, scores, v_block):
-    rows = ring_attention.RowState(ring_attention.online_softmax.OnlineSoftmaxState(m, l), acc)
-    merged = ring_attention.merge_block(rows, scores, v_block)
+    """The library's accumulator (it updates in place: on copies, the checker's arguments stay unchanged)."""
+    rows = online_softmax.Accumulator(online_softmax.OnlineSoftmaxState(m, l.clone()), acc.clone())
+    merged = online_softmax.merge(rows, scores.clone(), v_block)
     return merged.softmax.max, merged.softmax.sum, merged.acc
 
 

@@ -179,12 +179,12 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"query length 4 != key length 8"):
         ring_attention_simulated(q[..., :4, :], q, q, 2)
     with pytest.raises(ValueError, match=r"world_size must be >= 1, got world_size=0"):
-        launch.launch(launch.fail_on_rank, 0, 0)
+        launch.launch(demos.fail_on_rank, 0, 0)
     with pytest.raises(TypeError, match=r"fn must be a function"):
         launch.launch("fail_on_rank", 2, 0)
 
 
-@pytest.mark.parametrize("call", [lambda p: launch.launch(launch.fail_on_rank, p, 0),
+@pytest.mark.parametrize("call", [lambda p: launch.launch(demos.fail_on_rank, p, 0),
                                   lambda p: sequence_layout(8, p), lambda p: check_shardable(4, p)],
                          ids=["launch", "sequence_layout", "check_shardable"])
 @pytest.mark.parametrize(("world_size", "error", "message"), [
@@ -239,12 +239,12 @@ def test_mismatched_shapes_across_ranks_are_refused():
 
 def test_a_rank_that_raises_is_named():
     with pytest.raises(ValueError, match=r"rank 1 raised ValueError: bad input on rank 1"):
-        launch.launch(launch.fail_on_rank, 2, 1)
+        launch.launch(demos.fail_on_rank, 2, 1)
 
 
 def test_a_hung_rank_fails_within_the_timeout():
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"rank 1 did not finish within timeout=10 s"):
-        launch.launch(launch.sleep_on_rank, 2, 1, timeout=10, group_timeout=3)
+        launch.launch(demos.sleep_on_rank, 2, 1, timeout=10, group_timeout=3)
     assert time.monotonic() - start < 20  # 10 s, plus killing and reporting
 

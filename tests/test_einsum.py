@@ -93,23 +93,3 @@ def test_numpy_params_round_trip(bias):
     assert exported.keys() == params.keys()
     for name in params:
         np.testing.assert_array_equal(exported[name], params[name])
-
-
-def test_key_and_value_default_to_self_attention():
-    module = EinsumMultiHeadAttention(D_MODEL, 2).eval()
-    query, key = torch.randn(2, 5, D_MODEL), torch.randn(2, 3, D_MODEL)
-    with torch.no_grad():
-        assert torch.equal(module(query), module(query, query, query))
-        assert torch.equal(module(query, key), module(query, key, key))
-
-
-def test_dropout_only_in_train_mode():
-    torch.manual_seed(0)
-    module = EinsumMultiHeadAttention(D_MODEL, 2, dropout=0.5)
-    plain = EinsumMultiHeadAttention(D_MODEL, 2).eval()
-    plain.load_state_dict(module.state_dict())
-    x = torch.randn(2, 5, D_MODEL)
-    with torch.no_grad():
-        assert torch.equal(module.eval()(x), plain(x))
-        torch.manual_seed(0)
-        assert not torch.allclose(module.train()(x), plain(x))

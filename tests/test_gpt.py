@@ -1,21 +1,21 @@
-"""TinyGPT: cached generation, gradients, captured attention weights, head ablation, positions, errors."""
+"""The GPT: cached generation, gradients, captured attention weights, head ablation, positions, errors."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_course.gpt import TinyGPT, causal_self_attention
+from attention_course.gpt import GPT, GPTConfig
 from attention_course.kv_cache import KVCache
 from attention_course.masks import causal_mask
 from attention_course.positions import apply_rope
 
-POSITIONS = ["learned", "sinusoidal", "rope", None]
+POSITIONS = ["learned", "rope", None]
 
 
 def make_model(positions="learned", seed=0, **kwargs):
     torch.manual_seed(seed)
     sizes = {"vocab_size": 23, "d_model": 16, "num_heads": 4, "num_layers": 2, "max_len": 32} | kwargs
-    model = TinyGPT(positions=positions, **sizes).eval()
+    model = GPT(GPTConfig(positions=positions, **sizes)).eval()
     with torch.no_grad():  # larger weights than GPT-2's init: the argmax then depends on the whole context
         for p in model.parameters():
             p.mul_(10.0 if p.dim() > 1 else 1.0)
@@ -83,14 +83,14 @@ def test_head_is_tied_and_parameters_count_once():
 
 def test_embedding_std_sets_the_embeddings_only():
     torch.manual_seed(0)
-    model = TinyGPT(64, 32, 4, 2, max_len=128, tie_embeddings=False, embedding_std=1.0)
+    model = GPT(GPTConfig(64, 32, 4, 2, max_len=128, tie_embeddings=False, embedding_std=1.0))
     assert 0.9 < model.tok_emb.weight.std().item() < 1.1
     assert 0.9 < model.pos_emb.table.weight.std().item() < 1.1
     assert 0.015 < model.head.weight.std().item() < 0.025  # the head keeps GPT-2's 0.02
-    tied = TinyGPT(64, 32, 4, 2, max_len=128, embedding_std=1.0)
+    tied = GPT(GPTConfig(64, 32, 4, 2, max_len=128, embedding_std=1.0))
     assert 0.9 < tied.tok_emb.weight.std().item() < 1.1
     with pytest.raises(ValueError, match="embedding_std"):
-        TinyGPT(64, 32, 4, 2, embedding_std=0.0)
+        GPTConfig(64, 32, 4, 2, embedding_std=0.0)
 
 
 def test_untied_head_has_its_own_matrix():
@@ -119,7 +119,7 @@ def test_captured_weights_equal_a_recomputation(positions):
             q, k = apply_rope(q, torch.arange(9)), apply_rope(k, torch.arange(9))
         scores = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~causal_mask(9), float("-inf"))
         torch.testing.assert_close(captured.double(), scores.softmax(-1), atol=1e-5, rtol=1e-4)
-        x, _ = block(x, torch.arange(9), rope=positions == "rope")
+        x = block(x)
 
 
 def test_ablating_every_head_leaves_only_the_output_bias():
@@ -130,8 +130,7 @@ def test_ablating_every_head_leaves_only_the_output_bias():
             block.attn.w_o.bias.normal_()
     x = torch.randn(2, 5, 16)
     block = model.blocks[1]
-    positions = torch.arange(5)
-    out, _ = causal_self_attention(block.attn, block.norm1(x), positions, head_mask=torch.zeros(4))
+    out = block.attn(block.norm1(x), head_mask=torch.zeros(4))
     torch.testing.assert_close(out, block.attn.w_o.bias.expand(2, 5, 16))
     ids = ids_for(2, 5)
     head_mask = torch.ones(2, 4)
@@ -160,9 +159,8 @@ def test_dropout_only_in_training():
     assert not torch.allclose(model(ids), model(ids))
 
 
-@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
-def test_too_long_for_the_position_table(positions):
-    model = make_model(positions, max_len=8)
+def test_too_long_for_the_position_table():
+    model = make_model("learned", max_len=8)
     model(ids_for(1, 8))
     with pytest.raises(ValueError, match="longer than max_len=8"):
         model(ids_for(1, 9))
@@ -186,12 +184,13 @@ def test_no_table_no_length_limit(positions):
         ({"positions": "alibi"}, ValueError, "positions must be one of"),
         ({"positions": "rope", "d_model": 12, "num_heads": 4}, ValueError, "even head size"),
         ({"dropout": -0.1}, ValueError, r"dropout must be in \[0, 1\)"),
+        ({"init": "xavier"}, ValueError, "init must be one of"),
     ],
 )
 def test_bad_sizes(kwargs, error, match):
     sizes = {"vocab_size": 23, "d_model": 16, "num_heads": 4, "num_layers": 2} | kwargs
     with pytest.raises(error, match=match):
-        TinyGPT(**sizes)
+        GPTConfig(**sizes)
 
 
 def test_bad_inputs():
@@ -204,10 +203,93 @@ def test_bad_inputs():
         model(torch.tensor([[1, 23]]))
     with pytest.raises(ValueError, match="head_mask must have shape"):
         model(ids_for(1, 3), head_mask=torch.ones(4))
-    with pytest.raises(ValueError, match="max_new_tokens"):
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
         model.generate(ids_for(1, 3), -1)
+    with pytest.raises(TypeError, match="max_new_tokens must be an int, got float"):
+        model.generate(ids_for(1, 3), 2.0)
+    with pytest.raises(ValueError, match=r"ids must be 2-D \(B, T\)"):
+        model.generate(ids_for(1, 3)[0], 2)
+    with pytest.raises(ValueError, match="at least one token"):
+        model.generate(ids_for(1, 3)[:, :0], 2)
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        model(ids_for(1, 3), cache={})
+    with pytest.raises(TypeError, match="config must be a GPTConfig"):
+        GPT({"vocab_size": 23})
     bidirectional = make_model(causal=False)
     with pytest.raises(ValueError, match="causal"):
         bidirectional.generate(ids_for(1, 3), 2)
     with pytest.raises(ValueError, match="causal"):
         bidirectional(ids_for(1, 3), cache=KVCache(2))
+
+
+# ---------------------------------------------------------------- chapter 8's model: PyTorch's init, GQA, SDPA
+
+SMALL = dict(vocab_size=97, d_model=32, num_heads=4, num_layers=2, max_len=64, tie_embeddings=False,
+             init="pytorch", bias=False, use_sdpa=True)
+
+
+def decoder(seed=0, **kwargs):
+    return GPT(GPTConfig(**SMALL | kwargs), seed=seed).eval()
+
+
+@pytest.mark.parametrize("config", [{}, {"num_kv_heads": 1}, {"num_kv_heads": 2},
+                                    {"positions": "rope", "num_kv_heads": 2}])
+def test_generation_identical_with_and_without_cache(config):
+    model = decoder(**config)
+    prompt = ids_for(2, 5, vocab=97)
+    ids_cached, logits_cached = model.generate(prompt, 20, use_cache=True, return_logits=True)
+    ids_plain, logits_plain = model.generate(prompt, 20, use_cache=False, return_logits=True)
+    assert ids_cached.shape == (2, 25) and logits_cached.shape == (2, 20, 97)
+    assert torch.equal(ids_cached, ids_plain)
+    torch.testing.assert_close(logits_cached, logits_plain, rtol=0, atol=1e-5)
+    assert torch.equal(ids_cached[:, :5], prompt)
+    assert len(set(ids_cached[0, 5:].tolist())) > 3  # random weights, but not a constant stream
+    assert model.blocks[0].attn.w_k.out_features == 32 // 4 * (config.get("num_kv_heads") or 4)
+
+
+def test_generated_token_is_argmax_of_full_forward_and_steps_are_yielded():
+    model = decoder()
+    prompt = ids_for(2, 5, vocab=97)
+    ids = model.generate(prompt, 3)
+    with torch.no_grad():
+        logits = model(ids[:, :-1])  # (B, T, V)
+    assert logits.shape == (2, 7, 97)
+    assert torch.equal(logits[:, -1].argmax(-1), ids[:, -1])
+    steps = list(model.iter_generate(prompt, 3))
+    assert all(n.shape == (2, 1) and lg.shape == (2, 97) for n, lg in steps)
+    assert torch.equal(torch.cat([n for n, _ in steps], 1), ids[:, 5:])
+
+
+def test_zero_new_tokens():
+    model = decoder()
+    prompt = ids_for(2, 5, vocab=97)
+    ids, logits = model.generate(prompt, 0, return_logits=True)
+    assert torch.equal(ids, prompt) and logits.shape == (2, 0, 97)
+
+
+def test_weights_are_seeded_and_global_rng_untouched():
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a, b, c = decoder(seed=0), decoder(seed=0), decoder(seed=1)
+    assert torch.equal(torch.rand(1), before)
+    assert torch.equal(a.head.weight, b.head.weight) and not torch.equal(a.head.weight, c.head.weight)
+    assert a.head.weight is not a.tok_emb.weight
+
+
+def test_pytorch_init_keeps_each_layers_default():
+    """init="pytorch": embeddings normal(0, 1) (nn.Embedding's default), not GPT-2's 0.02."""
+    model = decoder(d_model=64)
+    assert 0.9 < model.tok_emb.weight.std().item() < 1.1
+    assert model.blocks[0].attn.w_q.bias is None and model.blocks[0].mlp.linear1.bias is not None
+
+
+def test_sdpa_path_equals_the_explicit_one():
+    """use_sdpa changes the kernel, not the function: the same weights give the same logits either way."""
+    fast = decoder(num_kv_heads=2, positions="rope")
+    slow = GPT(GPTConfig(**SMALL | {"num_kv_heads": 2, "positions": "rope", "use_sdpa": False}))
+    slow.load_state_dict(fast.state_dict())
+    ids = ids_for(2, 9, vocab=97)
+    torch.testing.assert_close(fast(ids), slow.eval()(ids), atol=1e-5, rtol=1e-5)
+    _, weights = fast(ids, return_weights=True)  # asking for weights takes the explicit path
+    assert weights[0].shape == (2, 4, 9, 9)

@@ -9,7 +9,7 @@ the chapter (or exercise 4) prints a verdict against; seeds 0-5 measured copy ac
 import pytest
 import torch
 
-from attention_course.gpt import TinyGPT
+from attention_course.gpt import GPT, GPTConfig
 from attention_course.interpret import (
     ablation_mask,
     attention_maps,
@@ -33,8 +33,8 @@ def next_token_loss(model, batch):
 
 def trained_model(tie_embeddings, embedding_std, seed=0):
     torch.manual_seed(seed)
-    model = TinyGPT(VOCAB, d_model=64, num_heads=4, num_layers=2, max_len=SEQ_LEN, attention_only=True,
-                    tie_embeddings=tie_embeddings, embedding_std=embedding_std)
+    model = GPT(GPTConfig(VOCAB, d_model=64, num_heads=4, num_layers=2, max_len=SEQ_LEN, attention_only=True,
+                          tie_embeddings=tie_embeddings, embedding_std=embedding_std))
     history = train(model, lambda g: repeated_segment_batch(64, SEQ_LEN, VOCAB, g), next_token_loss, STEPS,
                     lr=3e-3, seed=seed, eval_fn=lambda m: {"copy": copy_accuracy(m, TEST_IDS, TEST_COPY)},
                     eval_every=200)

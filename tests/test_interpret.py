@@ -5,12 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_course.gpt import TinyGPT
+from attention_course.gpt import GPT, GPTConfig
 from attention_course.heads import merge_heads, split_heads
 from attention_course.interpret import (
     ablation_mask,
     attention_maps,
     copy_accuracy,
+    eval_mode,
     head_ablation_table,
     induction_targets,
     prefix_matching_score,
@@ -22,7 +23,7 @@ from attention_course.tasks import repeated_segment_batch
 def random_model(seed=0, **kwargs):
     torch.manual_seed(seed)
     sizes = {"vocab_size": 20, "d_model": 32, "num_heads": 4, "num_layers": 2, "max_len": 16} | kwargs
-    return TinyGPT(attention_only=True, **sizes).eval()
+    return GPT(GPTConfig(attention_only=True, **sizes)).eval()
 
 
 def random_weights(shape, seed=0):
@@ -123,6 +124,17 @@ def test_attention_maps_keep_the_training_mode():
     assert model.training
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_eval_mode_restores_the_mode_even_after_an_error(training):
+    model = random_model().train(training)
+    with eval_mode(model) as inside:
+        assert inside is model and not model.training
+    assert model.training == training
+    with pytest.raises(RuntimeError, match="inside"), eval_mode(model):
+        raise RuntimeError("inside")
+    assert model.training == training
+
+
 def test_ablation_mask_and_errors():
     mask = ablation_mask(2, 4, (1, 2), (0, 0))
     assert mask.tolist() == [[0, 1, 1, 1], [1, 1, 0, 1]]
@@ -161,7 +173,6 @@ def test_ablation_changes_exactly_the_ablated_head():
 def test_stream_write_ratio_by_hand():
     """Layer 0: |attention output| / |token + position embedding|, per position, averaged; hooks are removed and
     the training mode is kept. Larger embeddings give a smaller ratio, in proportion."""
-    from attention_course.gpt import causal_self_attention
     from attention_course.interpret import stream_write_ratio
 
     model = random_model().train()
@@ -170,16 +181,18 @@ def test_stream_write_ratio_by_hand():
         positions = torch.arange(9)
         stream = model.tok_emb(ids) + model.pos_emb(positions)  # (B, T, D)
         block = model.blocks[0]
-        written, _ = causal_self_attention(block.attn, block.norm1(stream), positions)
+        model.eval()  # by hand without dropout, as stream_write_ratio measures
+        written = block.attn(block.norm1(stream))
         by_hand = (written.norm(dim=-1) / stream.norm(dim=-1)).mean().item()
-        second_stream, _ = block(stream, positions)
+        second_stream = block(stream)
         block1 = model.blocks[1]
-        written1, _ = causal_self_attention(block1.attn, block1.norm1(second_stream), positions)
+        written1 = block1.attn(block1.norm1(second_stream))
+        model.train()
         by_hand1 = (written1.norm(dim=-1) / second_stream.norm(dim=-1)).mean().item()
     assert stream_write_ratio(model, ids) == pytest.approx(by_hand, rel=1e-5)
     assert stream_write_ratio(model, ids, layer=1) == pytest.approx(by_hand1, rel=1e-5)
     assert model.training
-    assert not model.blocks[0]._forward_pre_hooks and not model.blocks[0].attn.w_o._forward_hooks
+    assert not model.blocks[0]._forward_pre_hooks and not model.blocks[0].attn._forward_hooks
     with torch.no_grad():  # LayerNorm makes the written part (almost: its eps) scale-free: 10 x the stream, ~a tenth
         model.tok_emb.weight.mul_(10.0)
         model.pos_emb.table.weight.mul_(10.0)

@@ -1,4 +1,4 @@
-"""KV cache, MQA/GQA and the tiny decoder: generation with and without a cache gives identical tokens."""
+"""KV cache, MQA/GQA and the cached causal attention (the GPT that generates with them: test_gpt.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,9 @@ from attention_course import numpy_ref
 from attention_course.kv_cache import (
     CausalSelfAttention,
     KVCache,
-    TinyDecoder,
     cache_bytes_per_token,
     repeat_kv,
 )
-
-SMALL = dict(vocab_size=97, d_model=32, num_heads=4, num_layers=2, max_seq_len=64)
 
 
 def prompt(b=2, t=5, vocab=97, seed=0):
@@ -171,65 +168,3 @@ def test_layer_errors():
         CausalSelfAttention(10, 4)
     with pytest.raises(ValueError, match=r"query must be 3-D"):
         CausalSelfAttention(16, 4)(torch.zeros(16))
-
-
-# ---------------------------------------------------------------- the tiny decoder and generation
-
-
-@pytest.mark.parametrize(
-    "config",
-    [{}, {"num_kv_heads": 1}, {"num_kv_heads": 2}, {"fused_qkv": False}, {"num_kv_heads": 2, "fused_qkv": False}],
-)
-def test_generation_identical_with_and_without_cache(config):
-    model = TinyDecoder(**SMALL, **config)
-    ids_cached, logits_cached = model.generate(prompt(), 20, use_cache=True, return_logits=True)
-    ids_plain, logits_plain = model.generate(prompt(), 20, use_cache=False, return_logits=True)
-    assert ids_cached.shape == (2, 25) and logits_cached.shape == (2, 20, 97)
-    assert torch.equal(ids_cached, ids_plain)
-    torch.testing.assert_close(logits_cached, logits_plain, rtol=0, atol=1e-5)
-    assert torch.equal(ids_cached[:, :5], prompt())
-    assert len(set(ids_cached[0, 5:].tolist())) > 3  # random weights, but not a constant stream
-
-
-def test_generated_token_is_argmax_of_full_forward():
-    model = TinyDecoder(**SMALL)
-    ids = model.generate(prompt(b=1), 3)
-    with torch.no_grad():
-        logits = model(ids[:, :-1])  # (1, T, V)
-    assert logits.shape == (1, 7, 97)
-    assert int(logits[0, -1].argmax()) == int(ids[0, -1])
-
-
-def test_iter_generate_steps():
-    model = TinyDecoder(**SMALL)
-    steps = list(model.iter_generate(prompt(), 4))
-    assert len(steps) == 4 and all(n.shape == (2, 1) and lg.shape == (2, 97) for n, lg in steps)
-    torch.testing.assert_close(torch.cat([n for n, _ in steps], 1), model.generate(prompt(), 4)[:, 5:])
-
-
-def test_zero_new_tokens():
-    model = TinyDecoder(**SMALL)
-    ids, logits = model.generate(prompt(), 0, return_logits=True)
-    assert torch.equal(ids, prompt()) and logits.shape == (2, 0, 97)
-
-
-def test_weights_are_seeded_and_global_rng_untouched():
-    torch.manual_seed(123)
-    before = torch.rand(1)
-    torch.manual_seed(123)
-    a, b, c = TinyDecoder(**SMALL, seed=0), TinyDecoder(**SMALL, seed=0), TinyDecoder(**SMALL, seed=1)
-    assert torch.equal(torch.rand(1), before)
-    assert torch.equal(a.lm_head.weight, b.lm_head.weight) and not torch.equal(a.lm_head.weight, c.lm_head.weight)
-    assert a.num_layers == 2 and not a.training
-
-
-def test_decoder_errors():
-    model = TinyDecoder(**SMALL)
-    with pytest.raises(ValueError, match="exceeds max_seq_len=64"):
-        model.generate(prompt(t=60), 10)
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
-        model.generate(prompt(), -1)
-    with pytest.raises(ValueError, match=r"prompt_ids must be 2-D \(B, T\)"):
-        model.generate(prompt()[0], 2)
-    with pytest.raises(ValueError, match=r"ids must be 2-D \(B, T\)"):
-        model(prompt()[0])

@@ -181,14 +181,6 @@ def test_sdpa_path_matches_reference(is_causal):
     np.testing.assert_allclose(unmasked.numpy(), expected_unmasked, rtol=0, atol=1e-10)
 
 
-def test_key_and_value_default_to_self_attention():
-    module = MultiHeadAttention(D_MODEL, 2).eval()
-    query, key, _ = inputs()
-    with torch.no_grad():
-        assert torch.equal(module(query), module(query, query, query))
-        assert torch.equal(module(query, key), module(query, key, key))
-
-
 @pytest.mark.parametrize("use_sdpa", [False, True])
 def test_gradcheck_through_module_with_a_fully_masked_row(use_sdpa):
     torch.manual_seed(0)

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from attention_course import numpy_ref
-from attention_course.kv_cache import CausalSelfAttention, KVCache, TinyDecoder
+from attention_course.gpt import GPT, GPTConfig
+from attention_course.kv_cache import CausalSelfAttention, KVCache
 from attention_course.masks import causal_mask
 from attention_course.multi_head import MultiHeadAttention
 from attention_course.positions import (
@@ -27,6 +28,7 @@ from attention_course.positions import (
     rope_angles,
     rope_permutation,
     sinusoidal_positions,
+    token_positions,
 )
 
 
@@ -313,27 +315,26 @@ def test_rope_attention_rotates_by_absolute_position():
     torch.testing.assert_close(attn(x[:, 5:], cache), attn(x)[:, 5:], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("num_kv_heads", [None, 2])
-def test_rope_decoder_generation_cache_equals_no_cache(num_kv_heads):
-    model = TinyDecoder(97, 32, 4, num_kv_heads, num_layers=2, max_seq_len=64, positions="rope")
-    assert model.pos_emb is None
-    ids = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(0))
-    cached, logits_cached = model.generate(ids, 8, use_cache=True, return_logits=True)
-    plain, logits_plain = model.generate(ids, 8, use_cache=False, return_logits=True)
-    assert torch.equal(cached, plain)
-    torch.testing.assert_close(logits_cached, logits_plain, rtol=0, atol=1e-4)
-
-
-def test_default_decoder_keeps_learned_positions():
-    learned = TinyDecoder(97, 32, 4, num_layers=1, max_seq_len=16)
-    rope = TinyDecoder(97, 32, 4, num_layers=1, max_seq_len=16, positions="rope")
-    assert learned.positions == "learned" and learned.pos_emb.weight.shape == (16, 32)
+def test_rope_model_has_no_position_table_and_rotates_in_every_layer():
+    sizes = dict(vocab_size=97, d_model=32, num_heads=4, num_layers=1, max_len=16, init="pytorch")
+    learned = GPT(GPTConfig(**sizes), seed=0)
+    rope = GPT(GPTConfig(**sizes, positions="rope"), seed=0)
+    assert learned.pos_emb.table.weight.shape == (16, 32) and rope.pos_emb is None
     assert not learned.blocks[0].attn.rope and rope.blocks[0].attn.rope
-    torch.testing.assert_close(
-        learned.tok_emb.weight, rope.tok_emb.weight, rtol=0, atol=0
-    )  # same seed
+    torch.testing.assert_close(learned.tok_emb.weight, rope.tok_emb.weight, rtol=0, atol=0)  # same seed
     gqa = CausalSelfAttention(16, 4, 2, rope=True)
     assert gqa.as_multi_head().rope
+
+
+def test_token_positions_follow_the_earlier_tokens():
+    assert token_positions(3).tolist() == [0, 1, 2]
+    assert token_positions(2, start=5).tolist() == [5, 6]  # after a cache of 5
+    assert token_positions(2, start=-1).tolist() == [-1, 0]  # 2 queries, the last of 1 key
+    assert token_positions(0, start=4).tolist() == []
+    with pytest.raises(TypeError, match="length must be an int"):
+        token_positions(2.0)
+    with pytest.raises(ValueError, match="start must be >= -2"):
+        token_positions(2, start=-3)
 
 
 # ---------------------------------------------------------------- ALiBi
@@ -549,9 +550,9 @@ def test_attention_with_bias_gradients():
         ),
         (lambda: CausalSelfAttention(8, 2, rope=True, rope_base=-1), ValueError, "base=-1"),
         (
-            lambda: TinyDecoder(positions="sinusoidal"),
+            lambda: GPTConfig(97, 32, 4, 1, positions="sinusoidal"),
             ValueError,
-            "positions must be 'learned' or 'rope'",
+            "positions must be one of",
         ),
     ],
 )

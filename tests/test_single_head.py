@@ -44,23 +44,3 @@ def test_cross_attention_matches_reference():
         out = module(*(torch.from_numpy(x) for x in (query, key, value)), mask=torch.from_numpy(mask))
     ref_out, _ = reference(module, query, key, value, mask)
     np.testing.assert_allclose(out.numpy(), ref_out, rtol=0, atol=1e-10)
-
-
-def test_key_and_value_default_to_self_attention():
-    module = SingleHeadAttention(D_IN, D_OUT)
-    query, key = torch.randn(2, 5, D_IN), torch.randn(2, 3, D_IN)
-    with torch.no_grad():
-        assert torch.equal(module(query), module(query, query, query))
-        assert torch.equal(module(query, key), module(query, key, key))
-
-
-def test_dropout_only_in_train_mode():
-    torch.manual_seed(0)
-    module = SingleHeadAttention(D_IN, D_OUT, dropout=0.5)
-    plain = SingleHeadAttention(D_IN, D_OUT)
-    plain.load_state_dict(module.state_dict())
-    x = torch.randn(2, 5, D_IN)
-    with torch.no_grad():
-        assert torch.equal(module.eval()(x), plain(x))
-        torch.manual_seed(0)
-        assert not torch.allclose(module.train()(x), plain(x))

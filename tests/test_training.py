@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_course.gpt import TinyGPT
+from attention_course.gpt import GPT, GPTConfig
 from attention_course.tasks import position_blind_accuracy, reversal_batch
 from attention_course.training import History, tagging_loss, train
 
@@ -13,7 +13,7 @@ LENGTH, STEPS, BLIND_STEPS = 12, 100, 40  # without positions it plateaus within
 
 def encoder(positions, seed=0):
     torch.manual_seed(seed)
-    return TinyGPT(10, 64, 4, 2, max_len=LENGTH, positions=positions, causal=False)
+    return GPT(GPTConfig(10, 64, 4, 2, max_len=LENGTH, positions=positions, causal=False))
 
 
 def reversal_loss(model, batch):

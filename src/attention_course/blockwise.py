@@ -8,8 +8,9 @@ block of queries it loops over blocks of keys/values and keeps, per query row, o
 * ``l``   (..., bq, 1)  the running sum of ``exp(score - m)`` (the softmax denominator),
 * ``acc`` (..., bq, Dv) the running sum of ``exp(score - m) * v`` (the unnormalised output).
 
-When a new key block raises the maximum, ``l`` and ``acc`` are rescaled by ``exp(m_old - m_new)`` (the online
-softmax, :mod:`attention_course.online_softmax`); after the last block the output row is ``acc / l``. The
+When a new key block raises the maximum, ``l`` and ``acc`` are rescaled by ``exp(m_old - m_new)``: the online
+softmax's accumulator (:func:`attention_course.online_softmax.merge`), which ring attention (chapter 13) merges
+with too; after the last block the output row is ``acc / l`` (:func:`~attention_course.online_softmax.finish`). The
 largest temporary is one (..., bq, bk) tile, so the extra memory is O(T) (the output and the statistics)
 instead of O(T^2). This is the algorithm of FlashAttention; real kernels also fuse the loop into one
 GPU/CPU kernel, which plain PyTorch cannot do, so this module is about the *memory* argument and exactness.
@@ -28,8 +29,8 @@ from pathlib import Path
 
 import torch
 
+from . import online_softmax
 from .masks import causal_mask, combine_masks
-from .online_softmax import safe_max
 from .validation import broadcast_shape, check_attention_inputs
 
 
@@ -99,9 +100,7 @@ def blockwise_attention(
         if k_stop == 0:
             continue  # every query of this block is fully masked: output rows stay 0
         q_blk = q[..., q0:q1, :] * scale  # (..., bq, Dk); (q / sqrt(Dk)) k^T == q k^T / sqrt(Dk)
-        m = torch.full((*batch, q1 - q0, 1), float("-inf"), dtype=dtype, device=q.device)  # running max
-        l = torch.zeros((*batch, q1 - q0, 1), dtype=dtype, device=q.device)  # running sum
-        acc = torch.zeros((*batch, q1 - q0, d_v), dtype=dtype, device=q.device)  # running sum of p @ v
+        rows = online_softmax.init((*batch, q1 - q0), d_v, dtype, q.device)  # running max, sum, sum of p @ v
         for k0 in range(0, k_stop, bk):
             k1 = min(k0 + bk, k_stop)
             s = torch.matmul(q_blk, k_t[..., k0:k1])  # (..., bq, bk): the only score tile in memory
@@ -115,16 +114,8 @@ def blockwise_attention(
                 tile_mask = user if tile_mask is None else user & tile_mask
             if tile_mask is not None:
                 s.masked_fill_(~tile_mask, float("-inf"))
-            # the max only stabilises exp(): the output does not depend on it, so no gradient flows through it
-            m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))  # (..., bq, 1)
-            m_safe = safe_max(m_new)  # rows with nothing visible yet: use 0, not -inf
-            p = s.sub_(m_safe).exp_()  # (..., bq, bk) in place: exp(s - m_new)
-            alpha = torch.exp(m - m_safe)  # rescales what was accumulated under the old max
-            l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
-            acc.mul_(alpha).add_(torch.matmul(p, v[..., k0:k1, :]))
-            m = m_new
-        visible = l > 0
-        out[..., q0:q1, :] = torch.where(visible, acc / torch.where(visible, l, torch.ones_like(l)), 0.0)
+            online_softmax.merge(rows, s, v[..., k0:k1, :])  # in place: rescale what came before, add this tile
+        out[..., q0:q1, :] = online_softmax.finish(rows)
     return out
 
 

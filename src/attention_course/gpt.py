@@ -1,9 +1,10 @@
-"""TinyGPT: a small decoder-only language model built from the course's attention, blocks and positions.
+"""The course's one GPT: a small decoder-only language model built from its attention, blocks and positions.
 
-Token embedding, positions (chapter 10: learned, sinusoidal, rotary or none), ``num_layers`` pre-LN blocks
-(:class:`GPTBlock`), a final LayerNorm and an output head, by default tied to the token embedding (the same (V, D)
-matrix reads tokens in and scores them out). ``generate`` decodes greedily with chapter 8's
-:class:`~attention_course.kv_cache.KVCache`.
+A :class:`GPTConfig` names the sizes and choices (nanoGPT's manner); :class:`GPT` is a token embedding,
+positions (chapter 10: learned, rotary or none), ``num_layers`` pre-LN :class:`GPTBlock` s, a final LayerNorm and
+an output head, by default tied to the token embedding (the same (V, D) matrix reads tokens in and scores them
+out). Every block attends through chapter 8's :class:`~attention_course.kv_cache.CausalSelfAttention`, so
+:meth:`GPT.generate` decodes greedily with a :class:`~attention_course.kv_cache.KVCache` (MHA, GQA or MQA).
 
 For looking inside (chapter 12): ``forward(ids, return_weights=True)`` also returns every layer's attention
 weights (B, H, T, Tk), exactly the ones the attention multiplied the values with, and ``head_mask`` (L, H)
@@ -13,171 +14,181 @@ multiplies each head's output before the output projection (0 = ablate the head)
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-from .block import FeedForward
-from .heads import merge_heads, split_heads
-from .kv_cache import KVCache
-from .multi_head import MultiHeadAttention
-from .positions import LearnedPositions, apply_rope, sinusoidal_positions
+from .block import FeedForward, residual
+from .kv_cache import CausalSelfAttention, KVCache
+from .positions import LearnedPositions, token_positions
 from .validation import check_dropout, check_heads, check_int, check_rank
 
-POSITIONS = ("learned", "sinusoidal", "rope", None)
+POSITIONS = ("learned", "rope", None)
+INITS = ("gpt2", "pytorch")
 
 
-def causal_self_attention(
-    attn: MultiHeadAttention,
-    x: Tensor,
-    positions: Tensor,
-    *,
-    causal: bool = True,
-    rope: bool = False,
-    cache: KVCache | None = None,
-    layer: int = 0,
-    head_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Self-attention of ``attn``'s heads over x (B, T, D) at integer ``positions`` (T,).
+@dataclass
+class GPTConfig:
+    """The sizes and choices of a :class:`GPT`.
 
-    RoPE rotates queries and keys by their positions; with a ``cache`` the new keys and values join the
-    cached ones (slot ``layer``) and the T queries are the last T positions (bottom-right causal mask).
-    ``head_mask`` (H,) scales each head's output before ``w_o``. Returns out (B, T, D), weights (B, H, T, Tk).
-    """
-    q = split_heads(attn.w_q(x), attn.num_heads)  # (B, H, T, Dh)
-    k = split_heads(attn.w_k(x), attn.num_heads)  # (B, H, T, Dh)
-    v = split_heads(attn.w_v(x), attn.num_heads)  # (B, H, T, Dh)
-    if rope:  # rotate before caching: cached keys keep the rotation of their own position
-        q, k = apply_rope(q, positions), apply_rope(k, positions)
-    if cache is not None:
-        k, v = cache.update(layer, k, v)  # (B, H, Tk, Dh), Tk = cached + T
-    heads, weights = attn.attend(q, k, v, None, causal, return_weights=True)  # (B, H, T, Dh), (B, H, T, Tk)
-    if head_mask is not None:
-        heads = heads * head_mask[:, None, None]  # (H, 1, 1) broadcasts over (B, H, T, Dh)
-    return attn.w_o(merge_heads(heads)), weights  # (B, T, D)
-
-
-class GPTBlock(nn.Module):
-    """Pre-LN block: ``x + drop(attn(norm1(x)))``, then ``x + drop(ff(norm2(x)))`` (no FFN if attention-only)."""
-
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, attention_only: bool = False):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
-        self.norm2 = None if attention_only else nn.LayerNorm(d_model)
-        self.ff = None if attention_only else FeedForward(d_model, d_ff, "gelu", dropout)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor, positions: Tensor, **attention) -> tuple[Tensor, Tensor]:
-        """x (B, T, D) -> (B, T, D) and the attention weights (B, H, T, Tk); ``attention``: see
-        :func:`causal_self_attention`."""
-        attn_out, weights = causal_self_attention(self.attn, self.norm1(x), positions, **attention)
-        x = x + self.dropout(attn_out)
-        if self.ff is not None:
-            x = x + self.dropout(self.ff(self.norm2(x)))
-        return x, weights
-
-
-class TinyGPT(nn.Module):
-    """A decoder-only language model: ids (B, T) -> next-token logits (B, T, V).
-
-    Args:
-        vocab_size: V, number of token ids.
-        d_model, num_heads, num_layers: width D, heads per layer H, number of blocks L.
-        d_ff: hidden width of the feed-forward networks (default 4 D).
-        max_len: longest sequence with "learned" or "sinusoidal" positions (their tables stop there).
-        positions: "learned" (GPT-2), "sinusoidal" (Vaswani et al.), "rope" (rotary, in every attention
-            layer) or None (no position information: a causal model can still infer some).
+    Attributes:
+        vocab_size, d_model, num_heads, num_layers: V token ids, width D, H heads per layer, L blocks.
+        num_kv_heads: H_kv key/value heads (chapter 8: None = H, MHA; 1: MQA; in between: GQA).
+        d_ff: hidden width of the feed-forward networks (None: 4 D).
+        max_len: longest sequence with "learned" positions (the table stops there).
+        positions: "learned" (GPT-2), "rope" (rotary, in every attention layer) or None (no position
+            information: a causal model can still infer some).
         causal: each position sees only itself and the past (False: every position sees all; no generation).
         attention_only: blocks without feed-forward networks (the models of chapter 12).
         tie_embeddings: the output head reuses the token embedding matrix (GPT-2).
-        embedding_std: standard deviation of the initial token and learned position embeddings (GPT-2: 0.02).
-            Chapter 12's 2-layer induction model uses 1.0 (PyTorch's default for ``nn.Embedding``) and an untied
-            head: there the embeddings must dominate the residual stream at init so that layer 2 can still read
-            which token sits where.
+        init: "gpt2": weights normal(0, 0.02), embeddings normal(0, ``embedding_std``), and the projections
+            that write into the residual stream (``w_o``, ``linear2``) scaled by 1 / sqrt(2 L), so the stream's
+            size does not grow with depth; "pytorch": every layer keeps PyTorch's own initialisation.
+        embedding_std: with "gpt2" init, the standard deviation of the token and position embeddings (GPT-2:
+            0.02). Chapter 12's 2-layer induction model uses 1.0 and an untied head: there the embeddings must
+            dominate the residual stream at init so that layer 2 can still read which token sits where.
+        bias: whether the attention projections have biases (GPT-2: True; LLaMA: False).
         dropout: on attention weights, branch outputs and embeddings, in ``.train()`` mode only.
-
-    Weights start as in GPT-2: normal(0, 0.02) (embeddings: normal(0, ``embedding_std``)), and the projections
-    that write into the residual stream (``w_o``, ``linear2``) scaled by 1 / sqrt(2 L), so the stream's size does
-    not grow with depth at init.
+        use_sdpa: attention through PyTorch's fused kernel unless weights are asked for; False: the course's
+            attention, which forms the weights (B, H, T, Tk) at every call.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, d_ff: int | None = None,
-                 max_len: int = 256, positions: str | None = "learned", causal: bool = True,
-                 attention_only: bool = False, tie_embeddings: bool = True, embedding_std: float = 0.02,
-                 dropout: float = 0.0):
-        super().__init__()
-        d_ff = 4 * d_model if d_ff is None else d_ff
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
-                            ("num_layers", num_layers), ("d_ff", d_ff), ("max_len", max_len)):
-            check_int(value, name)
-        check_heads(d_model, num_heads)
-        check_dropout(dropout)
-        if not embedding_std > 0:
-            raise ValueError(f"embedding_std must be > 0, got embedding_std={embedding_std}")
-        if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got positions={positions!r}")
-        if positions == "rope" and (d_model // num_heads) % 2:
-            raise ValueError(f"positions='rope' needs an even head size, got d_model // num_heads = "
-                             f"{d_model // num_heads}")
-        self.vocab_size, self.max_len, self.positions, self.causal = vocab_size, max_len, positions, causal
-        self.num_heads = num_heads
-        self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.pos_emb = LearnedPositions(max_len, d_model) if positions == "learned" else None
-        if positions == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_positions(max_len, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            GPTBlock(d_model, num_heads, d_ff, dropout, attention_only) for _ in range(num_layers)
-        )
-        self.norm = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab_size, bias=False)
-        if tie_embeddings:
-            self.head.weight = self.tok_emb.weight  # one (V, D) matrix embeds and unembeds
-        self.apply(lambda module: self._init_weights(module, embedding_std))
-        for name, p in self.named_parameters():
-            if name.endswith(("w_o.weight", "linear2.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * num_layers))
+    vocab_size: int
+    d_model: int
+    num_heads: int
+    num_layers: int
+    num_kv_heads: int | None = None
+    d_ff: int | None = None
+    max_len: int = 256
+    positions: str | None = "learned"
+    causal: bool = True
+    attention_only: bool = False
+    tie_embeddings: bool = True
+    init: str = "gpt2"
+    embedding_std: float = 0.02
+    bias: bool = True
+    dropout: float = 0.0
+    use_sdpa: bool = False
 
-    def _init_weights(self, module: nn.Module, embedding_std: float) -> None:
+    def __post_init__(self):
+        self.d_ff = 4 * self.d_model if self.d_ff is None else self.d_ff
+        for name in ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len"):
+            check_int(getattr(self, name), name)
+        check_heads(self.d_model, self.num_heads)
+        check_dropout(self.dropout)
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got positions={self.positions!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got init={self.init!r}")
+        if not self.embedding_std > 0:
+            raise ValueError(f"embedding_std must be > 0, got embedding_std={self.embedding_std}")
+        if self.positions == "rope" and (self.d_model // self.num_heads) % 2:
+            raise ValueError(f"positions='rope' needs an even head size, got d_model // num_heads = "
+                             f"{self.d_model // self.num_heads}")
+
+
+class GPTBlock(nn.Module):
+    """Pre-LN block, two residual sub-layers (chapter 11's :func:`~attention_course.block.residual`):
+    ``x + drop(attn(norm1(x)))``, then ``x + drop(mlp(norm2(x)))`` (no MLP if attention-only)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        c = config
+        self.norm1 = nn.LayerNorm(c.d_model)
+        self.attn = CausalSelfAttention(c.d_model, c.num_heads, c.num_kv_heads, fused_qkv=False, bias=c.bias,
+                                        rope=c.positions == "rope", causal=c.causal, dropout=c.dropout,
+                                        use_sdpa=c.use_sdpa)
+        self.norm2 = None if c.attention_only else nn.LayerNorm(c.d_model)
+        self.mlp = None if c.attention_only else FeedForward(c.d_model, c.d_ff, "gelu", c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0, head_mask: Tensor | None = None,
+                weights: list | None = None) -> Tensor:
+        """x (B, T, D) -> (B, T, D); ``cache``, ``layer``, ``head_mask`` (H,) and ``weights`` (a list that
+        receives the attention weights) go to the attention."""
+        attn = partial(self.attn, cache=cache, layer=layer, head_mask=head_mask, weights=weights)
+        x = residual(x, attn, self.norm1, self.dropout, norm_first=True)
+        if self.mlp is not None:
+            x = residual(x, self.mlp, self.norm2, self.dropout, norm_first=True)
+        return x
+
+
+class GPT(nn.Module):
+    """A decoder-only language model: ids (B, T) -> next-token logits (B, T, V); see :class:`GPTConfig`.
+
+    ``seed``: if given, the weights are drawn from ``torch.manual_seed(seed)`` without disturbing the global RNG.
+    """
+
+    def __init__(self, config: GPTConfig, seed: int | None = None):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+            self.pos_emb = LearnedPositions(config.max_len, config.d_model) if config.positions == "learned" else None
+            self.dropout = nn.Dropout(config.dropout)
+            self.blocks = nn.ModuleList(GPTBlock(config) for _ in range(config.num_layers))
+            self.norm = nn.LayerNorm(config.d_model)
+            self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+            if config.tie_embeddings:
+                self.head.weight = self.tok_emb.weight  # one (V, D) matrix embeds and unembeds
+            if config.init == "gpt2":
+                self.apply(self._init_weights)
+                for name, p in self.named_parameters():
+                    if name.endswith(("w_o.weight", "linear2.weight")):
+                        nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.num_layers))
+
+    def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
             # a tied head is the embedding matrix: it is drawn (again, last) with the embeddings' std
             embeds = isinstance(module, nn.Embedding) or module.weight is self.tok_emb.weight
-            nn.init.normal_(module.weight, std=embedding_std if embeds else 0.02)
+            nn.init.normal_(module.weight, std=self.config.embedding_std if embeds else 0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
     @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
     def num_layers(self) -> int:
-        return len(self.blocks)
+        return self.config.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
 
     def num_parameters(self) -> int:
         """Number of trainable numbers; a tied embedding/head matrix counts once."""
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, ids: Tensor, cache: KVCache | None = None, head_mask: Tensor | None = None,
-                return_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+                return_weights: bool = False, last_only: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         """ids (B, T) -> logits (B, T, V) [, weights: one (B, H, T, Tk) tensor per layer].
 
         With a ``cache``, ids are the new tokens, at positions ``len(cache)`` onwards. ``head_mask`` (L, H), bool
-        or float, multiplies each head's output before its layer's output projection.
+        or float, multiplies each head's output before its layer's output projection. ``last_only``: logits
+        (B, V) of the last position only, the one that predicts the next token.
         """
         start = self._check_forward(ids, cache, head_mask)
-        positions = torch.arange(start, start + ids.size(1), device=ids.device)  # (T,)
         x = self.tok_emb(ids)  # (B, T, D)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(positions)
-        elif self.positions == "sinusoidal":
-            x = x + self.pos_table[positions]
+            x = x + self.pos_emb(token_positions(ids.size(1), start, device=ids.device))
         x = self.dropout(x)
-        all_weights = []
+        weights = [] if return_weights else None
         for layer, block in enumerate(self.blocks):
             mask_row = None if head_mask is None else head_mask[layer].to(x.dtype)  # (H,)
-            x, weights = block(x, positions, causal=self.causal, rope=self.positions == "rope", cache=cache,
-                               layer=layer, head_mask=mask_row)
-            all_weights.append(weights)
-        logits = self.head(self.norm(x))  # (B, T, V)
-        return (logits, all_weights) if return_weights else logits
+            x = block(x, cache, layer, mask_row, weights)
+        if last_only:
+            x = x[:, -1]  # (B, D)
+        logits = self.head(self.norm(x))  # (B, T, V) or (B, V)
+        return (logits, weights) if return_weights else logits
 
     def _check_forward(self, ids: Tensor, cache: KVCache | None, head_mask: Tensor | None) -> int:
         """Check the inputs of forward; return the position of the first new token."""
@@ -186,34 +197,57 @@ class TinyGPT(nn.Module):
         check_rank(ids, "ids", 2, "(B, T)")
         if ids.numel() and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"ids must lie in [0, vocab_size={self.vocab_size}), got {ids.min()}..{ids.max()}")
-        if cache is not None and not self.causal:
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+        if cache is not None and not self.config.causal:
             raise ValueError("a KV cache needs a causal model (causal=True)")
         start = 0 if cache is None else len(cache)
-        if self.positions in ("learned", "sinusoidal") and start + ids.size(1) > self.max_len:
-            raise ValueError(f"sequence of {start + ids.size(1)} tokens is longer than max_len={self.max_len} "
-                             f"(positions={self.positions!r} has no vector beyond it)")
+        if self.pos_emb is not None and start + ids.size(1) > self.config.max_len:
+            raise ValueError(f"sequence of {start + ids.size(1)} tokens is longer than max_len={self.config.max_len} "
+                             f"(learned positions have no vector beyond it)")
         if head_mask is not None and tuple(head_mask.shape) != (self.num_layers, self.num_heads):
             raise ValueError(f"head_mask must have shape (num_layers, num_heads) = "
                              f"{(self.num_layers, self.num_heads)}, got {tuple(head_mask.shape)}")
         return start
 
     @torch.no_grad()
-    def generate(self, ids: Tensor, max_new_tokens: int, use_cache: bool = True) -> Tensor:
-        """Greedy decoding: ids (B, T0) -> (B, T0 + max_new_tokens), each new token the argmax of the logits.
+    def iter_generate(self, ids: Tensor, max_new_tokens: int,
+                      use_cache: bool = True) -> Iterator[tuple[Tensor, Tensor]]:
+        """Greedy decoding, one step at a time: yields (next_ids (B, 1), logits (B, V)) per new token.
 
-        With ``use_cache`` the prompt runs once (prefill) and each step feeds only the newest token, reading
-        the earlier keys and values from a :class:`KVCache`; without it each step reruns the whole sequence.
-        The tokens are the same either way; only the cost differs.
+        With ``use_cache`` the first step (prefill) runs the prompt ids (B, T0) and each later step only the
+        newest token, reading the earlier keys and values from a :class:`KVCache`; without it each step reruns
+        the whole sequence. The tokens are the same either way; only the cost differs.
         """
-        if not self.causal:
-            raise ValueError("generate needs a causal model (causal=True)")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        cache = KVCache(self.num_layers) if use_cache else None
+        self._check_generate(ids, max_new_tokens)
+        cache = KVCache(self.num_layers, max_len=ids.size(1) + max_new_tokens) if use_cache else None
         step_input = ids
         for _ in range(max_new_tokens):
-            logits = self(step_input, cache=cache)  # (B, T_step, V)
-            next_ids = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
+            logits = self(step_input, cache=cache, last_only=True)  # (B, V)
+            next_ids = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             ids = torch.cat([ids, next_ids], dim=1)
             step_input = next_ids if use_cache else ids
-        return ids
+            yield next_ids, logits
+
+    def generate(self, ids: Tensor, max_new_tokens: int, use_cache: bool = True,
+                 return_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Greedy generation: ids (B, T0) -> (B, T0 + max_new_tokens), each new token the argmax of the logits.
+
+        With ``return_logits=True`` also returns the logits (B, max_new_tokens, V) that chose each new token.
+        ``use_cache`` changes the cost, never the tokens (the logits agree up to float rounding).
+        """
+        steps = list(self.iter_generate(ids, max_new_tokens, use_cache))
+        out = torch.cat([ids, *(next_ids for next_ids, _ in steps)], dim=1)
+        if not return_logits:
+            return out
+        logits = [step_logits for _, step_logits in steps]
+        return out, torch.stack(logits, dim=1) if logits else self.head.weight.new_empty(len(ids), 0, self.vocab_size)
+
+    def _check_generate(self, ids: Tensor, max_new_tokens: int) -> None:
+        if not self.config.causal:
+            raise ValueError("generate needs a causal model (causal=True)")
+        check_rank(ids, "ids", 2, "(B, T)")
+        if ids.size(1) == 0:
+            raise ValueError("ids must hold a prompt of at least one token, got shape "
+                             f"{tuple(ids.shape)}")
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)

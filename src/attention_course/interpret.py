@@ -1,29 +1,45 @@
-"""Looking inside a trained TinyGPT (chapter 12): attention maps, head scores, head ablation.
+"""Looking inside a trained GPT (chapter 12): attention maps, head scores, head ablation.
 
-- :func:`attention_maps` captures every layer's attention weights with TinyGPT's ``return_weights``.
+Everything goes through the :class:`~attention_course.gpt.GPT`'s public interface: ``return_weights``,
+``head_mask``, and its blocks and their attention modules (for hooks); models run in eval mode (:func:`eval_mode`).
+
+- :func:`attention_maps` captures every layer's attention weights with the GPT's ``return_weights``.
 - :func:`previous_token_score`: how much a head attends from position t to t - 1.
 - :func:`prefix_matching_score`: how much a head attends from a token to the token that *followed* an earlier
   occurrence of it, the signature of an induction head (Olsson et al., 2022).
 - :func:`copy_accuracy` and :func:`ablation_mask`: next-token accuracy on the copied part of a sequence, with
-  chosen heads switched off through TinyGPT's ``head_mask``.
+  chosen heads switched off through the GPT's ``head_mask``.
 - :func:`stream_write_ratio`: how large a layer's attention output is next to the residual stream it is added to.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import torch
+from torch import Tensor
+
+from .gpt import GPT
 from .validation import check_rank
 
 
-@torch.no_grad()
-def attention_maps(model: nn.Module, ids: Tensor) -> Tensor:
-    """Attention weights of every layer and head: ids (B, T) -> (L, B, H, T, T), in eval mode."""
+@contextmanager
+def eval_mode(model: GPT) -> Iterator[GPT]:
+    """Run the body with ``model`` in eval mode (no dropout), then restore the mode it had."""
     was_training = model.training
     model.eval()
-    _, weights = model(ids, return_weights=True)  # L tensors (B, H, T, T)
-    model.train(was_training)
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def attention_maps(model: GPT, ids: Tensor) -> Tensor:
+    """Attention weights of every layer and head: ids (B, T) -> (L, B, H, T, T), in eval mode."""
+    with eval_mode(model):
+        _, weights = model(ids, return_weights=True)  # L tensors (B, H, T, T)
     return torch.stack(weights)
 
 
@@ -79,7 +95,7 @@ def prefix_matching_score(weights: Tensor, ids: Tensor, query_mask: Tensor | Non
 
 
 def ablation_mask(num_layers: int, num_heads: int, *heads: tuple[int, int]) -> Tensor:
-    """A (L, H) head mask of ones with zeros at the given (layer, head) pairs, for TinyGPT's ``head_mask``."""
+    """A (L, H) head mask of ones with zeros at the given (layer, head) pairs, for the GPT's ``head_mask``."""
     mask = torch.ones(num_layers, num_heads)
     for layer, head in heads:
         if not (0 <= layer < num_layers and 0 <= head < num_heads):
@@ -89,20 +105,18 @@ def ablation_mask(num_layers: int, num_heads: int, *heads: tuple[int, int]) -> T
 
 
 @torch.no_grad()
-def copy_accuracy(model: nn.Module, ids: Tensor, copy_target: Tensor, head_mask: Tensor | None = None) -> float:
+def copy_accuracy(model: GPT, ids: Tensor, copy_target: Tensor, head_mask: Tensor | None = None) -> float:
     """Fraction of the positions in ``copy_target`` (B, T) whose next token the model predicts (argmax)."""
     check_rank(ids, "ids", 2, "(B, T)")
     if copy_target.shape != ids.shape:
         raise ValueError(f"copy_target {tuple(copy_target.shape)} must have the shape of ids {tuple(ids.shape)}")
-    was_training = model.training
-    model.eval()
-    predicted = model(ids[:, :-1], head_mask=head_mask).argmax(dim=-1)  # (B, T - 1): guess for ids[t + 1]
-    model.train(was_training)
+    with eval_mode(model):
+        predicted = model(ids[:, :-1], head_mask=head_mask).argmax(dim=-1)  # (B, T - 1): guess for ids[t + 1]
     correct = predicted == ids[:, 1:]
     return correct[copy_target[:, :-1]].float().mean().item()
 
 
-def head_ablation_table(model: nn.Module, ids: Tensor, copy_target: Tensor) -> Tensor:
+def head_ablation_table(model: GPT, ids: Tensor, copy_target: Tensor) -> Tensor:
     """Copy accuracy with each single head ablated: (L, H); compare with :func:`copy_accuracy` of the whole
     model to see which heads the copying depends on."""
     layers, heads = model.num_layers, model.num_heads
@@ -115,12 +129,12 @@ def head_ablation_table(model: nn.Module, ids: Tensor, copy_target: Tensor) -> T
 
 
 @torch.no_grad()
-def stream_write_ratio(model: nn.Module, ids: Tensor, layer: int = 0) -> float:
+def stream_write_ratio(model: GPT, ids: Tensor, layer: int = 0) -> float:
     """Mean over positions of |attention output of ``layer``| / |residual stream entering that layer|, in eval mode.
 
     ids (B, T) -> a float. For layer 0 the stream is the token plus position embedding: a ratio far above 1 means
-    that what layer 0 writes swamps which token sits where. Read with forward hooks on TinyGPT's
-    ``blocks[layer]`` (its input) and ``blocks[layer].attn.w_o`` (the attention's output).
+    that what layer 0 writes swamps which token sits where. Read with forward hooks on the GPT's
+    ``blocks[layer]`` (its input) and ``blocks[layer].attn`` (the attention's output).
     """
     check_rank(ids, "ids", 2, "(B, T)")
     if not 0 <= layer < model.num_layers:
@@ -128,14 +142,12 @@ def stream_write_ratio(model: nn.Module, ids: Tensor, layer: int = 0) -> float:
     block = model.blocks[layer]
     seen = {}
     hooks = [block.register_forward_pre_hook(lambda module, args: seen.update(stream=args[0])),
-             block.attn.w_o.register_forward_hook(lambda module, args, out: seen.update(written=out))]
-    was_training = model.training
-    model.eval()
+             block.attn.register_forward_hook(lambda module, args, out: seen.update(written=out))]
     try:
-        model(ids)
+        with eval_mode(model):
+            model(ids)
     finally:
         for hook in hooks:
             hook.remove()
-        model.train(was_training)
     ratio = seen["written"].norm(dim=-1) / seen["stream"].norm(dim=-1)  # (B, T)
     return ratio.mean().item()

@@ -14,22 +14,20 @@ The cost of a decoding step becomes O(T) (attention over the cache) instead of O
 query heads) and grouped-query attention (GQA, ``num_kv_heads`` groups) shrink that cache by
 ``num_heads / num_kv_heads``: query head h uses key/value head ``h // (num_heads // num_kv_heads)``.
 
-The tiny model here has random (seeded) weights: it generates nonsense, but exactly the same nonsense with and
-without a cache, which is the point.
+The course's one model, :class:`~attention_course.gpt.GPT`, generates with this cache and this attention.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import Tensor, nn
 
-from .functional import sdpa_fast
+from .functional import scaled_dot_product_attention, sdpa_fast
 from .heads import merge_heads, split_heads
+from .masks import causal_mask
 from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
-from .positions import apply_rope, check_base
-from .validation import check_heads, check_int, check_module_inputs, check_rank
+from .positions import apply_rope, check_base, token_positions
+from .validation import check_dropout, check_heads, check_int, check_module_inputs, check_rank
 
 
 def cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype=torch.float32) -> int:
@@ -150,18 +148,25 @@ class CausalSelfAttention(nn.Module):
         rope: rotate queries and keys by their absolute positions (:func:`apply_rope`, interleaved pairs);
             with a cache, the new tokens' positions start at the cache's length, never at 0.
         rope_base: the ``base`` of :func:`apply_rope`.
+        causal: each position sees itself and the past; False: every position sees all (an encoder; no cache).
+        dropout: probability of dropping attention weights, in ``.train()`` mode only.
+        use_sdpa: PyTorch's fused kernel (:func:`sdpa_fast`) unless the weights are asked for; False: always
+            the course's :func:`scaled_dot_product_attention`, which forms the (B, H, Tq, Tk) weights.
     """
 
     def __init__(
         self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = True,
-        rope: bool = False, rope_base: float = 10000.0,
+        rope: bool = False, rope_base: float = 10000.0, causal: bool = True, dropout: float = 0.0,
+        use_sdpa: bool = True,
     ):
         super().__init__()
         check_heads(d_model, num_heads)
         check_base(rope_base)
+        check_dropout(dropout)
         if rope and (d_model // num_heads) % 2:
             raise ValueError(f"rope needs an even head dimension, got {d_model // num_heads}")
         self.rope, self.rope_base = rope, rope_base
+        self.causal, self.dropout, self.use_sdpa = causal, dropout, use_sdpa
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_int(num_kv_heads, "num_kv_heads")
         if num_heads % num_kv_heads:
@@ -186,26 +191,52 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         return split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
 
-    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0, *, head_mask: Tensor | None = None,
+                weights: list | None = None) -> Tensor:
         """Attend from the positions in x (B, Tq, D) to themselves and to everything already in ``cache``.
 
         With a cache, x holds only the *new* positions (the last Tq of the sequence); their keys/values are
-        added to ``cache`` (slot ``layer``). Returns (B, Tq, D).
+        added to ``cache`` (slot ``layer``). ``head_mask`` (H,) scales each head's output before ``w_o``
+        (0 switches a head off); if ``weights`` is a list, the attention weights (B, H, Tq, Tk) are appended to
+        it. Returns (B, Tq, D).
         """
-        check_module_inputs(x, x, x, (self.d_model,) * 3, self.w_o.weight.dtype)
+        self.check_inputs(x, cache, head_mask)
         q, k, v = self.project(x)  # (B, H, Tq, Dh), (B, H_kv, Tq, Dh) x 2
         if self.rope:
             start = 0 if cache is None else cache.lengths[layer]  # the new tokens follow the cached ones
-            positions = torch.arange(start, start + x.size(1), device=x.device)  # (Tq,)
+            positions = token_positions(x.size(1), start, device=x.device)  # (Tq,)
             q = apply_rope(q, positions, base=self.rope_base)
             k = apply_rope(k, positions, base=self.rope_base)  # cached keys are stored already rotated
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh), Tk = cached + Tq
         n_rep = self.num_heads // self.num_kv_heads
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Tk, Dh)
-        # bottom-right causal mask; a single new query (Tq = 1) is the last position and may see every key
-        heads = sdpa_fast(q, k, v, is_causal=q.shape[2] > 1)  # (B, H, Tq, Dh)
+        heads = self.attend(q, k, v, weights)  # (B, H, Tq, Dh)
+        if head_mask is not None:
+            heads = heads * head_mask[:, None, None]  # (H, 1, 1) broadcasts over (B, H, Tq, Dh)
         return self.w_o(merge_heads(heads))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, weights: list | None = None) -> Tensor:
+        """(B, H, Tq, Dh) queries, (B, H, Tk, Dh) keys and values -> (B, H, Tq, Dh); causal masks are
+        bottom-right: a single new query (Tq = 1) is the last position and may see every key."""
+        dropout_p = self.dropout if self.training else 0.0  # dropout regularises training only
+        if self.use_sdpa and weights is None:
+            return sdpa_fast(q, k, v, dropout_p=dropout_p, is_causal=self.causal and q.size(2) > 1)
+        mask = causal_mask(q.size(2), k.size(2), device=q.device) if self.causal else None
+        heads, attention = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # attention (B, H, Tq, Tk)
+        if weights is not None:
+            weights.append(attention)
+        return heads
+
+    def check_inputs(self, x: Tensor, cache: KVCache | None, head_mask: Tensor | None) -> None:
+        """x (B, Tq, D) in the weights' dtype; a cache only for causal attention; head_mask (H,)."""
+        check_module_inputs(x, x, x, (self.d_model,) * 3, self.w_o.weight.dtype)
+        if cache is not None and not self.causal:
+            raise ValueError("a KV cache needs causal attention (causal=True): an earlier position would see a "
+                             "later one")
+        if head_mask is not None and tuple(head_mask.shape) != (self.num_heads,):
+            raise ValueError(f"head_mask must have shape (num_heads,) = ({self.num_heads},), got "
+                             f"{tuple(head_mask.shape)}")
 
     @torch.no_grad()
     def as_multi_head(self) -> CausalSelfAttention:
@@ -216,7 +247,7 @@ class CausalSelfAttention(nn.Module):
         """
         mha = CausalSelfAttention(
             self.d_model, self.num_heads, None, fused_qkv=False, bias=self.w_o.bias is not None,
-            rope=self.rope, rope_base=self.rope_base,
+            rope=self.rope, rope_base=self.rope_base, causal=self.causal, dropout=self.dropout, use_sdpa=self.use_sdpa,
         ).to(self.w_o.weight)  # fmt: skip
         n_rep = self.num_heads // self.num_kv_heads
         if self.fused_qkv:
@@ -270,128 +301,3 @@ class CausalSelfAttention(nn.Module):
                 load_linear(getattr(self, f"w_{name}"), tensors[f"w_{name}"], tensors[f"b_{name}"])
         load_linear(self.w_o, tensors["w_o"], tensors["b_o"])
 
-
-class DecoderBlock(nn.Module):
-    """Pre-LayerNorm transformer block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
-
-    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, mlp_ratio: int = 4,
-                 fused_qkv: bool = True, rope: bool = False):  # fmt: skip
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads, fused_qkv=fused_qkv, bias=False,  # GPT-style
-                                        rope=rope)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)
-        )
-
-    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
-        """x (B, Tq, D) -> (B, Tq, D)."""
-        x = x + self.attn(self.ln1(x), cache, layer)
-        return x + self.mlp(self.ln2(x))
-
-
-class TinyDecoder(nn.Module):
-    """A small GPT-style decoder with random, seeded weights (no downloads) for teaching generation.
-
-    Token embedding + learned position embedding, ``num_layers`` :class:`DecoderBlock` s, a final LayerNorm and
-    a linear LM head to ``vocab_size`` logits. Always in eval mode (no dropout).
-
-    Args:
-        vocab_size, d_model, num_heads, num_kv_heads, num_layers, max_seq_len, mlp_ratio, fused_qkv: sizes.
-        seed: the weights are drawn from ``torch.manual_seed(seed)`` without disturbing the global RNG.
-        positions: ``"learned"`` (GPT-2: a table of ``max_seq_len`` vectors added to the token embeddings) or
-            ``"rope"`` (no table; every attention layer rotates its queries and keys, LLaMA style).
-    """
-
-    def __init__(
-        self,
-        vocab_size: int = 512,
-        d_model: int = 256,
-        num_heads: int = 8,
-        num_kv_heads: int | None = None,
-        num_layers: int = 4,
-        max_seq_len: int = 1024,
-        mlp_ratio: int = 4,
-        fused_qkv: bool = True,
-        seed: int = 0,
-        positions: str = "learned",
-    ):
-        super().__init__()
-        if positions not in ("learned", "rope"):
-            raise ValueError(f"positions must be 'learned' or 'rope', got positions={positions!r}")
-        self.vocab_size, self.max_seq_len, self.positions = vocab_size, max_seq_len, positions
-        rope = positions == "rope"
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.tok_emb = nn.Embedding(vocab_size, d_model)
-            # drawn only for learned positions (default), so the default model's weights stay the same
-            self.pos_emb = None if rope else nn.Embedding(max_seq_len, d_model)
-            self.blocks = nn.ModuleList(
-                DecoderBlock(d_model, num_heads, num_kv_heads, mlp_ratio, fused_qkv, rope) for _ in range(num_layers)
-            )
-            self.ln_f = nn.LayerNorm(d_model)
-            self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        self.eval()
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.blocks)
-
-    def forward(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False) -> Tensor:
-        """Logits for token ids (B, T): (B, T, V), or (B, V) for the last position only if ``last_only``.
-
-        With a cache, ids are the *new* tokens: their positions start at ``len(cache)``.
-        """
-        check_rank(ids, "ids", 2, "(B, T)")
-        start = 0 if cache is None else len(cache)
-        t = ids.shape[1]
-        if start + t > self.max_seq_len:
-            raise ValueError(f"sequence of {start + t} positions exceeds max_seq_len={self.max_seq_len}")
-        x = self.tok_emb(ids)  # (B, T, D)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(start, start + t, device=ids.device))
-        for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer)
-        if last_only:
-            x = x[:, -1]  # (B, D): the LM head only for the position that predicts the next token
-        return self.lm_head(self.ln_f(x))
-
-    @torch.no_grad()
-    def iter_generate(
-        self, prompt_ids: Tensor, max_new_tokens: int, use_cache: bool = True
-    ) -> Iterator[tuple[Tensor, Tensor]]:
-        """Greedy decoding, one step at a time: yields (next_ids (B, 1), logits (B, V)) per new token.
-
-        Without a cache every step runs the model over the whole sequence so far; with a cache the first step
-        (prefill) runs the prompt and each later step only the newest token.
-        """
-        check_rank(prompt_ids, "prompt_ids", 2, "(B, T)")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        cache = KVCache(self.num_layers, max_len=prompt_ids.shape[1] + max_new_tokens) if use_cache else None
-        ids, step_input = prompt_ids, prompt_ids
-        for _ in range(max_new_tokens):
-            logits = self(step_input if use_cache else ids, cache=cache, last_only=True)  # (B, V)
-            next_ids = logits.argmax(dim=-1, keepdim=True)  # (B, 1), greedy
-            ids = torch.cat([ids, next_ids], dim=1)
-            step_input = next_ids
-            yield next_ids, logits
-
-    def generate(
-        self, prompt_ids: Tensor, max_new_tokens: int, use_cache: bool = True, return_logits: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Greedy generation: prompt_ids (B, T0) -> ids (B, T0 + max_new_tokens).
-
-        With ``return_logits=True`` also returns the logits (B, max_new_tokens, V) that chose each new token.
-        ``use_cache`` changes the cost, never the result (up to float rounding in the logits).
-        """
-        steps = list(self.iter_generate(prompt_ids, max_new_tokens, use_cache))
-        new_ids = [s[0] for s in steps]
-        ids = torch.cat([prompt_ids, *new_ids], dim=1)
-        if not return_logits:
-            return ids
-        logits = torch.stack([s[1] for s in steps], dim=1) if steps else prompt_ids.new_empty(
-            prompt_ids.shape[0], 0, self.vocab_size, dtype=self.lm_head.weight.dtype
-        )
-        return ids, logits

@@ -7,7 +7,6 @@ example (nn.MultiheadAttention reads 3-D as (B * H, Tq, Tk)), or (B, H, Tq, Tk) 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .functional import scaled_dot_product_attention, sdpa_fast
@@ -21,7 +20,7 @@ from .params import (
     store_torch_mha,
     torch_mha_projections,  # noqa: F401  (chapter 3 displays it next to from_torch)
 )
-from .positions import apply_rope, check_base, check_pairing
+from .positions import apply_rope, check_base, check_pairing, token_positions
 from .validation import (
     check_dropout,
     check_heads,
@@ -109,8 +108,8 @@ class MultiHeadAttention(nn.Module):
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """RoPE on (B, H, Tq, Dh) queries and (B, H, Tk, Dh) keys; values are never rotated."""
         t_q, t_k = q.size(-2), k.size(-2)
-        key_positions = torch.arange(t_k, device=k.device)
-        query_positions = torch.arange(t_k - t_q, t_k, device=q.device)  # the last Tq positions
+        key_positions = token_positions(t_k, device=k.device)
+        query_positions = token_positions(t_q, start=t_k - t_q, device=q.device)  # the last Tq positions
         options = {"base": self.rope_base, "pairing": self.rope_pairing}
         return apply_rope(q, query_positions, **options), apply_rope(k, key_positions, **options)
 

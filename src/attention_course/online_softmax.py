@@ -52,8 +52,13 @@ def safe_max(m: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
 
 
-def update(state: OnlineSoftmaxState, block: torch.Tensor) -> tuple[OnlineSoftmaxState, torch.Tensor, torch.Tensor]:
+def update(state: OnlineSoftmaxState, block: torch.Tensor,
+           inplace: bool = False) -> tuple[OnlineSoftmaxState, torch.Tensor, torch.Tensor]:
     """Fold one block of scores (..., n) into the running state.
+
+    ``inplace``: overwrite ``block`` with ``p`` and the state's sum with the new one (no second score tile in
+    memory: blockwise attention). The maximum only stabilises ``exp``: no result depends on it, so no gradient
+    flows through it.
 
     Returns:
         (new_state, p, alpha):
@@ -61,12 +66,49 @@ def update(state: OnlineSoftmaxState, block: torch.Tensor) -> tuple[OnlineSoftma
         ``alpha`` (..., 1) = ``exp(old_max - new_max)``: the factor by which anything accumulated so far
         (the running sum, or a running weighted sum of values) must be rescaled.
     """
-    new_max = torch.maximum(state.max, block.amax(dim=-1, keepdim=True))
+    new_max = torch.maximum(state.max, block.detach().amax(dim=-1, keepdim=True))
     m = safe_max(new_max)
-    p = torch.exp(block - m)
+    p = block.sub_(m).exp_() if inplace else torch.exp(block - m)
     alpha = torch.exp(state.max - m)  # old max -inf -> alpha = 0: nothing was accumulated anyway
-    new_sum = state.sum * alpha + p.sum(dim=-1, keepdim=True)
+    old_sum = state.sum.mul_(alpha) if inplace else state.sum * alpha
+    new_sum = old_sum.add_(p.sum(dim=-1, keepdim=True)) if inplace else old_sum + p.sum(dim=-1, keepdim=True)
     return OnlineSoftmaxState(max=new_max, sum=new_sum), p, alpha
+
+
+# ---------------------------------------------------------------- attention rows: the accumulator
+
+
+@dataclass
+class Accumulator:
+    """Running state of attention rows that read their keys block by block: the online softmax's max and sum
+    (..., n, 1), and ``acc`` (..., n, Dv), the running sum of ``exp(score - max) * value``."""
+
+    softmax: OnlineSoftmaxState
+    acc: torch.Tensor
+
+
+def init(rows, d_v: int, dtype=torch.float32, device=None) -> Accumulator:
+    """Nothing seen yet for rows of leading shape ``rows`` (..., n): max = -inf, sum = 0, acc = 0 (..., n, Dv)."""
+    return Accumulator(init_state(rows, dtype, device), torch.zeros((*rows, d_v), dtype=dtype, device=device))
+
+
+def merge(state: Accumulator, scores: torch.Tensor, values: torch.Tensor) -> Accumulator:
+    """Fold a block of scores (..., n, m) and its values (..., m, Dv) into ``state``, in place; returns it.
+
+    :func:`update` raises the running maximum if needed and returns ``alpha`` = exp(old - new max): what was
+    accumulated so far was weighted relative to the old maximum, so ``acc`` is rescaled by it too. ``scores`` is
+    overwritten (it becomes exp(scores - max)): the only score tile in memory.
+    """
+    state.softmax, p, alpha = update(state.softmax, scores, inplace=True)  # p (..., n, m), alpha (..., n, 1)
+    state.acc.mul_(alpha).add_(p @ values)
+    return state
+
+
+def finish(state: Accumulator) -> torch.Tensor:
+    """The attention output (..., n, Dv) = acc / sum; rows that saw no visible key give zeros (never NaN)."""
+    total = state.softmax.sum
+    visible = total > 0
+    return torch.where(visible, state.acc / torch.where(visible, total, torch.ones_like(total)), 0.0)
 
 
 def online_softmax_stats(x: torch.Tensor, block_size: int) -> OnlineSoftmaxState:

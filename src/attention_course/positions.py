@@ -70,6 +70,18 @@ def check_positions(positions, x: Tensor) -> None:
         )
 
 
+# ---------------------------------------------------------------- which positions new tokens have
+
+
+def token_positions(length: int, start: int = 0, device=None) -> Tensor:
+    """(length,) integer positions start, ..., start + length - 1 of ``length`` tokens that follow ``start``
+    earlier ones: a KV cache's length, or Tk - Tq for queries that are the last Tq of Tk keys (bottom-right,
+    as :func:`~attention_course.masks.causal_mask`; negative if Tq > Tk). Never restart at 0 after a cache."""
+    check_int(length, "length", minimum=0)
+    check_int(start, "start", minimum=-length)
+    return torch.arange(start, start + length, device=device)
+
+
 # ---------------------------------------------------------------- absolute positions
 
 

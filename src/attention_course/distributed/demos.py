@@ -9,6 +9,7 @@ processes, rebuild the same inputs and weights in the caller from the same seed,
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -99,7 +100,7 @@ def _input_grads(inputs) -> list[torch.Tensor]:
 def tensor_parallel_rank(rank: int, world_size: int, cfg: TensorParallelConfig) -> dict:
     """One rank: shard the module, run forward and backward, return the output, gradients and counts."""
     mha, inputs, grad_out = _tp_problem(cfg)
-    shard = TensorParallelAttention.from_module(mha, rank, world_size)
+    shard = TensorParallelAttention(mha, rank, world_size)
     out = shard(*inputs, is_causal=cfg.causal)  # (B, Tq, D), after one all-reduce
     (out * grad_out).sum().backward()
     return {
@@ -254,3 +255,30 @@ def main(argv: list[str] | None = None) -> None:
 
 
 _RANK_PROGRAMS = {TensorParallelConfig: tensor_parallel_rank, RingConfig: ring_rank}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The smallest programs: one collective, a rank that fails, a rank that hangs (for the timeouts)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def sleep_on_rank(rank: int, world_size: int, hung_rank: int, seconds: float = 3600.0) -> dict:
+    """A deliberately hung program, to test timeouts: rank ``hung_rank`` sleeps instead of joining the
+    all-reduce that every other rank waits in."""
+    if rank == hung_rank:
+        time.sleep(seconds)
+    return sum_of_ranks(rank, world_size)
+
+
+def fail_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
+    """A rank that raises (to test error reporting): ``bad_rank`` raises ValueError, the others return their rank."""
+    if rank == bad_rank:
+        raise ValueError(f"bad input on rank {rank}")
+    return rank
+
+
+def sum_of_ranks(rank: int, world_size: int) -> dict:
+    """The smallest collective program: every rank contributes its rank number to an all-reduce (sum)."""
+    value = torch.tensor([float(rank)])
+    dist.all_reduce(value)  # afterwards every rank holds 0 + 1 + ... + (P - 1)
+    return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(), "sum": int(value.item())}

@@ -63,13 +63,14 @@ def _rank_main(rank: int, world_size: int, port: int, group_timeout: float, resu
         pickle.dump(outcome, f)
 
 
-def _context():
-    """Processes are forked from a server process that has imported torch and this package once, so that a
-    launch costs milliseconds instead of a torch import per rank; they share nothing with the caller."""
+def _context(fn: Callable):
+    """Processes are forked from a server process that has imported torch and the module of ``fn`` (the program
+    every rank runs) once, so that a launch costs milliseconds instead of a torch import per rank; they share
+    nothing with the caller. The server starts at the first launch: later launches reuse its imports."""
     ctx = mp.get_context("forkserver")
     # symbolic_shapes (and sympy) is imported lazily by the first custom autograd Function: seconds per rank
     preload = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes"]
-    ctx.set_forkserver_preload([*preload, "attention_course.distributed.demos"])
+    ctx.set_forkserver_preload([*preload, fn.__module__])
     return ctx
 
 
@@ -98,7 +99,7 @@ def launch(fn: Callable, world_size: int, *args, timeout: float = 60.0, group_ti
     """
     group_timeout = timeout if group_timeout is None else group_timeout
     _check_launch_args(fn, world_size, timeout, group_timeout)
-    ctx = _context()
+    ctx = _context(fn)
     with tempfile.TemporaryDirectory(prefix="attention_course_dist_") as result_dir:
         port = free_port()
         saved = os.environ.get("OMP_NUM_THREADS")
@@ -152,24 +153,3 @@ def _result(rank: int, proc, result_dir: str):
         raise _KEPT_ERRORS.get(name, RuntimeError)(f"rank {rank} raised {name}: {message}\n{trace}")
     return outcome["result"]
 
-
-def sleep_on_rank(rank: int, world_size: int, hung_rank: int, seconds: float = 3600.0) -> dict:
-    """A deliberately hung program, to test timeouts: rank ``hung_rank`` sleeps instead of joining the
-    all-reduce that every other rank waits in."""
-    if rank == hung_rank:
-        time.sleep(seconds)
-    return sum_of_ranks(rank, world_size)
-
-
-def fail_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
-    """A rank that raises (to test error reporting): ``bad_rank`` raises ValueError, the others return their rank."""
-    if rank == bad_rank:
-        raise ValueError(f"bad input on rank {rank}")
-    return rank
-
-
-def sum_of_ranks(rank: int, world_size: int) -> dict:
-    """The smallest collective program: every rank contributes its rank number to an all-reduce (sum)."""
-    value = torch.tensor([float(rank)])
-    dist.all_reduce(value)  # afterwards every rank holds 0 + 1 + ... + (P - 1)
-    return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(), "sum": int(value.item())}

@@ -5,9 +5,9 @@ step s rank r holds the keys and values of rank (r - s) mod P, attends its queri
 r + 1 and receives the next block from rank r - 1. After P steps every query has seen every key, although no rank
 ever held more than two key/value blocks (the one it computes with and the one arriving).
 
-The partial results are merged exactly as chapter 9 merges key tiles: :func:`attention_course.online_softmax.update`
-keeps a running maximum and sum per query row, and the running weighted sum of values is rescaled by the same
-factor ``alpha = exp(old_max - new_max)`` whenever a block brings a larger maximum (:func:`merge_block`).
+The partial results are merged exactly as chapter 9 merges key tiles, with the same accumulator
+(:func:`attention_course.online_softmax.merge`): a running maximum and sum per query row, and the running
+weighted sum of values rescaled by ``alpha = exp(old_max - new_max)`` whenever a block brings a larger maximum.
 
 Causal attention: query position i may attend key position j iff j <= i, in GLOBAL positions, so a rank must
 offset its local indices by where its blocks start (:func:`block_causal_mask`). Blocks entirely in the future of
@@ -83,38 +83,6 @@ def unshard_sequence(parts: list[Tensor], layout: list[list[tuple[int, int]]]) -
 # ------------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class RowState:
-    """Running statistics of a block of query rows: online-softmax max and sum (..., n, 1), and ``acc``
-    (..., n, Dv), the running sum of exp(score - max) * value."""
-
-    softmax: online_softmax.OnlineSoftmaxState
-    acc: Tensor
-
-
-def init_rows(q_rows: Tensor, d_v: int) -> RowState:
-    """Nothing seen yet for queries (..., n, Dk): max = -inf, sum = 0, acc = 0."""
-    softmax = online_softmax.init_state(q_rows.shape[:-1], dtype=q_rows.dtype, device=q_rows.device)
-    return RowState(softmax, torch.zeros((*q_rows.shape[:-1], d_v), dtype=q_rows.dtype, device=q_rows.device))
-
-
-def merge_block(rows: RowState, scores: Tensor, v_block: Tensor) -> RowState:
-    """Fold a block of scores (..., n, m) and its values (..., m, Dv) into the running statistics.
-
-    ``online_softmax.update`` raises the running maximum if needed and returns ``alpha`` = exp(old - new max):
-    what was accumulated so far was weighted relative to the old maximum, so ``acc`` is rescaled by it too.
-    """
-    softmax, p, alpha = online_softmax.update(rows.softmax, scores)  # p: (..., n, m), alpha: (..., n, 1)
-    return RowState(softmax, rows.acc * alpha + p @ v_block)
-
-
-def finish_rows(rows: RowState) -> Tensor:
-    """The attention output (..., n, Dv) = acc / sum; rows that saw no visible key give zeros."""
-    total = rows.softmax.sum
-    visible = total > 0
-    return torch.where(visible, rows.acc / torch.where(visible, total, torch.ones_like(total)), 0.0)
-
-
 def block_causal_mask(q_start: int, q_len: int, k_start: int, k_len: int, device=None) -> Tensor:
     """(q_len, k_len) causal mask of a query chunk starting at GLOBAL position ``q_start`` against a key chunk
     starting at ``k_start``: True where key position <= query position."""
@@ -135,19 +103,19 @@ class RankStats:
     largest_tile: int = 0
 
 
-def attend_tile(rows: RowState, q_blk: Tensor, k_blk: Tensor, v_blk: Tensor, q0: int, k0: int,
-                causal: bool) -> RowState:
+def attend_tile(rows: online_softmax.Accumulator, q_blk: Tensor, k_blk: Tensor, v_blk: Tensor, q0: int, k0: int,
+                causal: bool) -> online_softmax.Accumulator:
     """Merge one tile: scaled queries (..., bq, Dk) at global positions q0.., keys (..., bk, Dk) and values
     (..., bk, Dv) at k0... Only a tile that crosses the causal diagonal needs a mask."""
     scores = q_blk @ k_blk.transpose(-2, -1)  # (..., bq, bk)
     bq, bk = scores.shape[-2:]
     if causal and k0 + bk - 1 > q0:  # some key lies after some query
         scores = scores.masked_fill(~block_causal_mask(q0, bq, k0, bk, device=scores.device), float("-inf"))
-    return merge_block(rows, scores, v_blk)
+    return online_softmax.merge(rows, scores, v_blk)
 
 
-def attend_block(rows: list[RowState], q: Tensor, q_chunks, k: Tensor, v: Tensor, k_chunks, causal: bool,
-                 stats: RankStats) -> list[RowState]:
+def attend_block(rows: list[online_softmax.Accumulator], q: Tensor, q_chunks, k: Tensor, v: Tensor, k_chunks,
+                 causal: bool, stats: RankStats) -> list[online_softmax.Accumulator]:
     """Attend a rank's queries q (..., n, Dk), holding the global chunks ``q_chunks`` ([start, stop) each), to
     one key/value block k (..., m, Dk), v (..., m, Dv) holding ``k_chunks``; returns the updated row states
     (one per query chunk). Causal: a chunk pair whose keys all lie after its queries is skipped.
@@ -174,13 +142,13 @@ def _offsets(chunks) -> list[int]:
     return list(itertools.accumulate((stop - start for start, stop in chunks), initial=0))[:-1]
 
 
-def _finish(rows: list[RowState]) -> Tensor:
-    return torch.cat([finish_rows(state) for state in rows], dim=-2)  # (..., n, Dv)
+def _finish(rows: list[online_softmax.Accumulator]) -> Tensor:
+    return torch.cat([online_softmax.finish(state) for state in rows], dim=-2)  # (..., n, Dv)
 
 
-def _init(q: Tensor, q_chunks, d_v: int) -> list[RowState]:
-    chunks = zip(q_chunks, _offsets(q_chunks), strict=True)
-    return [init_rows(q[..., o : o + stop - start, :], d_v) for (start, stop), o in chunks]
+def _init(q: Tensor, q_chunks, d_v: int) -> list[online_softmax.Accumulator]:
+    """One accumulator per query chunk (..., stop - start rows): nothing seen yet."""
+    return [online_softmax.init((*q.shape[:-2], stop - start), d_v, q.dtype, q.device) for start, stop in q_chunks]
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -92,9 +92,9 @@ class TensorParallelAttention(nn.Module):
     """Rank ``rank``'s shard of a :class:`~attention_course.multi_head.MultiHeadAttention`: heads
     ``rank * H/P .. (rank + 1) * H/P - 1``.
 
-    Build it with :meth:`from_module` (copies of the module's weights). ``forward`` returns the full output
-    (B, Tq, D), the same on every rank, after one all-reduce; ``partial_output`` returns this rank's term of
-    the sum without communicating (used to simulate the ranks in one process).
+    ``TensorParallelAttention(mha, rank, world_size)`` copies this rank's rows of the weights. ``forward`` returns the
+    full output (B, Tq, D), the same on every rank, after one all-reduce; ``partial_output`` returns this rank's
+    term of the sum without communicating (used to simulate the ranks in one process).
     """
 
     def __init__(self, mha: MultiHeadAttention, rank: int, world_size: int):
@@ -112,11 +112,6 @@ class TensorParallelAttention(nn.Module):
         self.w_o_shard = nn.Parameter(mha.w_o.weight.detach()[:, cols].clone())  # (D, D / P)
         has_bias = mha.w_o.bias is not None
         self.b_o = nn.Parameter(mha.w_o.bias.detach().clone()) if has_bias else None  # added once, after the sum
-
-    @classmethod
-    def from_module(cls, mha: MultiHeadAttention, rank: int, world_size: int) -> TensorParallelAttention:
-        """Rank ``rank``'s shard of ``mha`` for ``world_size`` ranks."""
-        return cls(mha, rank, world_size)
 
     def local_heads_output(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
                            is_causal: bool) -> Tensor:
