@@ -24,8 +24,8 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
-:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.capstone`), :mod:`.questions` (checked letter and number questions),
-:mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the student's code computes and calls).
+:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.capstone`), :mod:`.questions` (checked letter
+and number questions), :mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the student's code computes and calls).
 """
 
 from ..mistakes import CODES
