@@ -25,7 +25,8 @@ The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (na
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
 :mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.capstone`), :mod:`.questions` (checked letter
-and number questions), :mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the student's code computes and calls).
+and number questions), :mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the student's
+code computes and calls).
 """
 
 from ..mistakes import CODES
