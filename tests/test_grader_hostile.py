@@ -656,7 +656,9 @@ def test_nothing_is_left_behind(tmp_path, backend):
     grader)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    nbformat.write(_with_cell(_attacks(tmp_path, tmp_path / "x")["kill_grader"]), tmp_path / f"kill_{NAME}")
+    # Only its own grader process: under rlimit there is no PID namespace, and as root the batch's kill_grader attack
+    # (kill(-1)) would kill every process on the machine, the test run included.
+    nbformat.write(_with_cell("import os\nos.kill(os.getppid(), 9)"), tmp_path / f"kill_{NAME}")
     shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
     done = _run(["--jsonl", "-j", "2", "--isolation", backend, "--timeout", str(CELL_S), "--notebook-timeout", "120",
                  "--solutions", str(FIXTURES / "solutions"), str(tmp_path / f"kill_{NAME}"),
