@@ -99,4 +99,4 @@ def test_missing_layer_and_wrong_return():
 
 
 def test_capstone_question_is_registered():
-    assert QUESTIONS["15.cache-what"].answer == "A"
+    assert QUESTIONS["19.cache-what"].answer == "A"

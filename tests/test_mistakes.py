@@ -51,7 +51,7 @@ def test_topics_and_chapters():
         "decoder-not-causal", "cross-attention-keys-from-decoder"]
     assert [m.code for m in mistakes.in_chapter(14)] == [
         "cap-on-probabilities", "norm-after-rope", "sink-given-value", "sink-ignored", "absorption-transposed"]
-    assert [m.code for m in mistakes.in_chapter(15)] == ["rope-not-applied"]
+    assert [m.code for m in mistakes.in_chapter(19)] == ["rope-not-applied"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

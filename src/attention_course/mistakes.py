@@ -541,10 +541,10 @@ mistake("absorption-transposed", "MLA weight absorption with W_uk transposed",
 
 
 # ==================================================================================================================
-# The capstone, numbered 15 (causal multi-head attention with RoPE and a KV cache, end to end)
+# The capstone, numbered 19 (causal multi-head attention with RoPE and a KV cache, end to end)
 # ==================================================================================================================
 
 mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
         "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
         "queries and the keys of every head by their positions before the scores.",
-        chapter=15, topic="capstone")
+        chapter=19, topic="capstone")

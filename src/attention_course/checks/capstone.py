@@ -156,7 +156,7 @@ def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
 
 
 choice_question(
-    "15.cache-what",
+    "19.cache-what",
     answer="A",
     why="a key's rotation depends only on its own position, which never changes: rotate it once, when it is "
         "computed, and cache it rotated; each new query is rotated at its own position.",
@@ -168,7 +168,7 @@ choice_question(
     },
 )
 number_question(
-    "15.cache-numbers",
+    "19.cache-numbers",
     answer=2 * 2 * 4 * 8 * 8,
     why="keys and values (2) x batch 2 x 4 heads x 8 tokens x Dh = 32 / 4 = 8 features = 1024 numbers.",
     known={
