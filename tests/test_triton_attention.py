@@ -201,3 +201,24 @@ def test_interpreter_is_chosen_in_one_place_and_triton_imported_only_there():
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1", "True", "True"]
+
+
+def test_gpu_summary_reads_the_benchmark_file_or_says_there_is_none(tmp_path):
+    missing = ft.gpu_benchmark_summary(tmp_path / "bench_triton.json")
+    assert missing[0].startswith("No GPU result yet") and "python benchmarks/bench_triton.py" in missing[1]
+    path = tmp_path / "bench_triton.json"
+    path.write_text('{"config": {"gpu": "GPU X", "date": "2026-01-01 00:00", "torch": "2.13", "triton": "3.9.0"}, '
+                    '"table": {"headers": ["dtype", "fwd ratio"], "rows": [["bf16", "0.91"]]}, '
+                    '"targets": [["forward >= 0.7x SDPA flash", "0.91", "PASS"]]}')
+    assert ft.gpu_benchmark_summary(path) == ["GPU: GPU X, 2026-01-01 00:00, torch 2.13, triton 3.9.0",
+                                              "dtype | fwd ratio", "bf16 | 0.91",
+                                              "forward >= 0.7x SDPA flash: 0.91 (PASS)"]
+
+
+def test_benchmark_without_a_gpu_says_so_and_exits_0():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(
+        [os.path.join(root, "benchmarks"), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_triton.py")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "needs a CUDA GPU" in run.stdout

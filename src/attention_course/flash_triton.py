@@ -303,10 +303,15 @@ def check_flash_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Non
 
 def _blocks(block_m, block_n, head_dim: int) -> tuple[int, int]:
     """Tile sizes: small under the interpreter (each program is Python), larger on a GPU (fewer programs)."""
-    default_m, default_n = (16, 16) if INTERPRETED else ((128, 64) if head_dim <= 64 else (64, 64))
+    default_m, default_n = (32, 32) if INTERPRETED else ((128, 64) if head_dim <= 64 else (64, 64))
     why = "a tile needs a power of two in"
     return (_power_of_two_in(default_m if block_m is None else block_m, BLOCK_SIZES, "block_m", why),
             _power_of_two_in(default_n if block_n is None else block_n, BLOCK_SIZES, "block_n", why))
+
+
+def _launch_options(head_dim: int) -> dict:
+    """Warps and software-pipelining stages of a compiled launch (a GPU's business; the interpreter has neither)."""
+    return {} if INTERPRETED else {"num_warps": 8 if head_dim > 64 else 4, "num_stages": 3}  # pragma: no cover
 
 
 def _contiguous_rows(x: torch.Tensor) -> torch.Tensor:
@@ -340,7 +345,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     grid = (triton.cdiv(t_q, bm), b * h)  # one program per (query tile, batch * head)
     _forward_kernel[grid](q, k, v, o, lse, dh**-0.5, t_q, k.shape[2], h, *_strides(q), *_strides(k), *_strides(v),
                           *_strides(o), IS_CAUSAL=bool(is_causal), BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=dh,
-                          PRECISION=_precision(q.dtype))
+                          PRECISION=_precision(q.dtype), **_launch_options(dh))
     return o, lse
 
 
@@ -358,7 +363,8 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, block_m: int | 
     _backward_d_kernel[(triton.cdiv(t_q, bm), b * h)](o, do, d, t_q, h, *_strides(o), *_strides(do),
                                                        BLOCK_M=bm, HEAD_DIM=dh)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(IS_CAUSAL=bool(is_causal), BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=dh, PRECISION=_precision(q.dtype))
+    common = dict(IS_CAUSAL=bool(is_causal), BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=dh, PRECISION=_precision(q.dtype),
+                  **_launch_options(dh))
     args = (dh**-0.5, t_q, t_k, h, *_strides(q), *_strides(k), *_strides(v), *_strides(do))
     _backward_dkdv_kernel[(triton.cdiv(t_k, bn), b * h)](q, k, v, do, lse, d, dk, dv, *args, **common)
     _backward_dq_kernel[(triton.cdiv(t_q, bm), b * h)](q, k, v, do, lse, d, dq, *args, **common)
@@ -397,3 +403,27 @@ def key_tiles_visited(query_tile: int, t_q: int, t_k: int, block_m: int, block_n
     start_m = query_tile * block_m
     stop = min(max(start_m + block_m + t_k - t_q, 0), t_k) if is_causal else t_k
     return -(-stop // block_n)
+
+
+# ------------------------------------------------------------------------------------------------ what the GPU adds
+
+
+def gpu_benchmark_summary(path) -> list[str]:
+    """The lines chapter 16 prints about the GPU: the table of ``benchmarks/bench_triton.py``'s results file
+    (``benchmarks/results/bench_triton.json``), with the GPU and the date of the run, or, where no GPU run was
+    recorded, a line that says so and how to make one. Nothing here is measured: it only reads the file."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        return ["No GPU result yet: this course's machines have no GPU. On a Linux machine with a CUDA GPU run",
+                "    python benchmarks/bench_triton.py",
+                f"which times the kernels against SDPA's flash backend and writes {path.name}; this cell reads it."]
+    result = json.loads(path.read_text())
+    config, table = result["config"], result["table"]
+    lines = [f"GPU: {config['gpu']}, {config['date']}, torch {config['torch']}, triton {config['triton']}",
+             " | ".join(table["headers"])]
+    lines += [" | ".join(str(cell) for cell in row) for row in table["rows"]]
+    lines += [f"{target}: {measured} ({verdict})" for target, measured, verdict in result["targets"]]
+    return lines
