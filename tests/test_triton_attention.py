@@ -222,3 +222,13 @@ def test_benchmark_without_a_gpu_says_so_and_exits_0():
     run = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_triton.py")], env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "needs a CUDA GPU" in run.stdout
+
+
+def test_first_kernel_softmax_rows_and_its_source():
+    from attention_course.display import source_markdown
+
+    x = torch.randn(7, 10, generator=torch.Generator().manual_seed(5)) * 10  # 10 columns in a block of 16
+    torch.testing.assert_close(ft.softmax_rows(x), torch.softmax(x, -1), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="float32 \\(N, C\\)"):
+        ft.softmax_rows(x.double())
+    assert source_markdown(ft._forward_kernel).startswith("```python\n@triton.jit\ndef _forward_kernel(")

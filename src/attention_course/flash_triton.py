@@ -72,6 +72,33 @@ BLOCK_SIZES = (16, 32, 64, 128)
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
+# ------------------------------------------------------------------------------------------------ a first kernel
+
+
+@triton.jit
+def _softmax_kernel(X, Y, n_cols, stride_row, BLOCK: tl.constexpr):
+    """Softmax of one row of X per program. BLOCK, a power of two, covers the whole row: the columns past n_cols
+    are masked; they load -inf, whose exp is 0, and are not stored."""
+    row = tl.program_id(0)  # which program am I? -> which row
+    cols = tl.arange(0, BLOCK)  # (BLOCK,) 0, 1, ..., BLOCK - 1
+    inside = cols < n_cols
+    x = tl.load(X + row * stride_row + cols, mask=inside, other=float("-inf"))  # one block in
+    e = tl.exp(x - tl.max(x, 0))
+    tl.store(Y + row * stride_row + cols, e / tl.sum(e, 0), mask=inside)  # one block out
+
+
+def softmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last axis of a float32 (N, C) tensor by :func:`_softmax_kernel`: a grid of N programs,
+    each with a block of the next power of two >= C columns."""
+    check_attention_inputs(x, x, x)
+    if x.dim() != 2 or x.dtype != torch.float32:
+        raise ValueError(f"softmax_rows takes a float32 (N, C) tensor, got {x.dtype} of shape {tuple(x.shape)}")
+    x = _contiguous_rows(x)
+    y = torch.empty_like(x)
+    _softmax_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), BLOCK=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
 # ------------------------------------------------------------------------------------------------ forward
 
 
