@@ -444,7 +444,7 @@ def gpu_benchmark_summary(path) -> list[str]:
 
     path = Path(path)
     if not path.exists():
-        return ["No GPU result yet: this course's machines have no GPU. On a Linux machine with a CUDA GPU run",
+        return ["No GPU result yet: no run on a GPU has been recorded. On a Linux machine with a CUDA GPU run",
                 "    python benchmarks/bench_triton.py",
                 f"which times the kernels against SDPA's flash backend and writes {path.name}; this cell reads it."]
     result = json.loads(path.read_text())
