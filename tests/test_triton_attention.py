@@ -232,3 +232,11 @@ def test_first_kernel_softmax_rows_and_its_source():
     with pytest.raises(ValueError, match="float32 \\(N, C\\)"):
         ft.softmax_rows(x.double())
     assert source_markdown(ft._forward_kernel).startswith("```python\n@triton.jit\ndef _forward_kernel(")
+
+
+def test_the_graders_sandbox_runs_triton_interpreted():
+    """The worker sees no GPU; whatever a submission imports first, its kernels run under the interpreter."""
+    from attention_course.course import sandbox
+
+    env = sandbox._environment(sandbox.Limits(), "/tmp")
+    assert env["TRITON_INTERPRET"] == "1" and env["CUDA_VISIBLE_DEVICES"] == ""
