@@ -154,6 +154,11 @@ def test_key_tiles_visited_counts_tiles_with_a_visible_key():
             needed = 0 if cols.numel() == 0 else int(cols.max()) // bn + 1
             assert ft.key_tiles_visited(tile, t_q, t_k, bm, bn, True) == needed
         assert ft.key_tiles_visited(0, t_q, t_k, bm, bn, False) == -(-t_k // bn)
+        for tile, kinds in enumerate(ft.key_tile_kinds(t_q, t_k, bm, bn, True)):  # no mask: every pair visible
+            rows = visible[tile * bm:(tile + 1) * bm]
+            for j, kind in enumerate(kinds):
+                block = rows[:, j * bn:(j + 1) * bn]
+                assert kind != 1 or (block.all() and block.shape[1] == bn)
 
 
 def qkv(shape=(1, 2, 8, 16), dtype=torch.float32):

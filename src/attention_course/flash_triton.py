@@ -425,11 +425,23 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     return FlashAttentionFunction.apply(q, k, v, is_causal, block_m, block_n)
 
 
+def key_tile_kinds(t_q: int, t_k: int, block_m: int, block_n: int, is_causal: bool) -> list[list[int]]:
+    """What the forward kernel does with each (query tile, key tile), by the kernel's own bounds: 0 never loaded,
+    1 loaded without a mask (before ``full_stop``), 2 loaded with the mask (the diagonal, the ragged end)."""
+    kinds = []
+    for start_m in range(0, t_q, block_m):
+        free, stop = t_k, t_k
+        if is_causal:
+            free = min(max(start_m + t_k - t_q + 1, 0), t_k)
+            stop = min(max(start_m + block_m + t_k - t_q, 0), t_k)
+        full_stop = free // block_n * block_n
+        kinds.append([0 if start_n >= stop else 1 if start_n < full_stop else 2 for start_n in range(0, t_k, block_n)])
+    return kinds
+
+
 def key_tiles_visited(query_tile: int, t_q: int, t_k: int, block_m: int, block_n: int, is_causal: bool) -> int:
-    """How many key tiles the forward program of query tile ``query_tile`` loads (same bounds as the kernel)."""
-    start_m = query_tile * block_m
-    stop = min(max(start_m + block_m + t_k - t_q, 0), t_k) if is_causal else t_k
-    return -(-stop // block_n)
+    """How many key tiles the forward program of query tile ``query_tile`` loads."""
+    return sum(kind > 0 for kind in key_tile_kinds(t_q, t_k, block_m, block_n, is_causal)[query_tile])
 
 
 # ------------------------------------------------------------------------------------------------ what the GPU adds
