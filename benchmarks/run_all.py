@@ -19,7 +19,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHMARKS = ["bench_peak", "bench_mha_block", "bench_attention_core", "bench_blockwise_memory", "bench_kv_cache",
-              "bench_keras", "bench_training"]  # fmt: skip
+              "bench_keras", "bench_training", "bench_triton"]  # fmt: skip
+GPU_ONLY = {"bench_triton"}  # on a machine without a CUDA GPU they print so and write no results
 
 TITLES = {
     "bench_peak": "Attainable peak (fp32 matmul)",
@@ -29,6 +30,7 @@ TITLES = {
     "bench_kv_cache": "Generation of 256 tokens with and without a KV cache",
     "bench_keras": "Keras: the course's layer vs keras.layers.MultiHeadAttention",
     "bench_training": "Training throughput: GPT vs nn.TransformerEncoder (D=128, H=4, 2 layers, B=16, T=128)",
+    "bench_triton": "FlashAttention in Triton (chapter 16) vs SDPA's flash backend, on a GPU (B=8, H=16)",
 }
 
 NOTES = {
@@ -64,6 +66,11 @@ NOTES = {
         "`is_causal=True`), the same learned positions and tied head, and the same weights: the script first "
         "checks the two compute the same loss and gradients. GPT forms the attention weights explicitly "
         "(chapter 12 reads them), nn.TransformerEncoder calls SDPA. Tokens/s = B·T / fastest step time."
+    ),
+    "bench_triton": (
+        "Useful FLOPs: 4·B·H·Dh per visible query-key pair for the forward, 3.5 times that for forward + backward. "
+        "Times: medians of `triton.testing.do_bench`. The peak is a (8192, 8192) matmul in the same dtype, measured "
+        "in the same run. Chapter 16 prints this table from `benchmarks/results/bench_triton.json`."
     ),
 }
 
@@ -109,10 +116,16 @@ def readme() -> str:
         "the fastest run. Compare ratios measured in the same run, not absolute times across runs.",
     ]
     for name in BENCHMARKS:
+        if name not in results and name in GPU_ONLY:
+            out += ["", f"## {TITLES[name]}", "", f"No GPU result yet: `python benchmarks/{name}.py` on a Linux "
+                    "machine with a CUDA GPU writes it (on a CPU the script says it needs a GPU and exits)."]
+            continue
         if name not in results:
             continue
         r = results[name]
         out += ["", f"## {TITLES[name]}", "", f"`benchmarks/{name}.py` (ran in {r.get('elapsed_s', 0):.0f} s)", ""]
+        if "gpu" in r["config"]:
+            out[-1:] = [f"GPU: {r['config']['gpu']}, {r['config']['date']}, triton {r['config']['triton']}", ""]
         if name == "bench_peak":
             t = r["table"]
             out += [table({"headers": ["square fp32 matmul", "fastest GFLOP/s", "median GFLOP/s"], "rows": t}), "",

@@ -15,6 +15,7 @@ import pytest
 
 import test_checks_core
 import test_checks_heads
+import test_checks_kernels
 import test_checks_kv_cache
 import test_checks_masks
 import test_checks_modules
@@ -25,7 +26,7 @@ from attention_course import bug_zoo, checks, mistakes
 
 TOPICS = {"core": test_checks_core, "heads": test_checks_heads, "kv_cache": test_checks_kv_cache,
           "masks": test_checks_masks, "modules": test_checks_modules, "runner": test_checks_runner,
-          "tiles": test_checks_tiles}
+          "tiles": test_checks_tiles, "kernels": test_checks_kernels}
 # Tables this file runs; test_checks_porting.py runs its own (with the details of its messages), counted below.
 CORRECT = [(topic, *row) for topic, module in TOPICS.items() for row in getattr(module, "CORRECT", [])]
 PLANTED = [(topic, *row) for topic, module in TOPICS.items() for row in module.PLANTED]

@@ -41,7 +41,7 @@ def test_topics_and_chapters():
     topics = {m.topic for m in mistakes.MISTAKES.values()}
     assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache", "positions",
                       "blocks", "interpret", "distributed", "field_guide", "capstone", "porting", "modern",
-                      "tiles"}
+                      "tiles", "kernels"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
     assert [m.code for m in mistakes.in_chapter(10)] == [
         "sinusoid-wrong-exponent", "sin-cos-swapped", "rope-wrong-pairing", "rope-wrong-frequencies",

@@ -12,8 +12,14 @@ def source_markdown(*objects) -> str:
     """The source of each function or class in ``objects`` as one fenced Python block (MyST/Markdown)."""
     if not objects:
         raise ValueError("show_source needs at least one function, class or module")
-    sources = [textwrap.dedent(inspect.getsource(obj)).rstrip() for obj in objects]
+    sources = [textwrap.dedent(inspect.getsource(_unwrapped(obj))).rstrip() for obj in objects]
     return "```python\n" + "\n\n\n".join(sources) + "\n```"
+
+
+def _unwrapped(obj):
+    """A Triton kernel (``@triton.jit``: a JITFunction, or an InterpretedFunction without a GPU) wraps the Python
+    function it was written as, in ``.fn``; anything else is itself."""
+    return obj.fn if type(obj).__name__ in ("JITFunction", "InterpretedFunction") else obj
 
 
 def show_source(*objects) -> Markdown:

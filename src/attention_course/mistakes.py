@@ -548,3 +548,40 @@ mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
         "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
         "queries and the keys of every head by their positions before the scores.",
         chapter=19, topic="capstone")
+
+
+# ==================================================================================================================
+# Chapter 16: FlashAttention written in Triton
+# ==================================================================================================================
+
+mistake("sum-not-rescaled", "online softmax in a kernel: the running sum not rescaled when a tile raises the maximum",
+        "Your output matches a tile loop in which {detail}. The running sum l was summed relative to the old "
+        "maximum, like the accumulator: when a tile raises the maximum, multiply both by alpha = exp(m_old - m_new) "
+        "before adding the tile's terms (chapter 16, 'The forward kernel').",
+        chapter=16, topic="kernels")
+mistake("causal-bound-off-by-one-tile", "causal kernel: the loop over key tiles bounded one tile off",
+        "Your output matches a causal kernel in which {detail}. For the query tile [start, start + BLOCK) the tiles "
+        "before start are visible to every row (no mask), the tile [start, start + BLOCK) holds the diagonal (it "
+        "needs the mask), and no later tile holds a visible key (chapter 16, 'Where the causal loop stops').",
+        chapter=16, topic="kernels")
+mistake("ragged-tile-unmasked", "kernel: the key positions past the end of the last, ragged tile not masked",
+        "Your output matches a kernel whose last key tile, which runs past the T keys, lets its padding in: {detail}. "
+        "Lanes loaded with other=0.0 are zero keys with a score of 0, not nothing; set the scores of the columns "
+        ">= T to -inf before the softmax (chapter 16, 'Triton's model: programs and blocks').",
+        chapter=16, topic="kernels")
+mistake("lse-without-max", "log-sum-exp stored as log(l), without the running maximum",
+        "Your log-sum-exp is log(l), the log of the running sum alone. l sums exp(s - m), relative to the row "
+        "maximum m, so log(sum exp(s)) = m + log(l); without m the backward's exp(s - lse) is off by exp(m) per row.",
+        chapter=16, topic="kernels")
+mistake("lse-without-sum", "log-sum-exp stored as the running maximum alone",
+        "Your log-sum-exp is the row maximum m. The log-sum-exp is m + log(l), with l the running sum of "
+        "exp(s - m); m alone is its largest term only.",
+        chapter=16, topic="kernels")
+mistake("ds-without-d", "attention backward: dS = P * dP, without subtracting D = rowsum(dO * O)",
+        "Your gradient matches dS = P * dP. The softmax couples a row's entries: dS = P * (dP - D) with "
+        "D = rowsum(dP * P) = rowsum(dO * O), one number per query row (chapter 16, 'The backward pass').",
+        chapter=16, topic="kernels")
+mistake("dk-missing-scale", "attention backward: dK without the scale 1 / sqrt(d)",
+        "Your dK is sqrt(d) times too large: the scores are S = Q K^T / sqrt(d), so dK = dS^T Q / sqrt(d); the "
+        "chain rule passes the scale on to the gradients of Q and K.",
+        chapter=16, topic="kernels")

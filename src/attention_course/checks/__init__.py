@@ -24,9 +24,9 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
-:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.capstone`), :mod:`.questions` (checked letter
-and number questions), :mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the student's
-code computes and calls).
+:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.kernels`, :mod:`.capstone`), :mod:`.questions`
+(checked letter and number questions), :mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the
+student's code computes and calls).
 """
 
 from ..mistakes import CODES
@@ -44,6 +44,7 @@ from .distributed import check_ring_causal_mask, check_ring_merge, check_row_par
 from .field_guide import check_additive_mask, check_layers_created_once
 from .heads import check_merge_heads, check_split_heads
 from .interpret import check_find_induction_head, check_prefix_matching_score
+from .kernels import check_causal_tiles, check_dk, check_lse, check_tile_loop
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .masks import check_causal_mask, check_padding_mask
 from .modern import check_absorbed_scores, check_qk_norm_rope, check_sink_attention, check_softcap_attention
@@ -69,8 +70,10 @@ __all__ = [
     "check_alibi_slopes",
     "check_attention_one_query",
     "check_causal_mask",
+    "check_causal_tiles",
     "check_choice",
     "check_decoder_block",
+    "check_dk",
     "check_einsum_attention",
     "check_feed_forward",
     "check_find_induction_head",
@@ -80,6 +83,7 @@ __all__ = [
     "check_keras_weights_from_torch",
     "check_kv_cache_bytes",
     "check_layers_created_once",
+    "check_lse",
     "check_merge_heads",
     "check_multi_head_attention",
     "check_number",
@@ -106,4 +110,5 @@ __all__ = [
     "check_softmax",
     "check_split_heads",
     "check_streaming_attention",
+    "check_tile_loop",
 ]

@@ -69,6 +69,7 @@ class Topic(enum.IntEnum):
     CAPSTONE = 9
     WINDOW = 10  # chapter 9's sliding-window tiles
     SINKS = 11  # chapter 14's sinks in a window
+    TRITON = 13  # chapter 16's kernels
 
 
 def _rng(topic: Topic) -> np.random.Generator:
@@ -162,6 +163,18 @@ def window_sizes() -> list[tuple[int, int, int]]:
         return []
     rng = _rng(Topic.WINDOW)
     return [(_n(rng, 20, 30), _n(rng, 3, 8), _n(rng, 3, 6))]
+
+
+def triton_sizes(multiple_of: int | None = None) -> list[tuple[int, int]]:
+    """(T, Dh) of a hidden case of chapter 16's kernels: a longer sequence (a multiple of ``multiple_of`` when given)
+    and a wider head."""
+    if not active():
+        return []
+    rng = _rng(Topic.TRITON)
+    t = _n(rng, 40, 90)
+    if multiple_of:
+        t = t // multiple_of * multiple_of
+    return [(t, int(rng.choice([32, 64])))]
 
 
 def sink_sizes() -> list[tuple[int, int, int]]:

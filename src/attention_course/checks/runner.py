@@ -221,8 +221,10 @@ _KERAS_WRAPPER = "Exception encountered when calling"
 def original_error(err: BaseException) -> BaseException:
     """The student's own exception. Keras (with its traceback filtering on) re-raises an error from a layer's
     ``call()`` as a new exception of the same type whose message starts with "Exception encountered when calling
-    X.call()" and lists the arguments; the original is its ``__context__`` (or ``__cause__``)."""
-    while str(err).startswith(_KERAS_WRAPPER):
+    X.call()" and lists the arguments; the original is its ``__context__`` (or ``__cause__``). Triton's interpreter
+    raises an ``InterpreterError`` from the error of a kernel (its ``__cause__``), e.g. the ``NotImplementedError``
+    of an exercise's kernel."""
+    while str(err).startswith(_KERAS_WRAPPER) or type(err).__name__ == "InterpreterError":
         inner = err.__cause__ or err.__context__
         if inner is None:
             break
@@ -256,15 +258,15 @@ def call(fn: Callable, args: dict, label: str, positional: int | None = None, ca
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             result = fn(*pos, **kw)
-    except NotImplementedError as err:
-        what = first_line(original_error(err)) or f"{label} is not implemented yet"
-        raise fail(
-            "not-implemented",
-            f"{what.rstrip('.')}: replace the `raise NotImplementedError(...)` line with your solution, "
-            "run that cell, then run this check again.",
-        ) from None
     except (Exception, SystemExit) as err:  # noqa: BLE001 - any student error becomes a message
         err = original_error(err)
+        if isinstance(err, NotImplementedError):
+            what = first_line(err) or f"{label} is not implemented yet"
+            raise fail(
+                "not-implemented",
+                f"{what.rstrip('.')}: replace the `raise NotImplementedError(...)` line with your solution, "
+                "run that cell, then run this check again.",
+            ) from None
         text = first_line(err)
         raise fail(
             "raised-exception",

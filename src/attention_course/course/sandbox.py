@@ -156,6 +156,9 @@ def _environment(limits: Limits, home: str) -> dict:
         "PYTHONPATH": str(_package_root()), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
         "MPLCONFIGDIR": home, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
         "CUDA_VISIBLE_DEVICES": "",
+        # no GPU in here: a submission's Triton kernels (chapter 16) can only run under Triton's interpreter, and
+        # Triton reads this when it is first imported, whatever the notebook imports first
+        "TRITON_INTERPRET": "1",
     })
     return env
 

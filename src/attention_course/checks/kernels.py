@@ -1,0 +1,257 @@
+"""Checks of chapter 16: the pieces of FlashAttention's kernels that the exercises ask for.
+
+The student writes Triton kernels and the Python functions that launch them, on one head: q, k, v (T, Dh) float32
+tensors, tiles of ``BLOCK`` = 16 rows. Each check calls the launcher and compares what it returns with float64
+references computed here (NumPy, no Triton: this module never imports it). A wrong result is compared with
+:func:`tiled_forward` or :func:`dk_variant`, the same tile loop with one deliberate mistake, and named; the
+simulation tries tiles of 16, 32 and 64 so that a student who chose other tiles is still diagnosed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import hidden
+from .cases import to_framework
+from .diagnosis import diagnose
+from .questions import number_question
+from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, fail, run_check, shape_text, split_result
+
+ATOL, RTOL = 2e-5, 1e-4  # float32 kernels against a float64 reference
+TIMEOUT = 6 * DEFAULT_TIMEOUT  # under Triton's interpreter every program is Python
+BLOCKS = (16, 32, 64)
+
+
+def tiled_forward(q, k, v, block, *, causal=False, rescale="both", ragged_mask=True, normalize=True,
+                  bounds="ok"):
+    """Chapter 16's forward tile loop on one head, float64: (out (T, Dv), lse (T,)), right or with one mistake.
+
+    ``rescale``: both | none (neither the sum nor the accumulator is rescaled) | sum (only the sum) | acc (only the
+    accumulator); ``ragged_mask=False``: the padding of the last key tile (zero keys and values) is let in;
+    ``normalize=False``: the accumulator is returned undivided; ``bounds`` (causal): ok | diagonal-unmasked (the
+    diagonal tile goes through the unmasked loop) | diagonal-skipped (the loop stops before it) | ignored (every
+    tile, unmasked but for the padding). Rows that saw no key give NaN, as the kernel's acc / l does.
+    """
+    t, d = q.shape
+    padded = -(-t // block) * block
+    k_pad = np.zeros((padded, d))
+    v_pad = np.zeros((padded, v.shape[1]))
+    k_pad[:t], v_pad[:t] = k, v
+    out, lse = np.zeros((t, v.shape[1])), np.zeros(t)
+    for start in range(0, t, block):
+        rows = np.arange(start, min(start + block, t))
+        free, stop = {"ok": (start, start + block), "diagonal-unmasked": (start + block, start + block),
+                      "diagonal-skipped": (start, start), "ignored": (padded, padded)}[bounds] if causal else (0, t)
+        m, total, acc = np.full(len(rows), -np.inf), np.zeros(len(rows)), np.zeros((len(rows), v.shape[1]))
+        for k0 in range(0, min(stop, padded), block):
+            cols = np.arange(k0, k0 + block)
+            s = q[rows] @ k_pad[cols].T / math.sqrt(d)
+            visible = np.ones_like(s, dtype=bool)
+            if k0 >= free or not causal:
+                if ragged_mask:
+                    visible &= cols[None, :] < t
+                if causal and bounds != "ignored":
+                    visible &= cols[None, :] <= rows[:, None]
+            s = np.where(visible, s, -np.inf)
+            m_new = np.maximum(m, s.max(axis=1))
+            safe = np.where(np.isfinite(m_new), m_new, 0.0)
+            alpha, p = np.exp(m - safe), np.exp(s - safe[:, None])
+            total = total * (alpha if rescale in ("both", "sum") else 1.0) + p.sum(axis=1)
+            acc = acc * (alpha[:, None] if rescale in ("both", "acc") else 1.0) + p @ v_pad[cols]
+            m = m_new
+        with np.errstate(all="ignore"):
+            out[rows] = acc / total[:, None] if normalize else acc
+            lse[rows] = m + np.log(total)
+    return out, lse
+
+
+def _match(out, candidates, case, ref, what):
+    """Name the first mistake whose result ``out`` matches (NaN where it has NaN too), else a generic failure."""
+    for code, detail, thunk in candidates:
+        with np.errstate(all="ignore"):
+            guess = thunk()
+        if close(out, guess, ATOL, RTOL):
+            raise fail(code, detail=detail, case=case)
+    diagnose(out, None, [], case, ref, None, what=what, atol=ATOL, rtol=RTOL)
+
+
+def _inputs(rng, t, d, spread=2.0):
+    """q, k spread so that row maxima rise from tile to tile (a missing rescale shows), v plain."""
+    return rng.standard_normal((t, d)) * spread, rng.standard_normal((t, d)) * spread, rng.standard_normal((t, d))
+
+
+def _torch_args(**arrays):
+    return {name: to_framework(a, "torch") for name, a in arrays.items()}
+
+
+def _forward_candidates(q, k, v, causal=False):
+    out = []
+    if causal:
+        out.append(("mask-ignored", "", lambda: tiled_forward(q, k, v, BLOCKS[0], causal=True, bounds="ignored")[0]))
+    for block in BLOCKS:
+        if not causal:
+            out += [
+                ("sum-not-rescaled", "the accumulator is rescaled when a tile raises the maximum, the running sum l "
+                 "is not", lambda b=block: tiled_forward(q, k, v, b, rescale="acc")[0]),
+                ("stream-not-rescaled", "neither the running sum nor the accumulator is rescaled when a tile raises "
+                 "the maximum", lambda b=block: tiled_forward(q, k, v, b, rescale="none")[0]),
+                ("stream-not-rescaled", "the running sum is rescaled when a tile raises the maximum, the "
+                 "accumulator is not", lambda b=block: tiled_forward(q, k, v, b, rescale="sum")[0]),
+                ("ragged-tile-unmasked", f"the {-q.shape[0] % block} padding columns of the last tile of {block} "
+                 "keys get the score 0", lambda b=block: tiled_forward(q, k, v, b, ragged_mask=False)[0]),
+            ]
+        else:
+            out += [
+                ("causal-bound-off-by-one-tile", "the diagonal tile goes through the loop WITHOUT the mask (the "
+                 "unmasked loop stops one tile late): queries see the later keys of their own tile",
+                 lambda b=block: tiled_forward(q, k, v, b, causal=True, bounds="diagonal-unmasked")[0]),
+                ("causal-bound-off-by-one-tile", "the loop stops one tile early, before the diagonal tile: queries "
+                 "miss their own tile's keys (the first tile's rows see no key at all)",
+                 lambda b=block: tiled_forward(q, k, v, b, causal=True, bounds="diagonal-skipped")[0]),
+            ]
+    out.append(("weights-not-normalized", "you return the accumulator without dividing it by the running sum",
+                lambda: tiled_forward(q, k, v, BLOCKS[0], causal=causal, normalize=False)[0]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The tile loop (forward, not causal) and the causal stopping point
+# ----------------------------------------------------------------------------------------------------------
+
+_FORWARD_CASES = [(16, 16), (37, 16), (50, 32), (5, 16)]  # (T, Dh): one tile, ragged last tiles, shorter than one
+# multiples of the tile, as the exercise's kernel needs; several tiles first (one tile cannot tell a diagonal tile
+# without its mask from no mask at all)
+_CAUSAL_CASES = [(48, 16), (16, 16), (64, 32)]
+
+
+def _forward_body(fn, label, causal):
+    rng = np.random.default_rng(160 + causal)
+    multiple = BLOCKS[0] if causal else None
+    sizes = (_CAUSAL_CASES if causal else _FORWARD_CASES) + hidden.triton_sizes(multiple)
+    for n, (t, d) in enumerate(sizes, 1):
+        q, k, v = _inputs(rng, t, d)
+        case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}"
+        out = as_array(call(fn, _torch_args(q=q, k=k, v=v), label, positional=3), "result", case)
+        ref = tiled_forward(q, k, v, BLOCKS[0], causal=causal)[0]
+        if not close(out, ref, ATOL, RTOL):
+            _match(out, _forward_candidates(q, k, v, causal), case, ref, "output")
+    what = "causal attention, T a multiple of the tile" if causal else "attention, T ragged and shorter than a tile"
+    return f"✓ {display_name(fn, label)}: {len(sizes)} random cases ({what}) match the float64 reference"
+
+
+def check_tile_loop(fn, *, timeout: float = TIMEOUT):
+    """Chapter 16: check ``fn(q, k, v)`` -> out (T, Dh): attention of one head (scale 1 / sqrt(Dh), no mask) by a
+    Triton kernel that walks over key tiles with the online softmax. q, k, v (T, Dh) float32 tensors; T is not a
+    multiple of the tile in some cases. Diagnoses ``[sum-not-rescaled]``, ``[stream-not-rescaled]``,
+    ``[ragged-tile-unmasked]`` and ``[weights-not-normalized]``."""
+    run_check(lambda: _forward_body(fn, "attention_forward", causal=False), timeout)
+
+
+def check_causal_tiles(fn, *, timeout: float = TIMEOUT):
+    """Chapter 16: check ``fn(q, k, v)`` -> out (T, Dh): causal attention of one head (query i sees keys j <= i) by
+    a kernel whose unmasked loop covers the tiles below the diagonal and whose masked loop covers the diagonal tile,
+    then stops. T is a multiple of the tile of 16. Diagnoses ``[causal-bound-off-by-one-tile]`` and
+    ``[mask-ignored]``."""
+    run_check(lambda: _forward_body(fn, "causal_forward", causal=True), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The log-sum-exp
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _lse_body(fn, label):
+    rng = np.random.default_rng(162)
+    sizes = _FORWARD_CASES + hidden.triton_sizes()
+    for n, (t, d) in enumerate(sizes, 1):
+        q, k, v = _inputs(rng, t, d)
+        case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}"
+        out, lse = split_result(call(fn, _torch_args(q=q, k=k, v=v), label, positional=3), case, ("out", "lse"))
+        if lse is None:
+            raise fail("wrong-type", "Return the output AND the log-sum-exp of each row: (out, lse).", case=case)
+        out, lse = as_array(out, "out", case), as_array(lse, "lse", case)
+        ref_out, ref_lse = tiled_forward(q, k, v, BLOCKS[0])
+        if not close(out, ref_out, ATOL, RTOL):
+            _match(out, _forward_candidates(q, k, v), case, ref_out, "output")
+        if close(lse, ref_lse, ATOL, RTOL):
+            continue
+        row_max = np.max(q @ k.T / math.sqrt(d), axis=1)
+        candidates = [("lse-without-max", "", lambda m=row_max, r=ref_lse: r - m),
+                      ("lse-without-sum", "", lambda m=row_max: m)]
+        _match(lse, candidates, case, ref_lse, "log-sum-exp")
+    return (f"✓ {display_name(fn, label)}: {len(sizes)} random cases match the float64 reference in the output and "
+            "the log-sum-exp of each row")
+
+
+def check_lse(fn, *, timeout: float = TIMEOUT):
+    """Chapter 16: check ``fn(q, k, v)`` -> (out (T, Dh), lse (T,)): the forward kernel's output and, per row, the
+    log-sum-exp of its scaled scores, log(sum_j exp(q_i . k_j / sqrt(Dh))). Diagnoses ``[lse-without-max]`` and
+    ``[lse-without-sum]`` (and the tile loop's mistakes in the output)."""
+    run_check(lambda: _lse_body(fn, "forward_with_lse"), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One term of the backward: dK
+# ----------------------------------------------------------------------------------------------------------
+
+
+def dk_variant(q, k, v, do, *, subtract_d=True, scaled=True):
+    """dK (T, Dh) of non-causal attention, float64: scale * dS^T Q with dS = P * (dP - D), D = rowsum(dO * O);
+    ``subtract_d=False``: dS = P * dP; ``scaled=False``: without the scale."""
+    scale = 1.0 / math.sqrt(q.shape[1])
+    s = q @ k.T * scale
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    dp = do @ v.T
+    d = np.sum(do * (p @ v), axis=1, keepdims=True) if subtract_d else 0.0
+    return (scale if scaled else 1.0) * (p * (dp - d)).T @ q
+
+
+def _dk_body(fn, label):
+    rng = np.random.default_rng(163)
+    sizes = _FORWARD_CASES + hidden.triton_sizes()
+    for n, (t, d) in enumerate(sizes, 1):
+        q, k, v = _inputs(rng, t, d, spread=1.0)
+        do = rng.standard_normal((t, d))
+        o, lse = tiled_forward(q, k, v, BLOCKS[0])
+        case = f"case {n} of {len(sizes)}: q, k, v, o, do of shape {shape_text(q.shape)}, lse ({t},)"
+        args = _torch_args(q=q, k=k, v=v, o=o, lse=lse, do=do)
+        dk = as_array(call(fn, args, label, positional=6), "dk", case)
+        ref = dk_variant(q, k, v, do)
+        if close(dk, ref, 1e-4, RTOL):
+            continue
+        candidates = [("ds-without-d", "", lambda: dk_variant(q, k, v, do, subtract_d=False)),
+                      ("dk-missing-scale", "", lambda: dk_variant(q, k, v, do, scaled=False))]
+        _match(dk, candidates, case, ref, "dk")
+    return f"✓ {display_name(fn, label)}: {len(sizes)} random cases match dK of the float64 reference"
+
+
+def check_dk(fn, *, timeout: float = TIMEOUT):
+    """Chapter 16: check ``fn(q, k, v, o, lse, do)`` -> dK (T, Dh): the gradient of the keys of non-causal
+    attention of one head, from the forward's output o and log-sum-exp lse (T,) and the output's gradient do.
+    Diagnoses ``[ds-without-d]`` and ``[dk-missing-scale]``."""
+    run_check(lambda: _dk_body(fn, "attention_dk"), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Question
+# ----------------------------------------------------------------------------------------------------------
+
+
+def tiles_visited(query_tile: int, t: int, block: int) -> int:
+    """Key tiles a causal query tile loads (square tiles, Tq == Tk): those up to and including its diagonal tile."""
+    return -(-min((query_tile + 1) * block, t) // block)
+
+
+number_question(
+    "16.tiles-visited", answer=lambda: tiles_visited(7, 1000, 64),
+    why="query tile 7 holds rows 448..511; its last row sees keys 0..511, which fill key tiles 0..7: 8 tiles, the "
+        "last one (the diagonal) with the mask, and key tiles 8..15 are never loaded.",
+    known={7: ("causal-bound-off-by-one-tile", "that leaves out the diagonal tile, which holds each row's own key."),
+           9: ("causal-bound-off-by-one-tile", "key tile 8 starts at key 512, after the tile's last row (511): no "
+               "row sees any of it."),
+           16: "that is every key tile of the sequence: the causal loop stops at the diagonal."},
+    hint="Which keys does the LAST row of the query tile see, and which key tiles hold them?",
+)

@@ -1,0 +1,244 @@
+"""Chapter 16's checks (attention_course.checks.kernels): right kernels pass, in Triton with other tiles and in plain
+PyTorch; planted mistakes, written as the Triton kernels a student would write, get their codes. Runs under Triton's
+interpreter (tests/test_checks_planted.py runs the tables)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+# the course's module first: it chooses Triton's interpreter before Triton is imported (Linux-only wheels: else skip)
+pytest.importorskip("attention_course.flash_triton", reason="Triton has wheels for Linux only")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from attention_course import checks  # noqa: E402
+from attention_course.checks import hidden  # noqa: E402
+from attention_course.checks.questions import QUESTIONS  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------------- the kernels
+
+
+@triton.jit
+def _step(s, v, m, l, acc, MISTAKE: tl.constexpr):
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    if MISTAKE == "sum-not-rescaled":
+        l = l + tl.sum(p, 1)
+    elif MISTAKE == "nothing-rescaled":
+        l = l + tl.sum(p, 1)
+        alpha = alpha * 0.0 + 1.0
+    else:
+        l = l * alpha + tl.sum(p, 1)
+    if MISTAKE == "acc-not-rescaled":
+        acc = acc + tl.dot(p, v)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+    return m_new, l, acc
+
+
+@triton.jit
+def _forward(Q, K, V, O, LSE, T, scale, D: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
+             MISTAKE: tl.constexpr):
+    """One head, one program per query tile; the tile loop of the exercises, right or with MISTAKE."""
+    start_m = tl.program_id(0) * BLOCK
+    rows = start_m + tl.arange(0, BLOCK)
+    feats = tl.arange(0, D)
+    q = tl.load(Q + rows[:, None] * D + feats[None, :], mask=rows[:, None] < T, other=0.0)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK], tl.float32)
+    acc = tl.zeros([BLOCK, D], tl.float32)
+    below = 0
+    stop = T
+    if CAUSAL:
+        below = start_m
+        stop = start_m + BLOCK
+        if MISTAKE == "diagonal-unmasked":
+            below = start_m + BLOCK
+        if MISTAKE == "diagonal-skipped":
+            stop = start_m
+        if MISTAKE == "no-causal-mask":
+            below = T
+            stop = T
+    for start in range(0, below, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        k = tl.load(K + cols[:, None] * D + feats[None, :])
+        v = tl.load(V + cols[:, None] * D + feats[None, :])
+        m, l, acc = _step(tl.dot(q, tl.trans(k)) * scale, v, m, l, acc, MISTAKE)
+    for start in range(below, stop, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        k = tl.load(K + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T, other=0.0)
+        v = tl.load(V + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        if MISTAKE != "ragged-unmasked":
+            s = tl.where(cols[None, :] < T, s, float("-inf"))
+        if CAUSAL:
+            s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        m, l, acc = _step(s, v, m, l, acc, MISTAKE)
+    if MISTAKE == "not-normalized":
+        out = acc
+    else:
+        out = acc / l[:, None]
+    tl.store(O + rows[:, None] * D + feats[None, :], out, mask=rows[:, None] < T)
+    if MISTAKE == "lse-without-max":
+        lse = tl.log(l)
+    elif MISTAKE == "lse-without-sum":
+        lse = m
+    else:
+        lse = m + tl.log(l)
+    tl.store(LSE + rows, lse, mask=rows < T)
+
+
+def triton_forward(q, k, v, causal=False, mistake="", block=16, with_lse=False):
+    t, d = q.shape
+    out, lse = torch.empty_like(q), torch.empty(t)
+    _forward[(triton.cdiv(t, block),)](q, k, v, out, lse, t, d**-0.5, D=d, BLOCK=block, CAUSAL=causal,
+                                       MISTAKE=mistake)
+    return (out, lse) if with_lse else out
+
+
+@triton.jit
+def _dk(Q, K, V, DO, LSE, DELTA, DK, T, scale, D: tl.constexpr, BLOCK: tl.constexpr, MISTAKE: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    feats = tl.arange(0, D)
+    k = tl.load(K + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T, other=0.0)
+    v = tl.load(V + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T, other=0.0)
+    dk = tl.zeros([BLOCK, D], tl.float32)
+    for start in range(0, T, BLOCK):
+        rows = start + tl.arange(0, BLOCK)
+        q = tl.load(Q + rows[:, None] * D + feats[None, :], mask=rows[:, None] < T, other=0.0)
+        do = tl.load(DO + rows[:, None] * D + feats[None, :], mask=rows[:, None] < T, other=0.0)
+        lse = tl.load(LSE + rows, mask=rows < T, other=0.0)
+        d = tl.load(DELTA + rows, mask=rows < T, other=0.0)
+        inside = (cols[:, None] < T) & (rows[None, :] < T)
+        p_t = tl.where(inside, tl.exp(tl.dot(k, tl.trans(q)) * scale - lse[None, :]), 0.0)
+        dp_t = tl.dot(v, tl.trans(do))
+        if MISTAKE == "ds-without-d":
+            ds_t = p_t * dp_t
+        elif MISTAKE == "ds-sign":
+            ds_t = p_t * (d[None, :] - dp_t)
+        else:
+            ds_t = p_t * (dp_t - d[None, :])
+        if MISTAKE == "dk-missing-scale":
+            dk += tl.dot(ds_t, q)
+        else:
+            dk += tl.dot(ds_t, q) * scale
+    tl.store(DK + cols[:, None] * D + feats[None, :], dk, mask=cols[:, None] < T)
+
+
+def triton_dk(q, k, v, o, lse, do, mistake="", block=16):
+    t, d = q.shape
+    dk = torch.empty_like(k)
+    _dk[(triton.cdiv(t, block),)](q, k, v, do, lse, (do * o).sum(-1), dk, t, d**-0.5, D=d, BLOCK=block,
+                                  MISTAKE=mistake)
+    return dk
+
+
+# ---------------------------------------------------------------------------------------------------- other styles
+
+
+def torch_forward(q, k, v, causal=False):
+    s = q @ k.T / q.shape[-1] ** 0.5
+    if causal:
+        s = s.masked_fill(~torch.ones(len(q), len(k), dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def torch_forward_with_lse(q, k, v):
+    s = q @ k.T / q.shape[-1] ** 0.5
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def torch_dk(q, k, v, o, lse, do):
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    torch_forward(*leaves).backward(do)
+    return leaves[1].grad
+
+
+def named(fn, name, **kwargs):
+    out = functools.partial(fn, **kwargs)
+    out.__name__ = name
+    return out
+
+
+attention_forward = named(triton_forward, "attention_forward")
+attention_forward_32 = named(triton_forward, "attention_forward_32", block=32)
+causal_forward = named(triton_forward, "causal_forward", causal=True)
+forward_with_lse = named(triton_forward, "forward_with_lse", with_lse=True)
+attention_dk = named(triton_dk, "attention_dk")
+
+CORRECT = [
+    (checks.check_tile_loop, attention_forward),
+    (checks.check_tile_loop, attention_forward_32),
+    (checks.check_tile_loop, torch_forward),
+    (checks.check_causal_tiles, causal_forward),
+    (checks.check_causal_tiles, named(torch_forward, "torch_causal", causal=True)),
+    (checks.check_lse, forward_with_lse),
+    (checks.check_lse, torch_forward_with_lse),
+    (checks.check_dk, attention_dk),
+    (checks.check_dk, torch_dk),
+]
+
+
+def wrong(fn, mistake, **kwargs):
+    return named(fn, mistake.replace("-", "_"), mistake=mistake, **kwargs)
+
+
+PLANTED = [
+    (checks.check_tile_loop, wrong(triton_forward, "sum-not-rescaled"), "sum-not-rescaled"),
+    (checks.check_tile_loop, wrong(triton_forward, "sum-not-rescaled", block=32), "sum-not-rescaled"),
+    (checks.check_tile_loop, wrong(triton_forward, "acc-not-rescaled"), "stream-not-rescaled"),
+    (checks.check_tile_loop, wrong(triton_forward, "nothing-rescaled"), "stream-not-rescaled"),
+    (checks.check_tile_loop, wrong(triton_forward, "ragged-unmasked"), "ragged-tile-unmasked"),
+    (checks.check_tile_loop, wrong(triton_forward, "not-normalized"), "weights-not-normalized"),
+    (checks.check_causal_tiles, wrong(triton_forward, "diagonal-unmasked", causal=True),
+     "causal-bound-off-by-one-tile"),
+    (checks.check_causal_tiles, wrong(triton_forward, "diagonal-skipped", causal=True),
+     "causal-bound-off-by-one-tile"),
+    (checks.check_causal_tiles, wrong(triton_forward, "no-causal-mask", causal=True), "mask-ignored"),
+    (checks.check_lse, wrong(triton_forward, "lse-without-max", with_lse=True), "lse-without-max"),
+    (checks.check_lse, wrong(triton_forward, "lse-without-sum", with_lse=True), "lse-without-sum"),
+    (checks.check_lse, wrong(triton_forward, "sum-not-rescaled", with_lse=True), "sum-not-rescaled"),
+    (checks.check_lse, named(lambda q, k, v: triton_forward(q, k, v), "out_only"), "wrong-type"),
+    (checks.check_dk, wrong(triton_dk, "ds-without-d"), "ds-without-d"),
+    (checks.check_dk, wrong(triton_dk, "dk-missing-scale"), "dk-missing-scale"),
+    (checks.check_dk, wrong(triton_dk, "ds-sign"), "wrong-output"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------- more
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_right_kernels_pass_the_hidden_cases(seed, capsys):
+    with hidden.drawn_from(seed):
+        checks.check_tile_loop(attention_forward)
+        checks.check_causal_tiles(causal_forward)
+    out = capsys.readouterr().out
+    assert out.count("✓ ") == 2 and "5 random cases" in out and "4 random cases" in out
+
+
+def test_a_kernel_not_written_yet_is_not_implemented():
+    """The exercise's stub raises inside the kernel; Triton's interpreter wraps it, the check unwraps it."""
+
+    @triton.jit
+    def stub(X):
+        raise NotImplementedError("Exercise 2: The tile loop")
+
+    def attention(q, k, v):
+        stub[(1,)](q)
+
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_tile_loop(attention)
+    assert str(info.value).startswith("[not-implemented] Exercise 2: The tile loop: replace")
+
+
+def test_tiles_visited_question_is_what_the_kernel_loads():
+    from attention_course import flash_triton
+
+    question = QUESTIONS["16.tiles-visited"]
+    assert question.answer() == flash_triton.key_tiles_visited(7, 1000, 1000, 64, 64, True) == 8
