@@ -297,3 +297,32 @@ def test_state_bytes_of_published_hybrids():
     assert rows["Llama-3-8B"][1048576] > 4 * rows["Qwen3-Next-80B-A3B"][1048576]  # 128 GiB against 24 GiB
     with pytest.raises(TypeError, match="context"):
         hybrid_bytes(qwen, 1.5)
+
+
+# ---------------------------------------------------------------- the recall experiment and the figures
+
+
+def test_recall_experiment():
+    from attention_course.linear_attention.recall import memory_answers, overwrite, recall
+
+    few, many = recall(8), recall(64)
+    assert min(few["softmax"][0], many["softmax"][0]) > 0.9  # a KV cache of N rows keeps every pair
+    assert many["linear"][0] < 0.4 and many["linear"][1] < 0.4  # a sum blurs the recent pairs as much as the old
+    assert many["delta"][1] > 0.6 > many["delta"][0]  # the delta rule keeps the recent pairs, erases the old
+    newest = overwrite()
+    assert newest["delta"] > 0.6 > max(newest["linear"], newest["softmax"])
+    with pytest.raises(ValueError, match="memory must be"):
+        memory_answers(torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3), "kv")
+
+
+def test_diagrams_draw():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from attention_course.linear_attention import diagrams
+
+    for figure in (diagrams.recurrence(), diagrams.chunk_blocks(12, 5)):
+        assert figure.axes
+        plt.close(figure)
