@@ -326,3 +326,16 @@ def test_diagrams_draw():
     for figure in (diagrams.recurrence(), diagrams.chunk_blocks(12, 5)):
         assert figure.axes
         plt.close(figure)
+
+
+def test_costs():
+    from attention_course.linear_attention import costs
+
+    assert costs.softmax_decode_flops(1000, 64) == 256_000
+    assert costs.delta_decode_flops(64, 64) == 32_768
+    assert costs.sequential_steps(100, 64) == 2
+    one_chunk = costs.chunked_flops(64, 64, 8, 8)
+    assert costs.chunked_flops(100, 64, 8, 8) == one_chunk + costs.chunked_flops(36, 36, 8, 8)
+    assert costs.chunked_flops(4096, 64, 8, 8) == 64 * one_chunk  # linear in T for a fixed chunk
+    with pytest.raises(ValueError, match="chunk must be >= 1"):
+        costs.chunked_flops(10, 0, 8, 8)
