@@ -11,8 +11,9 @@ The update is defined once, per token, in :func:`delta_step` (and :func:`linear_
 The forms that compute it:
 
 * recurrent (:func:`gated_delta_recurrent`): token by token, a (Dk, Dv) state, O(T) time, O(1) memory in T;
-* chunked (:func:`gated_delta_chunked`): chunk by chunk through :func:`chunk_step`, the WY/UT representation of
-  the chunk's updates as matrix products, the state carried between chunks: what training uses;
+* chunked (:func:`gated_delta_chunked`): chunk by chunk, the WY/UT representation of the chunk's updates as
+  matrix products (:func:`chunk_parts`), the state carried between chunks (:func:`chunk_apply`): what training
+  uses;
 * parallel (:func:`gated_delta_parallel`): :func:`chunk_step` on one chunk as long as the sequence, a masked
   (T, T) matrix as softmax attention, no loop at all.
 
@@ -191,10 +192,8 @@ def gated_delta_recurrent(
     return torch.stack(outs, dim=2), state
 
 
-def chunk_step(
-    state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
-) -> tuple[Tensor, Tensor]:
-    """The L tokens of one chunk at once, from the state before it -> (out (B, H, L, Dv), state after it).
+def chunk_parts(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor) -> tuple[Tensor, ...]:
+    """Everything about a chunk of L tokens that does not depend on the state before it (any leading axes).
 
     Unrolling :func:`delta_step` over the chunk, the state at step t is the decayed start state plus the keys
     times what each step actually wrote, u_s = beta_s (v_s - k_s @ S_{s-1}'):
@@ -203,43 +202,72 @@ def chunk_step(
 
     The writes depend on each other only through earlier ones, a unit lower-triangular system
     (I + A) U = beta (V - g K S_0) with A[t, s] = beta_t (g_t / g_s) k_t . k_s for s < t (strictly below the
-    diagonal: a write does not see itself); solving it is the UT / WY representation of the product of the
-    chunk's L rank-one updates. Then the outputs are one masked matrix product, o_t = g_t q_t @ S_0 +
-    sum_{s <= t} (g_t / g_s) (q_t . k_s) u_s (the diagonal included: a query reads its own token's write).
+    diagonal: a write does not see itself). Solving it once per chunk is the UT / WY representation of the
+    product of the chunk's L rank-one updates: U = W - K' S_0 with W = (I + A)^-1 beta V and
+    K' = (I + A)^-1 beta g K. The outputs mask (q_t . k_s) (g_t / g_s) with s <= t (the diagonal included: a
+    query reads its own token's write).
+
+    Returns (W, K', masked scores (.., L, L), g (.., L, 1), g_L / g_s (.., L, 1)).
     """
     length = v.size(-2)
-    decay = decay_matrix(log_decay)  # (B, H, L, L): g_t / g_s for s <= t, 0 above the diagonal
-    g = log_decay.cumsum(-1).exp()[..., None]  # (B, H, L, 1): g_t
+    decay = decay_matrix(log_decay)  # (.., L, L): g_t / g_s for s <= t, 0 above the diagonal
+    g = log_decay.cumsum(-1).exp()[..., None]  # (.., L, 1): g_t
     below = causal_mask(length, device=v.device).tril(-1)  # strictly lower: s < t
-    a = (beta[..., None] * (k @ k.transpose(-2, -1)) * decay).masked_fill(~below, 0.0)  # (B, H, L, L)
-    rhs = beta[..., None] * (v - g * (k @ state))  # (B, H, L, Dv)
-    eye = torch.eye(length, dtype=v.dtype, device=v.device)
-    u = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)  # (B, H, L, Dv)
-    out = g * (q @ state) + ((q @ k.transpose(-2, -1)) * decay) @ u  # (B, H, L, Dv)
-    to_end = decay[..., -1, :, None]  # (B, H, L, 1): g_L / g_s, how much of write s reaches the chunk's end
-    state = g[..., -1:, :] * state + (k * to_end).transpose(-2, -1) @ u  # (B, H, Dk, Dv)
-    return out, state
+    a = (beta[..., None] * (k @ k.transpose(-2, -1)) * decay).masked_fill(~below, 0.0)  # (.., L, L)
+    system = torch.eye(length, dtype=v.dtype, device=v.device) + a
+    writes, keys = torch.linalg.solve_triangular(  # one solve for [beta V | beta g K]
+        system, beta[..., None] * torch.cat([v, g * k], -1), upper=False, unitriangular=True
+    ).split([v.size(-1), k.size(-1)], dim=-1)
+    scores = (q @ k.transpose(-2, -1)) * decay  # (.., L, L)
+    return writes, keys, scores, g, decay[..., -1, :, None]
+
+
+def chunk_apply(state: Tensor, q: Tensor, k: Tensor, parts: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """A chunk's outputs (.., L, Dv) and the state after it (.., Dk, Dv), from the state before it and its parts."""
+    writes, keys, scores, g, to_end = parts
+    u = writes - keys @ state  # (.., L, Dv): what each token of the chunk writes
+    out = g * (q @ state) + scores @ u
+    return out, g[..., -1:, :] * state + (k * to_end).transpose(-2, -1) @ u  # (.., Dk, Dv)
+
+
+def chunk_step(
+    state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The L tokens of one chunk at once, from the state before it -> (out (B, H, L, Dv), state after it)."""
+    return chunk_apply(state, q, k, chunk_parts(q, k, v, beta, log_decay))
 
 
 def gated_delta_chunked(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None = None, state: Tensor | None = None,
     chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor]:
-    """The gated delta rule chunk by chunk (:func:`chunk_step`), the state carried between chunks.
+    """The gated delta rule chunk by chunk, the state carried between chunks.
 
-    Equal to :func:`gated_delta_recurrent`; the last chunk may be shorter (no padding). Work per chunk is
-    O(L^2 Dk + L Dk Dv) in matrix products, so the time grows linearly in T for a fixed chunk size L.
+    Equal to :func:`gated_delta_recurrent`. The parts of every full chunk (:func:`chunk_parts`) are computed at
+    once, on a (B, H, chunks, L, ...) view; only :func:`chunk_apply` runs chunk after chunk; a last, shorter
+    chunk goes through :func:`chunk_step` (no padding). Work grows linearly in T for a fixed chunk size L.
     """
     check_rule_inputs(q, k, v, beta, log_decay, state)
     check_int(chunk_size, "chunk_size")
     q, k = _grouped(q, k, v)
     beta, log_decay = _defaults(v, beta, log_decay)
     state = _zero_state(k, v) if state is None else state
+    full = v.size(2) // chunk_size * chunk_size
+
+    def chunks(x: Tensor) -> Tensor:  # (B, H, full, ...) -> (B, H, chunks, L, ...)
+        return x[:, :, :full].unflatten(2, (-1, chunk_size))
+
     outs = []
-    for start in range(0, v.size(2), chunk_size):
-        part = slice(start, start + chunk_size)
-        out, state = chunk_step(state, q[:, :, part], k[:, :, part], v[:, :, part], beta[:, :, part],
-                                log_decay[:, :, part])
+    if full:
+        qs, ks = chunks(q), chunks(k)
+        parts = chunk_parts(qs, ks, chunks(v), chunks(beta), chunks(log_decay))
+        for i in range(qs.size(2)):
+            out, state = chunk_apply(state, qs[:, :, i], ks[:, :, i], [p[:, :, i] for p in parts])
+            outs.append(out)
+    if full < v.size(2):
+        rest = slice(full, None)
+        out, state = chunk_step(state, q[:, :, rest], k[:, :, rest], v[:, :, rest], beta[:, :, rest],
+                                log_decay[:, :, rest])
         outs.append(out)
     return torch.cat(outs, dim=2), state
 
