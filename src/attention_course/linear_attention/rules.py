@@ -239,13 +239,13 @@ def chunk_step(
 
 def gated_delta_chunked(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None = None, state: Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int = 64, group: int = 16,
 ) -> tuple[Tensor, Tensor]:
     """The gated delta rule chunk by chunk, the state carried between chunks.
 
-    Equal to :func:`gated_delta_recurrent`. The parts of every full chunk (:func:`chunk_parts`) are computed at
-    once, on a (B, H, chunks, L, ...) view; only :func:`chunk_apply` runs chunk after chunk; a last, shorter
-    chunk goes through :func:`chunk_step` (no padding). Work grows linearly in T for a fixed chunk size L.
+    Equal to :func:`gated_delta_recurrent`. The parts of ``group`` full chunks at a time (:func:`chunk_parts`)
+    are computed at once, on a (chunks, B, H, L, ...) copy; only :func:`chunk_apply` runs chunk after chunk; a
+    last, shorter chunk goes through :func:`chunk_step` (no padding). Work grows linearly in T for a fixed L.
     """
     check_rule_inputs(q, k, v, beta, log_decay, state)
     check_int(chunk_size, "chunk_size")
@@ -254,15 +254,16 @@ def gated_delta_chunked(
     state = _zero_state(k, v) if state is None else state
     full = v.size(2) // chunk_size * chunk_size
 
-    def chunks(x: Tensor) -> Tensor:  # (B, H, full, ...) -> (B, H, chunks, L, ...)
-        return x[:, :, :full].unflatten(2, (-1, chunk_size))
+    def chunks(x: Tensor, start: int, stop: int) -> Tensor:  # (B, H, T, ...) -> (chunks, B, H, L, ...)
+        return x[:, :, start:stop].unflatten(2, (-1, chunk_size)).movedim(2, 0).contiguous()
 
     outs = []
-    if full:
-        qs, ks = chunks(q), chunks(k)
-        parts = chunk_parts(qs, ks, chunks(v), chunks(beta), chunks(log_decay))
-        for i in range(qs.size(2)):
-            out, state = chunk_apply(state, qs[:, :, i], ks[:, :, i], [p[:, :, i] for p in parts])
+    for start in range(0, full, group * chunk_size):  # a group of chunks at a time: their parts stay in cache
+        stop = min(start + group * chunk_size, full)
+        qs, ks = chunks(q, start, stop), chunks(k, start, stop)
+        parts = chunk_parts(qs, ks, *(chunks(x, start, stop) for x in (v, beta, log_decay)))
+        for i in range(qs.size(0)):
+            out, state = chunk_apply(state, qs[i], ks[i], [p[i] for p in parts])
             outs.append(out)
     if full < v.size(2):
         rest = slice(full, None)
