@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHMARKS = ["bench_peak", "bench_mha_block", "bench_attention_core", "bench_blockwise_memory", "bench_kv_cache",
-              "bench_keras", "bench_training", "bench_triton"]  # fmt: skip
+              "bench_keras", "bench_training", "bench_triton", "bench_linear_attention"]  # fmt: skip
 GPU_ONLY = {"bench_triton"}  # on a machine without a CUDA GPU they print so and write no results
 
 TITLES = {
@@ -31,6 +31,7 @@ TITLES = {
     "bench_keras": "Keras: the course's layer vs keras.layers.MultiHeadAttention",
     "bench_training": "Training throughput: GPT vs nn.TransformerEncoder (D=128, H=4, 2 layers, B=16, T=128)",
     "bench_triton": "FlashAttention in Triton (chapter 16) vs SDPA's flash backend, on a GPU (B=8, H=16)",
+    "bench_linear_attention": "Gated delta rule: chunked form vs token loop vs SDPA causal (H=8, Dk=Dv=64, chunk 64)",
 }
 
 NOTES = {
@@ -59,6 +60,13 @@ NOTES = {
     "bench_kv_cache": (
         "Per-token times are the fastest over the runs at each position; the flatness ratio compares the median "
         "time per token of the last and first quarters of the 256 decoding steps (prefill excluded)."
+    ),
+    "bench_linear_attention": (
+        "Chapter 17. The chunked form (`linear_attention.gated_delta_chunked`) processes 64 tokens per step with "
+        "(64, 64) matrix products and carries the (Dk, Dv) state between chunks; the loop (`gated_delta_recurrent`) "
+        "takes one small step per token; SDPA causal is PyTorch's fused softmax attention on the same q, k, v (a "
+        "different computation, timed for its cost). Decoding compares one delta-rule step on the state with one "
+        "query over a 16k-token KV cache (float32, batch 1)."
     ),
     "bench_training": (
         "One step = forward, cross-entropy, backward and AdamW on the same batch. The nn.TransformerEncoder model "

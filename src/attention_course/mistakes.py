@@ -585,3 +585,52 @@ mistake("dk-missing-scale", "attention backward: dK without the scale 1 / sqrt(d
         "Your dK is sqrt(d) times too large: the scores are S = Q K^T / sqrt(d), so dK = dS^T Q / sqrt(d); the "
         "chain rule passes the scale on to the gradients of Q and K.",
         chapter=16, topic="kernels")
+
+
+# ==================================================================================================================
+# Chapter 17: linear attention, the delta rule and Gated DeltaNet
+# ==================================================================================================================
+
+mistake("state-carried-over", "the state of one sequence carried into the next sequence of the batch",
+        "Your outputs match a state that is not reset between the sequences of a batch: {detail}. Each sequence "
+        "starts from an empty memory (zeros of shape (Dk, Dv) per head); sequence b must never see what "
+        "sequence b - 1 wrote.",
+        chapter=17, topic="linear")
+mistake("read-before-write", "each query reads the state before its own token's write",
+        "Your output at step t reads the state S_{{t-1}}, before token t's key and value are written: query t "
+        "then never sees its own token (the parallel form with the diagonal masked out). Write first, then read: "
+        "o_t = q_t S_t, as the causal mask j <= i includes the diagonal.",
+        chapter=17, topic="linear")
+mistake("beta-missing", "the delta rule's writing strength beta left out",
+        "Your new state matches S + k (v - k S)^T: the error is written at full strength. The delta rule moves "
+        "the state only a fraction beta towards v: S + beta k (v - k S)^T.",
+        chapter=17, topic="linear")
+mistake("beta-on-key", "beta applied to the key (so the state is read with beta k)",
+        "Your result matches the delta rule with the key replaced by beta * k, in the read (beta k) S as well as "
+        "in the write. beta scales the correction written, not the key the state is queried with: "
+        "S + beta k (v - k S)^T.",
+        chapter=17, topic="linear")
+mistake("no-erase", "the delta rule written as linear attention's update (nothing erased)",
+        "Your new state matches S + beta k v^T: the value is added on top of what the state already holds for "
+        "k. The delta rule writes the ERROR, v minus the state's prediction k S, so that the old value is erased.",
+        chapter=17, topic="linear")
+mistake("decay-after-write", "the decay gate applied after the write instead of before it",
+        "Your outputs match alpha * (S + beta k (v - k S)^T): the gate decays the new token's write too, and the "
+        "error is computed against the undecayed state. Gated DeltaNet decays first, S <- alpha S, then computes "
+        "the error against that decayed state and writes it.",
+        chapter=17, topic="linear")
+mistake("keys-not-normalized", "queries and keys used without L2 normalisation",
+        "Your outputs match the rule with {detail}. Gated DeltaNet L2-normalises every query and key "
+        "(x / sqrt(|x|^2 + eps)) and then scales the queries by 1 / sqrt(Dk); without it the update "
+        "(I - beta k k^T) amplifies the state whenever |k|^2 > 2.",
+        chapter=17, topic="linear")
+mistake("chunk-mask-diagonal", "the chunk's causal mask with the diagonal on the wrong side",
+        "Your chunk matches one in which {detail}. Within a chunk the writes depend only on EARLIER writes (the "
+        "triangular system is strictly lower, s < t), while each output reads its own token's write too (the "
+        "output's mask includes the diagonal, s <= t).",
+        chapter=17, topic="linear")
+mistake("chunk-start-state-ignored", "the state from before the chunk left out",
+        "Your chunk is right only when it starts from an empty state: {detail}. The chunk's writes correct what "
+        "the state before it predicts (V - K S0), its outputs read it (Q S0), and the state after the chunk is "
+        "S0 plus the chunk's writes.",
+        chapter=17, topic="linear")

@@ -24,9 +24,9 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
-:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.kernels`, :mod:`.capstone`), :mod:`.questions`
-(checked letter and number questions), :mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the
-student's code computes and calls).
+:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.kernels`, :mod:`.linear`, :mod:`.capstone`),
+:mod:`.questions` (checked letter and number questions), :mod:`.hidden` (the grader's hidden cases) and
+:mod:`.observe` (what the student's code computes and calls).
 """
 
 from ..mistakes import CODES
@@ -46,6 +46,7 @@ from .heads import check_merge_heads, check_split_heads
 from .interpret import check_find_induction_head, check_prefix_matching_score
 from .kernels import check_causal_tiles, check_dk, check_lse, check_tile_loop
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
+from .linear import check_delta_chunk, check_delta_update, check_gated_delta_rule, check_linear_recurrent
 from .masks import check_causal_mask, check_padding_mask
 from .modern import check_absorbed_scores, check_qk_norm_rope, check_sink_attention, check_softcap_attention
 from .modules import (
@@ -82,6 +83,10 @@ __all__ = [
     "check_keras_attention",
     "check_keras_weights_from_torch",
     "check_kv_cache_bytes",
+    "check_linear_recurrent",
+    "check_delta_update",
+    "check_gated_delta_rule",
+    "check_delta_chunk",
     "check_layers_created_once",
     "check_lse",
     "check_merge_heads",

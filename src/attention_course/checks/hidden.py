@@ -70,6 +70,7 @@ class Topic(enum.IntEnum):
     WINDOW = 10  # chapter 9's sliding-window tiles
     SINKS = 11  # chapter 14's sinks in a window
     TRITON = 13  # chapter 16's kernels
+    LINEAR = 14  # chapter 17's gated delta rule
 
 
 def _rng(topic: Topic) -> np.random.Generator:
@@ -184,6 +185,16 @@ def sink_sizes() -> list[tuple[int, int, int]]:
     rng = _rng(Topic.SINKS)
     t = _n(rng, 12, 20)
     return [(_n(rng, 3, 6), t, _n(rng, 2, t - 2))]
+
+
+def linear_sizes() -> list[tuple[int, int, int, int, int]]:
+    """(B, H, T, Dk, Dv) of a hidden gated-delta-rule case (chapter 17): a batch of 3 to 5, more heads, a longer
+    sequence, Dk != Dv."""
+    if not active():
+        return []
+    rng = _rng(Topic.LINEAR)
+    dk = _n(rng, 5, 12)
+    return [(_n(rng, 3, 5), _n(rng, 3, 6), _n(rng, 24, 48), dk, dk + _n(rng, 1, 4))]
 
 
 def capstone_sizes() -> list[tuple[int, int, tuple[int, ...]]]:

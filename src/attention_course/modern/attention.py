@@ -170,7 +170,12 @@ class ModernAttention(nn.Module):
         groups = self.num_heads // self.num_kv_heads
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, T, Dh)
         out, _ = attend(q, k, v, self.mask(t, x.device), scale=self.scale, softcap=self.softcap, sinks=self.sinks)
-        return self.o_proj(merge_heads(out))  # (B, H, T, Dh) -> (B, T, D)
+        return self.output(x, merge_heads(out))  # (B, H, T, Dh) -> (B, T, H * Dh) -> (B, T, D)
+
+    def output(self, x: Tensor, out: Tensor) -> Tensor:
+        """The output projection of the merged heads out (B, T, H * Dh); x (B, T, D) is the layer's input
+        (Qwen3-Next's gated attention computes its output gate from it)."""
+        return self.o_proj(out)
 
     # ------------------------------------------------------------ conversion from Hugging Face transformers
 

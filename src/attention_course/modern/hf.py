@@ -17,6 +17,7 @@ import importlib
 import torch
 from torch import Tensor
 
+from ..linear_attention.gated_attention import Qwen3NextAttention
 from . import families
 from .mla import MultiHeadLatentAttention
 
@@ -34,6 +35,8 @@ FAMILIES = {
                 families.GptOssAttention),
     "deepseek_v3": ("deepseek_v3.modeling_deepseek_v3", "DeepseekV3Config", "DeepseekV3Attention",
                     "DeepseekV3RotaryEmbedding", MultiHeadLatentAttention),
+    "qwen3_next": ("qwen3_next.modeling_qwen3_next", "Qwen3NextConfig", "Qwen3NextAttention",
+                   "Qwen3NextRotaryEmbedding", Qwen3NextAttention),  # chapter 17: gated attention
 }
 
 

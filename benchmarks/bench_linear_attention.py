@@ -1,0 +1,134 @@
+"""Chapter 17: the gated delta rule's chunked form against its token-by-token loop and against SDPA (CPU fp32).
+
+Heads H=8, Dk=Dv=64, batch 1, chunk 64 (transformers' and flash-linear-attention's), T from 1k to 16k. Candidates,
+timed side by side per T: the chunked form (``gated_delta_chunked``), PyTorch's fused causal softmax attention
+(``scaled_dot_product_attention(is_causal=True)``) on the same q, k, v, and (T <= 4096, it is slow) the recurrent
+loop (``gated_delta_recurrent``). Decoding one token at context 16k: one delta-rule step on the fixed state against
+one query attending a 16k-token KV cache (SDPA), time and bytes kept per sequence.
+
+Targets: chunked >= 10x faster than the loop at T=4096; chunked time linear in T (log-log fit exponent < 1.2);
+the T at which the chunked form overtakes SDPA causal is reported (no target: it depends on the CPU).
+
+Usage: python benchmarks/bench_linear_attention.py [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import common  # first: it sets OMP_WAIT_POLICY and the TF log level before torch or TensorFlow load
+import torch
+import torch.nn.functional as F
+
+from attention_course import linear_attention as la
+
+H, D, CHUNK = 8, 64, 64
+LENGTHS = (1024, 2048, 4096, 8192, 16384)
+LOOP_LENGTHS = (1024, 4096)
+DECODE_CONTEXT = 16384
+MIN_LOOP_SPEEDUP, MAX_EXPONENT = 10.0, 1.2
+
+
+def inputs(t: int, dtype=torch.float32, seed: int = 0):
+    """q, k unit (1, H, T, D), v (1, H, T, D), beta in (0, 1), log_decay in (-0.1, 0) (a slow forget gate)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = la.normalize_qk(torch.randn(1, H, t, D, generator=g, dtype=dtype),
+                           torch.randn(1, H, t, D, generator=g, dtype=dtype))
+    v = torch.randn(1, H, t, D, generator=g, dtype=dtype)
+    return q, k, v, torch.rand(1, H, t, generator=g, dtype=dtype), -0.1 * torch.rand(1, H, t, generator=g, dtype=dtype)
+
+
+def exponent(lengths, times) -> float:
+    """Slope of the least-squares line through (log T, log time)."""
+    xs, ys = [math.log(t) for t in lengths], [math.log(s) for s in times]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def make_candidates(t: int) -> dict:
+    """The timed calls at length t (the token loop only up to LOOP_LENGTHS: it is slow)."""
+    q, k, v, beta, log_decay = inputs(t)
+    candidates = {
+        "chunked": lambda: la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=CHUNK),
+        "sdpa causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    }
+    if t in LOOP_LENGTHS:
+        candidates["loop"] = lambda: la.gated_delta_recurrent(q, k, v, beta, log_decay)
+    return candidates
+
+
+def decode(repeats: int) -> tuple[list, dict]:
+    """One new token at context DECODE_CONTEXT: a delta step on the state vs SDPA over the KV cache."""
+    q, k, v, beta, log_decay = inputs(DECODE_CONTEXT, seed=1)
+    state = la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=CHUNK)[1]  # the prompt, read once
+    cache_k, cache_v = k.contiguous(), v.contiguous()
+    q1, k1, v1, b1, g1 = (x[:, :, -1] for x in (q, k, v, beta, log_decay))
+
+    def state_step():
+        return la.read(la.delta_step(state, k1, v1, b1, g1), q1)
+
+    def cache_step():
+        return F.scaled_dot_product_attention(q1[:, :, None], cache_k, cache_v)
+
+    times = common.interleaved({"state": state_step, "KV cache": cache_step}, repeats=20 * repeats, warmup=3)
+    kept = {"state": state.numel() * 4, "KV cache": 2 * cache_k.numel() * 4}
+    rows = [[name, f"{common.fastest(times[name]) * 1e3:.3f}", f"{common.median(times[name]) * 1e3:.3f}",
+             f"{kept[name] / 2**20:.2f}"] for name in ("state", "KV cache")]
+    ratio = common.fastest(times["KV cache"]) / common.fastest(times["state"])
+    return rows, {"decode_speedup": ratio, "memory_ratio": kept["KV cache"] / kept["state"]}
+
+
+def main(repeats: int = 3) -> dict:
+    config = common.setup("bench_linear_attention", {"heads": H, "head_dim": D, "chunk": CHUNK, "lengths": LENGTHS})
+    small = inputs(200, torch.float64)  # correctness first, in float64
+    ref, ref_state = la.gated_delta_recurrent(*small)
+    out, state = la.gated_delta_chunked(*small, chunk_size=CHUNK)
+    common.check("chunked vs recurrent (float64, T=200)", common.max_abs_diff(out, ref), 1e-10)
+    common.check("chunked vs recurrent final state", common.max_abs_diff(state, ref_state), 1e-10)
+
+    results, rows = {}, []
+    for t in LENGTHS:
+        candidates = make_candidates(t)
+        times = common.interleaved(candidates, repeats=repeats if t in LOOP_LENGTHS else repeats + 2)
+        results[t] = {name: common.fastest(ts) for name, ts in times.items()}
+        loop = results[t].get("loop")
+        rows.append([t, f"{results[t]['chunked'] * 1e3:.1f}", f"{results[t]['sdpa causal'] * 1e3:.1f}",
+                     "-" if loop is None else f"{loop * 1e3:.0f}",
+                     f"{results[t]['sdpa causal'] / results[t]['chunked']:.2f}",
+                     "-" if loop is None else f"{loop / results[t]['chunked']:.0f}x"])
+        print(f"  T={t}: " + ", ".join(f"{n} {s * 1e3:.1f} ms" for n, s in results[t].items()), flush=True)
+    headers = ["T", "chunked ms", "sdpa causal ms", "loop ms", "sdpa / chunked", "loop / chunked"]
+    print()
+    print(common.markdown_table(headers, rows))
+
+    speedup = results[4096]["loop"] / results[4096]["chunked"]
+    slope = exponent(LENGTHS, [results[t]["chunked"] for t in LENGTHS])
+    overtakes = next((t for t in LENGTHS if results[t]["chunked"] < results[t]["sdpa causal"]), None)
+    decode_rows, decode_stats = decode(repeats)
+    decode_headers = [f"decode 1 token at context {DECODE_CONTEXT}", "fastest ms", "median ms", "MiB kept"]
+    print()
+    print(common.markdown_table(decode_headers, decode_rows))
+    targets = [
+        [f"chunked >= {MIN_LOOP_SPEEDUP:.0f}x faster than the loop at T=4096", f"{speedup:.0f}x",
+         common.verdict(speedup >= MIN_LOOP_SPEEDUP)],
+        [f"chunked time linear in T: log-log exponent < {MAX_EXPONENT}", f"{slope:.2f}",
+         common.verdict(slope < MAX_EXPONENT)],
+        ["T at which chunked overtakes SDPA causal (reported)",
+         "not within 16k" if overtakes is None else str(overtakes), "-"],
+        [f"decode at {DECODE_CONTEXT}: KV cache time / state time (reported)", f"{decode_stats['decode_speedup']:.1f}x",
+         "-"],
+        [f"decode at {DECODE_CONTEXT}: KV cache bytes / state bytes (reported)",
+         f"{decode_stats['memory_ratio']:.0f}x", "-"],
+    ]  # fmt: skip
+    print()
+    print(common.markdown_table(["target", "measured", "result"], targets))
+    common.save("bench_linear_attention", config, table={"headers": headers, "rows": rows},
+                time_table={"headers": decode_headers, "rows": decode_rows}, targets=targets)
+    return {"speedup": speedup, "exponent": slope, "overtakes": overtakes, **decode_stats}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    main(parser.parse_args().repeats)

@@ -1,0 +1,283 @@
+"""Linear attention and the (gated) delta rule: one update, computed three ways.
+
+Per head, queries and keys are (B, H, T, Dk), values (B, H, T, Dv). The layer's memory is a state
+S (B, H, Dk, Dv): a key k predicts the value ``k @ S``, a query q reads ``q @ S``. Two more inputs per token:
+
+* ``beta`` (B, H, T) in [0, 1], the writing strength of the delta rule (a learning rate);
+* ``log_decay`` (B, H, T) <= 0, the log of the gate alpha = exp(log_decay) that scales the state before each
+  write (Gated DeltaNet, Mamba-2); None means alpha = 1 (no forgetting).
+
+The update is defined once, per token, in :func:`delta_step` (and :func:`linear_step` for plain linear attention).
+The forms that compute it:
+
+* recurrent (:func:`gated_delta_recurrent`): token by token, a (Dk, Dv) state, O(T) time, O(1) memory in T;
+* chunked (:func:`gated_delta_chunked`): chunk by chunk, the WY/UT representation of the chunk's updates as
+  matrix products (:func:`chunk_parts`), the state carried between chunks (:func:`chunk_apply`): what training
+  uses;
+* parallel (:func:`gated_delta_parallel`): :func:`chunk_step` on one chunk as long as the sequence, a masked
+  (T, T) matrix as softmax attention, no loop at all.
+
+Query and key heads may be fewer than value heads (grouped heads, as Qwen3-Next's 16 key heads for 32 value
+heads): each query/key head serves ``H // H_k`` consecutive value heads
+(:func:`~attention_course.kv_cache.repeat_kv`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..kv_cache import repeat_kv
+from ..masks import causal_mask
+from ..validation import check_floating, check_int, check_rank
+
+# ---------------------------------------------------------------- input checks
+
+
+def check_rule_inputs(q, k, v, beta=None, log_decay=None, state=None) -> None:
+    """Raise unless q, k (B, H_k, T, Dk), v (B, H, T, Dv), beta and log_decay (B, H, T), state (B, H, Dk, Dv).
+
+    H must be a multiple of H_k (grouped heads); log_decay must be <= 0 (alpha = exp(log_decay) <= 1).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_floating(x, name)
+        check_rank(x, name, 4, "(B, H, T, D)")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have one shape (B, H_k, T, Dk), got {tuple(q.shape)} and {tuple(k.shape)}")
+    b, h_k, t, dk = k.shape
+    if v.size(0) != b or v.size(2) != t:
+        raise ValueError(f"v must be (B={b}, H, T={t}, Dv), got {tuple(v.shape)}")
+    if t == 0:
+        raise ValueError("the sequence is empty (T = 0)")
+    h = v.size(1)
+    if h % h_k:
+        raise ValueError(f"value heads H={h} must be a multiple of query/key heads H_k={h_k}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, x in (("beta", beta), ("log_decay", log_decay)):
+        if x is not None:
+            check_floating(x, name)
+            if tuple(x.shape) != (b, h, t):
+                raise ValueError(f"{name} must be (B, H, T) = {(b, h, t)}, got {tuple(x.shape)}")
+    if log_decay is not None and bool((log_decay > 0).any()):
+        raise ValueError("log_decay must be <= 0: the gate alpha = exp(log_decay) may shrink the state, not grow it")
+    if state is not None:
+        check_floating(state, "state")
+        if tuple(state.shape) != (b, h, dk, v.size(3)):
+            raise ValueError(f"state must be (B, H, Dk, Dv) = {(b, h, dk, v.size(3))}, got {tuple(state.shape)}")
+
+
+def _grouped(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Repeat query/key heads so that each value head has its own: (B, H_k, T, Dk) -> (B, H, T, Dk)."""
+    groups = v.size(1) // k.size(1)
+    return repeat_kv(q, groups), repeat_kv(k, groups)
+
+
+def _defaults(v: Tensor, beta, log_decay) -> tuple[Tensor, Tensor]:
+    """beta = 1 and log_decay = 0 (no gate) where they are not given."""
+    ones = v.new_ones(v.shape[:3])  # (B, H, T)
+    return (ones if beta is None else beta), (torch.zeros_like(ones) if log_decay is None else log_decay)
+
+
+def _zero_state(k: Tensor, v: Tensor) -> Tensor:
+    return v.new_zeros(v.size(0), v.size(1), k.size(-1), v.size(-1))  # (B, H, Dk, Dv)
+
+
+# ---------------------------------------------------------------- queries and keys
+
+
+def elu_feature_map(x: Tensor) -> Tensor:
+    """phi(x) = elu(x) + 1 > 0: Katharopoulos et al.'s feature map, so that phi(q) . phi(k) is a positive score."""
+    return F.elu(x) + 1
+
+
+def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(|x|^2 + eps) over the last axis (as flash-linear-attention and transformers compute it).
+
+    Unit keys keep the delta rule stable: with |k| = 1 and beta in [0, 1], one step never enlarges the state.
+    """
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def normalize_qk(q: Tensor, k: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """Unit queries and keys, the queries then scaled by 1 / sqrt(Dk) (Gated DeltaNet's inputs)."""
+    return l2_normalize(q, eps) * q.size(-1) ** -0.5, l2_normalize(k, eps)
+
+
+# ---------------------------------------------------------------- the update, per token
+
+
+def read(state: Tensor, q: Tensor) -> Tensor:
+    """state (B, H, Dk, Dv), q (B, H, Dk) -> q @ S (B, H, Dv): what the memory returns for the query."""
+    return (q.unsqueeze(-2) @ state).squeeze(-2)
+
+
+def linear_step(state: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
+    """Linear attention's update: S <- alpha S + k v^T (it adds, it never erases)."""
+    return state * log_decay.exp()[..., None, None] + k.unsqueeze(-1) * v.unsqueeze(-2)
+
+
+def delta_step(state: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor) -> Tensor:
+    """The gated delta rule, one token: S <- alpha S, then S <- S + beta k (v - k @ S)^T.
+
+    state (B, H, Dk, Dv); k (B, H, Dk); v (B, H, Dv); beta, log_decay (B, H). First the gate forgets (alpha =
+    exp(log_decay)); then the state's prediction for k is moved a fraction beta towards v: one step of online
+    least squares on the loss |k @ S - v|^2 / 2, learning rate beta. With alpha = 1 it is DeltaNet's rule.
+    """
+    state = state * log_decay.exp()[..., None, None]
+    error = v - read(state, k)  # (B, H, Dv): what the memory gets wrong about this key
+    return state + k.unsqueeze(-1) * (beta.unsqueeze(-1) * error).unsqueeze(-2)
+
+
+# ---------------------------------------------------------------- plain linear attention: two forms
+
+
+def decay_matrix(log_decay: Tensor) -> Tensor:
+    """(B, H, T) log gates -> (B, H, T, T): entry [t, s] = alpha_{s+1} ... alpha_t for s <= t, 0 above.
+
+    What a value written at step s still weighs at step t: the products of the gates in between (1 on the
+    diagonal). Computed from cumulative sums of logs, masked with the course's causal mask before the exp.
+    """
+    gamma = log_decay.cumsum(-1)  # (B, H, T): log(alpha_1 ... alpha_t)
+    gaps = gamma[..., :, None] - gamma[..., None, :]  # (B, H, T, T): log of the product from s+1 to t
+    allowed = causal_mask(log_decay.size(-1), device=log_decay.device)
+    return gaps.masked_fill(~allowed, float("-inf")).exp()  # exp(-inf) = 0 above the diagonal, never overflows
+
+
+def linear_attention_parallel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | None = None) -> Tensor:
+    """Causal linear attention as one masked matrix: ((Q K^T) * D) V, D the decay matrix (the causal mask if no gate).
+
+    q, k (B, H_k, T, Dk), v (B, H, T, Dv) -> (B, H, T, Dv). No softmax: the scores are used as they are.
+    """
+    check_rule_inputs(q, k, v, log_decay=log_decay)
+    q, k = _grouped(q, k, v)
+    _, log_decay = _defaults(v, None, log_decay)
+    return ((q @ k.transpose(-2, -1)) * decay_matrix(log_decay)) @ v  # (B, H, T, T) @ (B, H, T, Dv)
+
+
+def linear_attention_recurrent(
+    q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | None = None, state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Causal linear attention token by token -> (out (B, H, T, Dv), final state (B, H, Dk, Dv))."""
+    check_rule_inputs(q, k, v, log_decay=log_decay, state=state)
+    q, k = _grouped(q, k, v)
+    _, log_decay = _defaults(v, None, log_decay)
+    state = _zero_state(k, v) if state is None else state
+    outs = []
+    for t in range(v.size(2)):
+        state = linear_step(state, k[:, :, t], v[:, :, t], log_decay[:, :, t])
+        outs.append(read(state, q[:, :, t]))
+    return torch.stack(outs, dim=2), state
+
+
+# ---------------------------------------------------------------- the gated delta rule: three forms
+
+
+def gated_delta_recurrent(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None = None, state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The gated delta rule token by token (the definition) -> (out (B, H, T, Dv), final state (B, H, Dk, Dv)).
+
+    Each output reads the state after its own token's write: o_t = q_t @ S_t.
+    """
+    check_rule_inputs(q, k, v, beta, log_decay, state)
+    q, k = _grouped(q, k, v)
+    beta, log_decay = _defaults(v, beta, log_decay)
+    state = _zero_state(k, v) if state is None else state
+    outs = []
+    for t in range(v.size(2)):
+        state = delta_step(state, k[:, :, t], v[:, :, t], beta[:, :, t], log_decay[:, :, t])
+        outs.append(read(state, q[:, :, t]))
+    return torch.stack(outs, dim=2), state
+
+
+def chunk_parts(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor) -> tuple[Tensor, ...]:
+    """Everything about a chunk of L tokens that does not depend on the state before it (any leading axes).
+
+    Unrolling :func:`delta_step` over the chunk, the state at step t is the decayed start state plus the keys
+    times what each step actually wrote, u_s = beta_s (v_s - k_s @ S_{s-1}'):
+
+        S_t = g_t S_0 + sum_{s <= t} (g_t / g_s) k_s u_s^T,   g_t = alpha_1 ... alpha_t.
+
+    The writes depend on each other only through earlier ones, a unit lower-triangular system
+    (I + A) U = beta (V - g K S_0) with A[t, s] = beta_t (g_t / g_s) k_t . k_s for s < t (strictly below the
+    diagonal: a write does not see itself). Solving it once per chunk is the UT / WY representation of the
+    product of the chunk's L rank-one updates: U = W - K' S_0 with W = (I + A)^-1 beta V and
+    K' = (I + A)^-1 beta g K. The outputs mask (q_t . k_s) (g_t / g_s) with s <= t (the diagonal included: a
+    query reads its own token's write).
+
+    Returns (W, K', masked scores (.., L, L), g (.., L, 1), g_L / g_s (.., L, 1)).
+    """
+    length = v.size(-2)
+    decay = decay_matrix(log_decay)  # (.., L, L): g_t / g_s for s <= t, 0 above the diagonal
+    g = log_decay.cumsum(-1).exp()[..., None]  # (.., L, 1): g_t
+    below = causal_mask(length, device=v.device).tril(-1)  # strictly lower: s < t
+    a = (beta[..., None] * (k @ k.transpose(-2, -1)) * decay).masked_fill(~below, 0.0)  # (.., L, L)
+    system = torch.eye(length, dtype=v.dtype, device=v.device) + a
+    writes, keys = torch.linalg.solve_triangular(  # one solve for [beta V | beta g K]
+        system, beta[..., None] * torch.cat([v, g * k], -1), upper=False, unitriangular=True
+    ).split([v.size(-1), k.size(-1)], dim=-1)
+    scores = (q @ k.transpose(-2, -1)) * decay  # (.., L, L)
+    return writes, keys, scores, g, decay[..., -1, :, None]
+
+
+def chunk_apply(state: Tensor, q: Tensor, k: Tensor, parts: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """A chunk's outputs (.., L, Dv) and the state after it (.., Dk, Dv), from the state before it and its parts."""
+    writes, keys, scores, g, to_end = parts
+    u = writes - keys @ state  # (.., L, Dv): what each token of the chunk writes
+    out = g * (q @ state) + scores @ u
+    return out, g[..., -1:, :] * state + (k * to_end).transpose(-2, -1) @ u  # (.., Dk, Dv)
+
+
+def chunk_step(
+    state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The L tokens of one chunk at once, from the state before it -> (out (B, H, L, Dv), state after it)."""
+    return chunk_apply(state, q, k, chunk_parts(q, k, v, beta, log_decay))
+
+
+def gated_delta_chunked(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None = None, state: Tensor | None = None,
+    chunk_size: int = 64, group: int = 16,
+) -> tuple[Tensor, Tensor]:
+    """The gated delta rule chunk by chunk, the state carried between chunks.
+
+    Equal to :func:`gated_delta_recurrent`. The parts of ``group`` full chunks at a time (:func:`chunk_parts`)
+    are computed at once, on a (chunks, B, H, L, ...) copy; only :func:`chunk_apply` runs chunk after chunk; a
+    last, shorter chunk goes through :func:`chunk_step` (no padding). Work grows linearly in T for a fixed L.
+    """
+    check_rule_inputs(q, k, v, beta, log_decay, state)
+    check_int(chunk_size, "chunk_size")
+    q, k = _grouped(q, k, v)
+    beta, log_decay = _defaults(v, beta, log_decay)
+    state = _zero_state(k, v) if state is None else state
+    full = v.size(2) // chunk_size * chunk_size
+
+    def chunks(x: Tensor, start: int, stop: int) -> Tensor:  # (B, H, T, ...) -> (chunks, B, H, L, ...)
+        return x[:, :, start:stop].unflatten(2, (-1, chunk_size)).movedim(2, 0).contiguous()
+
+    outs = []
+    for start in range(0, full, group * chunk_size):  # a group of chunks at a time: their parts stay in cache
+        stop = min(start + group * chunk_size, full)
+        qs, ks = chunks(q, start, stop), chunks(k, start, stop)
+        parts = chunk_parts(qs, ks, *(chunks(x, start, stop) for x in (v, beta, log_decay)))
+        for i in range(qs.size(0)):
+            out, state = chunk_apply(state, qs[i], ks[i], [p[i] for p in parts])
+            outs.append(out)
+    if full < v.size(2):
+        rest = slice(full, None)
+        out, state = chunk_step(state, q[:, :, rest], k[:, :, rest], v[:, :, rest], beta[:, :, rest],
+                                log_decay[:, :, rest])
+        outs.append(out)
+    return torch.cat(outs, dim=2), state
+
+
+def gated_delta_parallel(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None = None, state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The gated delta rule with no loop: one chunk as long as the sequence (a (T, T) system, like softmax's)."""
+    check_rule_inputs(q, k, v, beta, log_decay, state)
+    q, k = _grouped(q, k, v)
+    beta, log_decay = _defaults(v, beta, log_decay)
+    return chunk_step(_zero_state(k, v) if state is None else state, q, k, v, beta, log_decay)
