@@ -22,6 +22,7 @@ from attention_course.serving import (
     Request,
     accept_probability,
     blocks_for,
+    early_exit_draft,
     greedy_reference,
     output_distribution,
     prompt_lookup,
@@ -334,6 +335,14 @@ def test_a_perfect_draft_needs_few_target_passes(model):
     tokens, stats = speculative_generate(model, [1, 2, 3], 12, 4, draft=model)
     assert tokens == greedy_reference(model, [1, 2, 3], 12) and stats.acceptance_rate == 1
     assert stats.target_passes == 1 + 3  # prefill, then 5 tokens per pass: 1 + 5 + 5 + 1 (the last pass asks 1)
+
+
+def test_early_exit_draft_is_the_targets_first_layers(model):
+    draft = early_exit_draft(model, 1)
+    assert draft.num_layers == 1 and torch.equal(draft.blocks[0].attn.w_q.weight, model.blocks[0].attn.w_q.weight)
+    assert torch.equal(draft.head.weight, model.head.weight)
+    with pytest.raises(ValueError, match="must be < the target's 2 layers"):
+        early_exit_draft(model, 2)
 
 
 def test_prompt_lookup():

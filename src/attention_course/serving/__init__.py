@@ -7,6 +7,7 @@ from .prefix import PrefixIndex, shared_prefix_attention
 from .scheduler import Engine, Request, greedy_reference
 from .speculative import (
     accept_probability,
+    early_exit_draft,
     output_distribution,
     prompt_lookup,
     residual_distribution,
@@ -15,6 +16,6 @@ from .speculative import (
 )
 
 __all__ = ["BlockAllocator", "OutOfBlocks", "PagedKVCache", "blocks_for", "slot", "wasted_positions", "PrefixIndex",
-           "shared_prefix_attention", "Engine", "Request", "greedy_reference", "accept_probability",
+           "shared_prefix_attention", "Engine", "Request", "greedy_reference", "accept_probability", "early_exit_draft",
            "output_distribution", "prompt_lookup", "residual_distribution", "speculative_generate",
            "speculative_sample"]

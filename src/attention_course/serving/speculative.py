@@ -19,7 +19,7 @@ target would have predicted after proposal i - 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -61,6 +61,17 @@ class ModelDraft:
     def keep(self, length: int) -> None:
         """Forget cached positions from ``length`` on (rejected proposals)."""
         self.cache.crop(min(length, len(self.cache)))
+
+
+def early_exit_draft(model, num_layers: int):
+    """A draft that is the target's first ``num_layers`` blocks with its embeddings, final norm and head (a
+    self-speculative draft: no second model to train, about num_layers / L of a target pass)."""
+    check_int(num_layers, "num_layers")
+    if num_layers >= model.num_layers:
+        raise ValueError(f"num_layers={num_layers} must be < the target's {model.num_layers} layers")
+    draft = type(model)(replace(model.config, num_layers=num_layers)).to(model.tok_emb.weight)
+    draft.load_state_dict({k: v for k, v in model.state_dict().items() if k in draft.state_dict()})
+    return draft.eval()
 
 
 class PromptLookupDraft:
