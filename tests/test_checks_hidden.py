@@ -209,7 +209,9 @@ def test_module_checks_add_a_hidden_size(grading, capsys):
 
 def test_topics_are_named_and_keep_their_draws():
     """The topics' numbers are part of what the grader draws: renumbering one would change every hidden case."""
-    assert [t.value for t in hidden.Topic] == list(range(1, len(hidden.Topic) + 1))
+    in_flight = {12, 13, 14}  # chapters 15-17's topics, added on their branches: drop this set once they are merged
+    numbers = [t.value for t in hidden.Topic]
+    assert numbers == [n for n in range(1, max(numbers) + 1) if n in numbers or n not in in_flight]
     with hidden.drawn_from(0):
         assert hidden.window_sizes() == [(23, 5, 6)]
         assert hidden.mha_sizes() == [(20, 5, 6, 11, 9)]

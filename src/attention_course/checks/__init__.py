@@ -24,8 +24,8 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
-:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.capstone`), :mod:`.questions` (checked letter
-and number questions), :mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the student's
+:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.capstone`, :mod:`.serving`), :mod:`.questions` (checked
+letter and number questions), :mod:`.hidden` (the grader's hidden cases) and :mod:`.observe` (what the student's
 code computes and calls).
 """
 
@@ -58,6 +58,7 @@ from .porting import check_keras_weights_from_torch
 from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
+from .serving import check_block_slot, check_copy_on_write, check_rejection_rule, check_retire, check_verify_mask
 from .tiles import check_sliding_window_attention
 
 __all__ = [
@@ -106,4 +107,9 @@ __all__ = [
     "check_softmax",
     "check_split_heads",
     "check_streaming_attention",
+    "check_block_slot",
+    "check_copy_on_write",
+    "check_rejection_rule",
+    "check_retire",
+    "check_verify_mask",
 ]
