@@ -49,9 +49,9 @@ def cow_right(table, index, refs, free):
 def cow_functional(table, index, refs, free):
     old = table[index]
     if refs[old] == 1:
-        return list(table), dict(refs), list(free)
+        return list(table), list(refs), list(free)
     new = free[-1]
-    refs = {**refs, old: refs[old] - 1, new: 1}
+    refs = [1 if b == new else n - 1 if b == old else n for b, n in enumerate(refs)]
     return table[:index] + [new] + table[index + 1:], refs, free[:-1]
 
 

@@ -73,12 +73,13 @@ def check_block_slot(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
 # ---------------------------------------------------------------- copy-on-write
 
-_COW_CASES = [([2, 5, 7], 1, {2: 1, 5: 2, 7: 1}, [0, 4, 9]), ([2, 5, 7], 2, {2: 1, 5: 2, 7: 1}, [0, 4, 9]),
-              ([3, 1], 0, {3: 3, 1: 1}, [6, 8]), ([4], 0, {4: 1}, [0])]
+_COW_CASES = [([2, 5, 7], 1, [0, 0, 1, 0, 0, 2, 0, 1, 0, 0], [0, 4, 9]),
+              ([2, 5, 7], 2, [0, 0, 1, 0, 0, 2, 0, 1, 0, 0], [0, 4, 9]),
+              ([3, 1], 0, [0, 1, 0, 3, 0, 0, 0, 0, 0], [6, 8]), ([4], 0, [0, 0, 0, 0, 1], [0])]
 
 
 def _cow_variant(table, index, refs, free, variant):
-    table, refs, free = list(table), dict(refs), list(free)
+    table, refs, free = list(table), list(refs), list(free)
     old = table[index]
     if refs[old] == 1 or variant == "no-copy":
         return table, refs, free
@@ -99,20 +100,21 @@ def check_copy_on_write(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(table, index, refs, free)`` -> ``(table, refs, free)`` after making block ``table[index]`` safe to
     write: if other sequences also hold it (``refs[block] > 1``), take the last block of ``free`` (``free.pop()``),
     put it at ``table[index]`` with one reference, and drop one reference from the old block (which stays in use);
-    a block held once is written in place (nothing changes). ``refs`` is a dict block -> reference count, ``free``
-    the list of free blocks. Return new lists and a new dict (the copy of the keys and values is not asked)."""
+    a block held once is written in place (nothing changes). ``refs`` is the list of every block's reference count
+    (indexed by block), ``free`` the list of free blocks. Return lists (the copy of the keys and values is not
+    asked)."""
     label = display_name(fn, "copy_on_write")
 
     def body():
         got = []
         for table, index, refs, free in _COW_CASES:
             text = f"{label}({table}, {index}, {refs}, {free})"
-            result = call(fn, {"table": list(table), "index": index, "refs": dict(refs), "free": list(free)}, label,
+            result = call(fn, {"table": list(table), "index": index, "refs": list(refs), "free": list(free)}, label,
                           call_text=text)
             if not isinstance(result, tuple) or len(result) != 3:
                 raise fail("wrong-type", f"Your function must return (table, refs, free); it returned "
                            f"{type_name(result)}.", case=text)
-            got.append(((list(result[0]), dict(result[1]), list(result[2])), text))
+            got.append(((list(result[0]), list(result[1]), list(result[2])), text))
         wrong = [i for i, (c, (g, _)) in enumerate(zip(_COW_CASES, got, strict=True))
                  if g != _cow_variant(*c, "right")]
         if not wrong:
