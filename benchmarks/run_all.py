@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHMARKS = ["bench_peak", "bench_mha_block", "bench_attention_core", "bench_blockwise_memory", "bench_kv_cache",
-              "bench_keras", "bench_training"]  # fmt: skip
+              "bench_keras", "bench_training", "bench_serving"]  # fmt: skip
 
 TITLES = {
     "bench_peak": "Attainable peak (fp32 matmul)",
@@ -29,6 +29,7 @@ TITLES = {
     "bench_kv_cache": "Generation of 256 tokens with and without a KV cache",
     "bench_keras": "Keras: the course's layer vs keras.layers.MultiHeadAttention",
     "bench_training": "Training throughput: GPT vs nn.TransformerEncoder (D=128, H=4, 2 layers, B=16, T=128)",
+    "bench_serving": "Serving (chapter 18): continuous vs static batching, paged waste, shared prefix, speculative",
 }
 
 NOTES = {
@@ -64,6 +65,15 @@ NOTES = {
         "`is_causal=True`), the same learned positions and tied head, and the same weights: the script first "
         "checks the two compute the same loss and gradients. GPT forms the attention weights explicitly "
         "(chapter 12 reads them), nn.TransformerEncoder calls SDPA. Tokens/s = B·T / fastest step time."
+    ),
+    "bench_serving": (
+        "Measured on the shared machine under load (see the load average above), fastest of 2 interleaved rounds. "
+        "24 requests, outputs long-tailed (one in four of 96-160 tokens): static batching waits for each group's "
+        "longest member, continuous batching refills the batch at every step; one ragged forward pass per step "
+        "through the paged cache (blocks of 16). Waste = allocated slots - stored positions per running sequence, "
+        "averaged over every step. The speculative row: a 6-layer target and its first 2 layers as the draft, "
+        "k = 3; with this random target the acceptance is low and the wall-clock speed-up is below 1 on the CPU "
+        "(the verify pass and the draft's passes cost more than the passes saved); counted target passes fall."
     ),
 }
 
