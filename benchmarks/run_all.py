@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHMARKS = ["bench_peak", "bench_mha_block", "bench_attention_core", "bench_blockwise_memory", "bench_kv_cache",
-              "bench_keras", "bench_training", "bench_triton", "bench_linear_attention"]  # fmt: skip
+              "bench_keras", "bench_training", "bench_triton", "bench_linear_attention", "bench_serving"]  # fmt: skip
 GPU_ONLY = {"bench_triton"}  # on a machine without a CUDA GPU they print so and write no results
 
 TITLES = {
@@ -32,6 +32,7 @@ TITLES = {
     "bench_training": "Training throughput: GPT vs nn.TransformerEncoder (D=128, H=4, 2 layers, B=16, T=128)",
     "bench_triton": "FlashAttention in Triton (chapter 16) vs SDPA's flash backend, on a GPU (B=8, H=16)",
     "bench_linear_attention": "Gated delta rule: chunked form vs token loop vs SDPA causal (H=8, Dk=Dv=64, chunk 64)",
+    "bench_serving": "Serving (chapter 18): continuous vs static batching, paged waste, shared prefix, speculative",
 }
 
 NOTES = {
@@ -79,6 +80,15 @@ NOTES = {
         "Useful FLOPs: 4·B·H·Dh per visible query-key pair for the forward, 3.5 times that for forward + backward. "
         "Times: medians of `triton.testing.do_bench`. The peak is a (8192, 8192) matmul in the same dtype, measured "
         "in the same run. Chapter 16 prints this table from `benchmarks/results/bench_triton.json`."
+    ),
+    "bench_serving": (
+        "Measured on the shared machine under load (see the load average above), fastest of 2 interleaved rounds. "
+        "24 requests, outputs long-tailed (one in four of 96-160 tokens): static batching waits for each group's "
+        "longest member, continuous batching refills the batch at every step; one ragged forward pass per step "
+        "through the paged cache (blocks of 16). Waste = allocated slots - stored positions per running sequence, "
+        "averaged over every step. The speculative row: a 6-layer target and its first 2 layers as the draft, "
+        "k = 3; with this random target the acceptance is low and the wall-clock speed-up is below 1 on the CPU "
+        "(the verify pass and the draft's passes cost more than the passes saved); counted target passes fall."
     ),
 }
 

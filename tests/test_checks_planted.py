@@ -22,12 +22,14 @@ import test_checks_masks
 import test_checks_modules
 import test_checks_porting
 import test_checks_runner
+import test_checks_serving
 import test_checks_tiles
 from attention_course import bug_zoo, checks, mistakes
 
 TOPICS = {"core": test_checks_core, "heads": test_checks_heads, "kv_cache": test_checks_kv_cache,
           "masks": test_checks_masks, "modules": test_checks_modules, "runner": test_checks_runner,
-          "tiles": test_checks_tiles, "kernels": test_checks_kernels, "linear": test_checks_linear}
+          "tiles": test_checks_tiles, "kernels": test_checks_kernels, "linear": test_checks_linear,
+          "serving": test_checks_serving}
 # Tables this file runs; test_checks_porting.py runs its own (with the details of its messages), counted below.
 CORRECT = [(topic, *row) for topic, module in TOPICS.items() for row in getattr(module, "CORRECT", [])]
 PLANTED = [(topic, *row) for topic, module in TOPICS.items() for row in module.PLANTED]

@@ -41,7 +41,7 @@ def test_topics_and_chapters():
     topics = {m.topic for m in mistakes.MISTAKES.values()}
     assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache", "positions",
                       "blocks", "interpret", "distributed", "field_guide", "capstone", "porting", "modern",
-                      "tiles", "kernels", "linear"}
+                      "tiles", "kernels", "linear", "serving"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
     assert [m.code for m in mistakes.in_chapter(10)] == [
         "sinusoid-wrong-exponent", "sin-cos-swapped", "rope-wrong-pairing", "rope-wrong-frequencies",
@@ -54,6 +54,11 @@ def test_topics_and_chapters():
     assert [m.code for m in mistakes.in_chapter(17)] == [
         "state-carried-over", "read-before-write", "beta-missing", "beta-on-key", "no-erase", "decay-after-write",
         "keys-not-normalized", "chunk-mask-diagonal", "chunk-start-state-ignored"]
+    assert [m.code for m in mistakes.in_chapter(18)] == [
+        "block-index-off-by-one", "slot-ignores-table", "slot-block-not-scaled", "shared-block-freed", "cow-no-copy",
+        "cow-refs-not-moved", "verify-mask-top-left", "verify-mask-sees-future", "verify-mask-drops-cache",
+        "rejection-not-residual", "rejection-ratio-inverted", "rejection-always-accepts", "finished-left-in-batch",
+        "retired-too-early"]
     assert [m.code for m in mistakes.in_chapter(19)] == ["rope-not-applied"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 

@@ -124,6 +124,26 @@ class KVCache:
         end = self.lengths[layer]
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
+    def positions(self, layer: int, t_new: int, device=None) -> Tensor:
+        """(t_new,) positions of the new tokens of ``layer``: they follow the cached ones (a paged cache that
+        packs several sequences gives each token its own sequence's position)."""
+        return token_positions(t_new, self.lengths[layer], device=device)
+
+    def mask(self, layer: int, t_q: int, t_k: int, device=None) -> Tensor | None:
+        """The attention mask of the new queries over the keys :meth:`update` returned: None, meaning the
+        bottom-right causal mask (one sequence per batch row; a paged cache returns its own)."""
+        return None
+
+    def crop(self, length: int) -> None:
+        """Forget every position from ``length`` on, in every layer (speculative decoding's rejected drafts)."""
+        check_int(length, "length", minimum=0)
+        if length > min(self.lengths):
+            raise ValueError(f"cannot crop to length={length}: the cache holds {min(self.lengths)} positions")
+        if self.max_len is None:
+            self.keys = [None if t is None else t[:, :, :length] for t in self.keys]
+            self.values = [None if t is None else t[:, :, :length] for t in self.values]
+        self.lengths = [length] * self.num_layers
+
     def nbytes(self) -> int:
         """Bytes of memory held by the cache's tensors (preallocated buffers count in full)."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
@@ -202,27 +222,32 @@ class CausalSelfAttention(nn.Module):
         """
         self.check_inputs(x, cache, head_mask)
         q, k, v = self.project(x)  # (B, H, Tq, Dh), (B, H_kv, Tq, Dh) x 2
-        if self.rope:
-            start = 0 if cache is None else cache.lengths[layer]  # the new tokens follow the cached ones
-            positions = token_positions(x.size(1), start, device=x.device)  # (Tq,)
+        if self.rope:  # the new tokens follow the cached ones
+            positions = token_positions(x.size(1), device=x.device) if cache is None else \
+                cache.positions(layer, x.size(1), x.device)  # (Tq,)
             q = apply_rope(q, positions, base=self.rope_base)
             k = apply_rope(k, positions, base=self.rope_base)  # cached keys are stored already rotated
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh), Tk = cached + Tq
         n_rep = self.num_heads // self.num_kv_heads
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Tk, Dh)
-        heads = self.attend(q, k, v, weights)  # (B, H, Tq, Dh)
+        mask = None if cache is None else cache.mask(layer, q.size(2), k.size(2), x.device)  # None: causal
+        heads = self.attend(q, k, v, weights, mask)  # (B, H, Tq, Dh)
         if head_mask is not None:
             heads = heads * head_mask[:, None, None]  # (H, 1, 1) broadcasts over (B, H, Tq, Dh)
         return self.w_o(merge_heads(heads))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, weights: list | None = None) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, weights: list | None = None,
+               mask: Tensor | None = None) -> Tensor:
         """(B, H, Tq, Dh) queries, (B, H, Tk, Dh) keys and values -> (B, H, Tq, Dh); causal masks are
-        bottom-right: a single new query (Tq = 1) is the last position and may see every key."""
+        bottom-right: a single new query (Tq = 1) is the last position and may see every key. A ``mask``
+        (a paged cache's, (Tq, Tk), True = may attend) replaces the causal one: it already holds causality."""
         dropout_p = self.dropout if self.training else 0.0  # dropout regularises training only
+        is_causal = self.causal and mask is None
         if self.use_sdpa and weights is None:
-            return sdpa_fast(q, k, v, dropout_p=dropout_p, is_causal=self.causal and q.size(2) > 1)
-        mask = causal_mask(q.size(2), k.size(2), device=q.device) if self.causal else None
+            return sdpa_fast(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal and q.size(2) > 1)
+        if is_causal:
+            mask = causal_mask(q.size(2), k.size(2), device=q.device)
         heads, attention = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # attention (B, H, Tq, Tk)
         if weights is not None:
             weights.append(attention)

@@ -634,3 +634,66 @@ mistake("chunk-start-state-ignored", "the state from before the chunk left out",
         "the state before it predicts (V - K S0), its outputs read it (Q S0), and the state after the chunk is "
         "S0 plus the chunk's writes.",
         chapter=17, topic="linear")
+
+
+# ==================================================================================================================
+# Chapter 18: attention at serving time (paged cache, continuous batching, speculative decoding)
+# ==================================================================================================================
+
+mistake("block-index-off-by-one", "the block of a position taken one entry too far in the block table",
+        "Your slots are those of table[position // block_size + 1]: the block index is off by one. Positions "
+        "0 .. block_size - 1 are in the FIRST block of the table, table[0].",
+        chapter=18, topic="serving")
+mistake("slot-ignores-table", "the slot of a position computed as if the cache were contiguous",
+        "Your slot is the position itself: that is a contiguous buffer. In a paged cache the position's block is "
+        "table[position // block_size], anywhere in the pool.",
+        chapter=18, topic="serving")
+mistake("slot-block-not-scaled", "the block id added to the offset without multiplying by the block size",
+        "Your slot is table[position // block_size] + offset: a block id counts blocks, not slots. Block n starts "
+        "at slot n * block_size.",
+        chapter=18, topic="serving")
+mistake("shared-block-freed", "a shared block freed while another sequence still references it",
+        "Your copy-on-write puts the old block back on the free list (or sets its count to 0) although another "
+        "sequence still holds it: the next allocation would overwrite that sequence's keys and values. Drop ONE "
+        "reference; a block is free only when its count reaches 0.",
+        chapter=18, topic="serving")
+mistake("cow-no-copy", "a shared block written in place instead of copied first",
+        "Your table still points at the shared block: writing into it changes the other sequences' cache too. A "
+        "block with more than one reference must be copied to a free block before the write.",
+        chapter=18, topic="serving")
+mistake("cow-refs-not-moved", "the copy made but the old block's reference count not lowered",
+        "Your copy is right but the old block keeps the reference this sequence gave up: it will never return to "
+        "the free list (a leak). The reference moves from the old block to the copy.",
+        chapter=18, topic="serving")
+mistake("verify-mask-top-left", "the verify pass's causal mask aligned top-left",
+        "Your mask lets proposal i see only keys 0 .. i, as if the queries were the FIRST positions. The k + 1 "
+        "queries of the verify pass are the LAST positions of the sequence (after the cache): align the causal mask "
+        "bottom-right (key j visible iff j <= i + num_cached).",
+        chapter=18, topic="serving")
+mistake("verify-mask-sees-future", "proposals allowed to see the proposals after them",
+        "Your mask lets every query see every key, so proposal i reads the proposals after it: its logits are not "
+        "what the target predicts from the tokens before it. Keep the causal part.",
+        chapter=18, topic="serving")
+mistake("verify-mask-drops-cache", "the verify mask covers only the k + 1 new tokens, not the cache",
+        "Your mask has shape (k + 1, k + 1): the keys are the cache AND the new tokens, num_cached + k + 1 of them.",
+        chapter=18, topic="serving")
+mistake("rejection-not-residual", "after a rejection, drawing from the target p instead of the residual",
+        "On a rejection you draw from p itself. Part of p's mass was already given through the accepted draft "
+        "tokens; draw from the residual max(0, p - q), normalised, or the output over-weights what the draft likes.",
+        chapter=18, topic="serving")
+mistake("rejection-ratio-inverted", "a draft token accepted with probability min(1, q/p) instead of min(1, p/q)",
+        "Your acceptance probability is min(1, q(x) / p(x)): upside down. Keep x with probability "
+        "min(1, p(x) / q(x)): always when the target likes x at least as much as the draft.",
+        chapter=18, topic="serving")
+mistake("rejection-always-accepts", "every draft token accepted",
+        "You return the draft's token whatever u is: the output then has the DRAFT's distribution q. Accept x only "
+        "when u < min(1, p(x) / q(x)).",
+        chapter=18, topic="serving")
+mistake("finished-left-in-batch", "a finished sequence left in the batch",
+        "A sequence that produced its end-of-sequence token or reached max_new_tokens stays in your batch: it keeps "
+        "its blocks and its seat and produces tokens nobody asked for. Both events end a sequence.",
+        chapter=18, topic="serving")
+mistake("retired-too-early", "a sequence retired one token before its limit",
+        "Your batch drops a sequence that has max_new_tokens - 1 tokens: it may still produce one. It leaves when it "
+        "HAS max_new_tokens tokens.",
+        chapter=18, topic="serving")

@@ -24,9 +24,9 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
-:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.kernels`, :mod:`.linear`, :mod:`.capstone`),
-:mod:`.questions` (checked letter and number questions), :mod:`.hidden` (the grader's hidden cases) and
-:mod:`.observe` (what the student's code computes and calls).
+:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.kernels`, :mod:`.linear`, :mod:`.serving`,
+:mod:`.capstone`), :mod:`.questions` (checked letter and number questions), :mod:`.hidden` (the grader's hidden
+cases) and :mod:`.observe` (what the student's code computes and calls).
 """
 
 from ..mistakes import CODES
@@ -60,6 +60,7 @@ from .porting import check_keras_weights_from_torch
 from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
+from .serving import check_block_slot, check_copy_on_write, check_rejection_rule, check_retire, check_verify_mask
 from .tiles import check_sliding_window_attention
 
 __all__ = [
@@ -116,4 +117,9 @@ __all__ = [
     "check_split_heads",
     "check_streaming_attention",
     "check_tile_loop",
+    "check_block_slot",
+    "check_copy_on_write",
+    "check_rejection_rule",
+    "check_retire",
+    "check_verify_mask",
 ]

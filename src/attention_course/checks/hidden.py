@@ -71,6 +71,7 @@ class Topic(enum.IntEnum):
     SINKS = 11  # chapter 14's sinks in a window
     TRITON = 13  # chapter 16's kernels
     LINEAR = 14  # chapter 17's gated delta rule
+    SERVING = 15  # chapter 18's block tables (12-14: other chapters)
 
 
 def _rng(topic: Topic) -> np.random.Generator:
@@ -235,3 +236,12 @@ def one_query_shapes() -> list[tuple[int, int, int]]:
         return []
     rng = _rng(Topic.ONE_QUERY)
     return [(int(rng.integers(10, 40)), int(rng.integers(17, 33)), int(rng.integers(9, 25)))]
+
+
+def serving_tables() -> list[tuple[list[int], int]]:
+    """(block table, block size) of a hidden block-table case (chapter 18): a longer table of shuffled blocks."""
+    if not active():
+        return []
+    rng = _rng(Topic.SERVING)
+    blocks = _n(rng, 6, 10)
+    return [([int(b) for b in rng.permutation(3 * blocks)[:blocks]], _n(rng, 2, 7))]

@@ -1,0 +1,328 @@
+"""A paged KV cache (PagedAttention, Kwon et al. 2023): fixed-size blocks, a free list, a block table per sequence.
+
+Chapter 8's :class:`~attention_course.kv_cache.KVCache` gives every sequence one contiguous buffer; a server that
+does not know how long an answer will be must reserve the maximum length, and most of it stays empty. Here the
+memory is a pool of ``num_blocks`` blocks of ``block_size`` positions each, per layer
+``(num_blocks, block_size, H_kv, Dh)``. A sequence owns a **block table**, the list of its blocks in order: its
+position ``p`` lives in slot ``table[p // block_size] * block_size + p % block_size`` of the pool. A sequence takes
+a new block only when its last one is full, so it wastes less than one block.
+
+Blocks carry a **reference count**: two sequences may share a block (a common prompt prefix, a forked sequence).
+A shared block is never written: the first write into it copies it first (**copy-on-write**). A block returns to
+the free list when its count falls to zero, never before.
+
+:class:`PagedKVCache` *is* a :class:`~attention_course.kv_cache.KVCache`: the course's
+:class:`~attention_course.kv_cache.CausalSelfAttention` and :class:`~attention_course.gpt.GPT` use it unchanged.
+One forward pass runs one **ragged batch**: the new tokens of several sequences packed in one row (1, T_new, D)
+(no padding). :meth:`PagedKVCache.begin_step` says which sequences and how many new tokens each; then every layer's
+:meth:`~PagedKVCache.update` writes the new keys/values through the tables and gathers each sequence's keys back,
+packed the same way; :meth:`~PagedKVCache.mask` keeps each query to its own sequence (block-diagonal) and to its
+past (bottom-right causal within the sequence), :meth:`~PagedKVCache.positions` gives each token its own position
+(RoPE). Learned absolute positions are not supported: :meth:`GPT.forward` adds them from one start for the whole
+row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..kv_cache import KVCache
+from ..validation import check_int, check_rank
+
+
+class OutOfBlocks(RuntimeError):
+    """The pool has too few free blocks for a request; nothing was changed (the scheduler preempts)."""
+
+
+class BlockAllocator:
+    """A free list and a reference count per block of a pool of ``num_blocks`` blocks."""
+
+    def __init__(self, num_blocks: int):
+        check_int(num_blocks, "num_blocks")
+        self.num_blocks = num_blocks
+        self.free = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
+        self.refs = [0] * num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def allocate(self) -> int:
+        """A free block, now referenced once."""
+        if not self.free:
+            raise OutOfBlocks(f"all {self.num_blocks} blocks are in use")
+        block = self.free.pop()
+        self.refs[block] = 1
+        return block
+
+    def share(self, block: int) -> None:
+        """One more reference to a block already in use."""
+        self._check_used(block)
+        self.refs[block] += 1
+
+    def release(self, block: int) -> None:
+        """Drop one reference; the block is free again only when none is left."""
+        self._check_used(block)
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            self.free.append(block)
+
+    def _check_used(self, block: int) -> None:
+        if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+            raise ValueError(f"block must be an int in [0, {self.num_blocks}), got {block!r}")
+        if self.refs[block] == 0:
+            raise ValueError(f"block {block} is free: it has no reference to share or release")
+
+
+def slot(table: Sequence[int], position: int, block_size: int) -> int:
+    """Index in the flat pool (num_blocks * block_size slots) of a sequence's ``position``."""
+    return table[position // block_size] * block_size + position % block_size
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks needed to hold ``num_tokens`` positions (a ceiling division)."""
+    return -(-num_tokens // block_size)
+
+
+@dataclass
+class Step:
+    """The ragged batch of one forward pass: which sequences, their cached lengths and new token counts."""
+
+    seq_ids: list
+    starts: list[int]
+    new: list[int]
+    write_slots: Tensor  # (T_new,) pool slots of the new positions, packed
+    read_slots: Tensor  # (T_k,) pool slots of every position of every sequence, packed
+    positions: Tensor  # (T_new,) position of each new token in its own sequence
+    mask: Tensor  # (T_new, T_k) True = may attend: own sequence, own past
+
+
+class PagedKVCache(KVCache):
+    """Keys and values of many sequences in a pool of fixed-size blocks (see the module docstring).
+
+    Args:
+        num_layers: attention layers that write into the cache.
+        num_blocks, block_size: the pool: ``num_blocks`` blocks of ``block_size`` positions.
+        num_kv_heads, head_dim: H_kv and Dh of the keys and values.
+        dtype, device: of the pool.
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype=torch.float32, device=None):
+        super().__init__(num_layers)
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim)):
+            check_int(value, name)
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks)
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.tables: dict[Hashable, list[int]] = {}
+        self.seq_lengths: dict[Hashable, int] = {}
+        self.step: Step | None = None
+
+    @classmethod
+    def for_model(cls, model, num_blocks: int, block_size: int) -> PagedKVCache:
+        """A pool shaped for a :class:`~attention_course.gpt.GPT` (its layers, H_kv, Dh, dtype and device)."""
+        c = model.config
+        if c.positions == "learned":
+            raise ValueError("a paged cache packs several sequences in one row: it needs positions='rope' or None "
+                             "(GPT.forward adds learned positions from one start for the whole row)")
+        attn = model.blocks[0].attn
+        w = attn.w_o.weight
+        return cls(c.num_layers, num_blocks, block_size, attn.num_kv_heads, attn.head_dim, w.dtype, w.device)
+
+    def __len__(self) -> int:
+        """Positions stored, all sequences together."""
+        return sum(self.seq_lengths.values())
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free
+
+    # ------------------------------------------------------------ sequences
+
+    def add_sequence(self, seq_id: Hashable, prefix_blocks: Sequence[int] = (), prefix_len: int = 0) -> None:
+        """A new sequence, empty or starting with ``prefix_len`` positions already in ``prefix_blocks`` (shared:
+        each gets one more reference)."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id!r} is already in the cache")
+        check_int(prefix_len, "prefix_len", minimum=0)
+        if blocks_for(prefix_len, self.block_size) != len(prefix_blocks):
+            raise ValueError(f"prefix_len={prefix_len} needs {blocks_for(prefix_len, self.block_size)} blocks of "
+                             f"{self.block_size}, got {len(prefix_blocks)}")
+        for block in prefix_blocks:
+            self.allocator.share(block)
+        self.tables[seq_id] = list(prefix_blocks)
+        self.seq_lengths[seq_id] = prefix_len
+
+    def fork(self, parent: Hashable, child: Hashable) -> None:
+        """A new sequence ``child`` sharing every block of ``parent`` (parallel sampling, beam search)."""
+        self._check_known(parent)
+        self.add_sequence(child, self.tables[parent], self.seq_lengths[parent])
+
+    def free_sequence(self, seq_id: Hashable) -> None:
+        """Forget a sequence: one reference less on each of its blocks."""
+        self._check_known(seq_id)
+        if self.step is not None and seq_id in self.step.seq_ids:
+            raise RuntimeError(f"sequence {seq_id!r} is in the running step: call end_step first")
+        for block in self.tables.pop(seq_id):
+            self.allocator.release(block)
+        del self.seq_lengths[seq_id]
+
+    def _check_known(self, seq_id: Hashable) -> None:
+        if seq_id not in self.tables:
+            raise KeyError(f"no sequence {seq_id!r} in the cache")
+
+    # ------------------------------------------------------------ blocks for the next tokens
+
+    def blocks_needed(self, seq_id: Hashable, num_new: int) -> int:
+        """Blocks that :meth:`reserve` would take for ``num_new`` more positions: new blocks past the table's
+        end, plus a copy of each shared block the new positions would write into."""
+        self._check_known(seq_id)
+        table, start = self.tables[seq_id], self.seq_lengths[seq_id]
+        first, last = start // self.block_size, blocks_for(start + num_new, self.block_size)
+        shared = sum(self.allocator.refs[b] > 1 for b in table[first:last])
+        return max(0, last - len(table)) + shared
+
+    def reserve(self, seq_id: Hashable, num_new: int) -> None:
+        """Make every block that positions ``len .. len + num_new - 1`` fall in exist and belong to this sequence
+        alone: append new blocks, copy shared ones (copy-on-write). Raises :class:`OutOfBlocks`, changing
+        nothing, if the pool has too few free blocks."""
+        check_int(num_new, "num_new", minimum=0)
+        if self.blocks_needed(seq_id, num_new) > self.allocator.num_free:
+            raise OutOfBlocks(f"sequence {seq_id!r} needs {self.blocks_needed(seq_id, num_new)} blocks for "
+                              f"{num_new} tokens, {self.allocator.num_free} are free")
+        table, start = self.tables[seq_id], self.seq_lengths[seq_id]
+        for index in range(start // self.block_size, blocks_for(start + num_new, self.block_size)):
+            if index == len(table):
+                table.append(self.allocator.allocate())
+            elif self.allocator.refs[table[index]] > 1:
+                table[index] = self.copy_block(table[index])
+
+    def copy_block(self, block: int) -> int:
+        """Copy-on-write: a fresh block with the same keys and values in every layer; the caller's reference
+        moves from ``block`` to the copy."""
+        new = self.allocator.allocate()
+        for pool in self.keys + self.values:
+            pool[new] = pool[block]
+        self.allocator.release(block)
+        return new
+
+    # ------------------------------------------------------------ one ragged forward pass
+
+    def begin_step(self, batch: Sequence[tuple[Hashable, int]]) -> None:
+        """Prepare a forward pass over the new tokens of several sequences, packed in this order:
+        ``batch`` = [(seq_id, num_new), ...]. Reserves their blocks (all or none: :class:`OutOfBlocks`)."""
+        if self.step is not None:
+            raise RuntimeError("a step is already running: call end_step (or abort_step) first")
+        ids = [seq_id for seq_id, _ in batch]
+        if not batch or len(set(ids)) != len(ids):
+            raise ValueError(f"batch must name each sequence once, at least one, got {ids}")
+        for seq_id, num_new in batch:
+            self._check_known(seq_id)
+            check_int(num_new, "num_new")
+        needed = sum(self.blocks_needed(seq_id, num_new) for seq_id, num_new in batch)
+        if needed > self.allocator.num_free:  # checked before any block moves: a failed step changes nothing
+            raise OutOfBlocks(f"the step needs up to {needed} blocks, {self.allocator.num_free} are free")
+        for seq_id, num_new in batch:
+            self.reserve(seq_id, num_new)
+        self.step = self._plan(ids, [n for _, n in batch])
+
+    def _plan(self, ids: list, new: list[int]) -> Step:
+        starts = [self.seq_lengths[seq_id] for seq_id in ids]
+        write, read, positions, owner_q, owner_k, pos_k = [], [], [], [], [], []
+        for i, (seq_id, start, n) in enumerate(zip(ids, starts, new, strict=True)):
+            table = self.tables[seq_id]
+            write += [slot(table, p, self.block_size) for p in range(start, start + n)]
+            read += [slot(table, p, self.block_size) for p in range(start + n)]
+            positions += range(start, start + n)
+            owner_q += [i] * n
+            owner_k += [i] * (start + n)
+            pos_k += range(start + n)
+        positions_t = torch.tensor(positions)
+        same_seq = torch.tensor(owner_q)[:, None] == torch.tensor(owner_k)[None, :]
+        causal = torch.tensor(pos_k)[None, :] <= positions_t[:, None]  # bottom-right: key position <= query's
+        return Step(ids, starts, new, torch.tensor(write), torch.tensor(read), positions_t, same_seq & causal)
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new keys/values k, v (1, H_kv, T_new, Dh) of the step through the block tables; return
+        every position of the step's sequences, gathered through the tables and packed: (1, H_kv, T_k, Dh)."""
+        if self.step is None:
+            raise RuntimeError("call begin_step before a forward pass through a paged cache")
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} out of range for a cache of {self.num_layers} layers")
+        check_rank(k, "k", 4, "(1, H_kv, T_new, Dh)")
+        expected = (1, *self.keys[layer].shape[2:3], len(self.step.write_slots), self.keys[layer].shape[3])
+        if tuple(k.shape) != expected or k.shape != v.shape:
+            raise ValueError(f"k and v must have shape (1, H_kv, T_new, Dh) = {expected} for this step, got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        out = []
+        for pool, new in ((self.keys[layer], k), (self.values[layer], v)):
+            flat = pool.view(-1, *pool.shape[2:])  # (num_blocks * block_size, H_kv, Dh)
+            flat[self.step.write_slots] = new[0].transpose(0, 1).to(pool.dtype)  # (T_new, H_kv, Dh)
+            out.append(flat[self.step.read_slots].transpose(0, 1)[None])  # (1, H_kv, T_k, Dh)
+        return out[0], out[1]
+
+    def positions(self, layer: int, t_new: int, device=None) -> Tensor:
+        """(T_new,) each new token's position in its own sequence."""
+        self._check_step(t_new)
+        return self.step.positions.to(device)
+
+    def mask(self, layer: int, t_q: int, t_k: int, device=None) -> Tensor:
+        """(T_new, T_k) True = may attend: a key of the query's own sequence at a position <= the query's."""
+        self._check_step(t_q)
+        return self.step.mask.to(device)
+
+    def _check_step(self, t_new: int) -> None:
+        if self.step is None:
+            raise RuntimeError("call begin_step before a forward pass through a paged cache")
+        if t_new != len(self.step.write_slots):
+            raise ValueError(f"the step packs {len(self.step.write_slots)} new tokens, the forward pass has {t_new}")
+
+    def end_step(self) -> None:
+        """The forward pass is done: the new positions now count as cached."""
+        if self.step is None:
+            raise RuntimeError("no step to end")
+        for seq_id, n in zip(self.step.seq_ids, self.step.new, strict=True):
+            self.seq_lengths[seq_id] += n
+        self.step = None
+
+    def abort_step(self) -> None:
+        """Forget a step whose forward pass failed: lengths stay as they were (the reserved blocks stay with their
+        sequences, ready for the retry), so nothing half-written is ever read."""
+        self.step = None
+
+    # ------------------------------------------------------------ reading
+
+    def gather(self, seq_id: Hashable, layer: int) -> tuple[Tensor, Tensor]:
+        """A sequence's cached keys and values of ``layer``, read through its table: (1, H_kv, len, Dh) each."""
+        self._check_known(seq_id)
+        table, n = self.tables[seq_id], self.seq_lengths[seq_id]
+        slots = torch.tensor([slot(table, p, self.block_size) for p in range(n)], dtype=torch.long)
+        return tuple(pool.view(-1, *pool.shape[2:])[slots].transpose(0, 1)[None]
+                     for pool in (self.keys[layer], self.values[layer]))
+
+    def reset(self) -> None:
+        """Free every sequence (the blocks return to the free list as their counts reach zero)."""
+        self.step = None
+        for seq_id in list(self.tables):
+            self.free_sequence(seq_id)
+
+
+def wasted_positions(lengths: Sequence[int], block_size: int | None = None, max_len: int | None = None) -> int:
+    """Reserved but unused positions for sequences of ``lengths``: with a paged cache of ``block_size`` (the
+    unfilled end of each last block) or with contiguous buffers of ``max_len`` each (everything past the end)."""
+    if (block_size is None) == (max_len is None):
+        raise ValueError("give exactly one of block_size (paged) or max_len (contiguous)")
+    if max_len is not None:
+        if max(lengths, default=0) > max_len:
+            raise ValueError(f"a sequence of {max(lengths)} positions does not fit max_len={max_len}")
+        return sum(max_len - n for n in lengths)
+    check_int(block_size, "block_size")
+    return sum(blocks_for(n, block_size) * block_size - n for n in lengths)
