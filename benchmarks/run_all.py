@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHMARKS = ["bench_peak", "bench_mha_block", "bench_attention_core", "bench_blockwise_memory", "bench_kv_cache",
-              "bench_keras", "bench_training"]  # fmt: skip
+              "bench_keras", "bench_training", "bench_flex"]  # fmt: skip
 
 TITLES = {
     "bench_peak": "Attainable peak (fp32 matmul)",
@@ -29,6 +29,7 @@ TITLES = {
     "bench_kv_cache": "Generation of 256 tokens with and without a KV cache",
     "bench_keras": "Keras: the course's layer vs keras.layers.MultiHeadAttention",
     "bench_training": "Training throughput: GPT vs nn.TransformerEncoder (D=128, H=4, 2 layers, B=16, T=128)",
+    "bench_flex": "FlexAttention: sliding window and packed documents vs explicit masks (B=1, H=12, Dh=64)",
 }
 
 NOTES = {
@@ -64,6 +65,17 @@ NOTES = {
         "`is_causal=True`), the same learned positions and tied head, and the same weights: the script first "
         "checks the two compute the same loss and gradients. GPT forms the attention weights explicitly "
         "(chapter 12 reads them), nn.TransformerEncoder calls SDPA. Tokens/s = B·T / fastest step time."
+    ),
+    "bench_flex": (
+        "Chapter 15. *flex compiled* is `torch.compile(flex_attention)` with the mask's `BlockMask` (tiles of 128; "
+        "only tiles that hold an allowed pair are computed); *sdpa explicit mask* is "
+        "`F.scaled_dot_product_attention` given the (T, T) boolean mask; *sdpa causal* (`is_causal=True`, more "
+        "pairs than the window, no mask tensor) and chapter 9's *blockwise* (every tile up to the diagonal, the "
+        "mask sliced per tile) are reported without targets. SDPA with the explicit mask is timed up to T=8192 "
+        "(its time grows as T²). The first call at each T compiles a kernel (`dynamic=False`): its time, in the "
+        "last column, is never part of the timed runs. The run recorded here was made while the 2-core machine "
+        "was shared with other jobs (load average above 10): absolute times are several times an idle "
+        "machine's; the ratios were measured side by side in the same rounds."
     ),
 }
 

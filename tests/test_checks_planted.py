@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import test_checks_core
+import test_checks_flex
 import test_checks_heads
 import test_checks_kv_cache
 import test_checks_masks
@@ -23,9 +24,9 @@ import test_checks_runner
 import test_checks_tiles
 from attention_course import bug_zoo, checks, mistakes
 
-TOPICS = {"core": test_checks_core, "heads": test_checks_heads, "kv_cache": test_checks_kv_cache,
-          "masks": test_checks_masks, "modules": test_checks_modules, "runner": test_checks_runner,
-          "tiles": test_checks_tiles}
+TOPICS = {"core": test_checks_core, "flex": test_checks_flex, "heads": test_checks_heads,
+          "kv_cache": test_checks_kv_cache, "masks": test_checks_masks, "modules": test_checks_modules,
+          "runner": test_checks_runner, "tiles": test_checks_tiles}
 # Tables this file runs; test_checks_porting.py runs its own (with the details of its messages), counted below.
 CORRECT = [(topic, *row) for topic, module in TOPICS.items() for row in getattr(module, "CORRECT", [])]
 PLANTED = [(topic, *row) for topic, module in TOPICS.items() for row in module.PLANTED]

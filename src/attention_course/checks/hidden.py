@@ -69,6 +69,7 @@ class Topic(enum.IntEnum):
     CAPSTONE = 9
     WINDOW = 10  # chapter 9's sliding-window tiles
     SINKS = 11  # chapter 14's sinks in a window
+    FLEX = 12  # chapter 15's mask and score mods
 
 
 def _rng(topic: Topic) -> np.random.Generator:
@@ -171,6 +172,14 @@ def sink_sizes() -> list[tuple[int, int, int]]:
     rng = _rng(Topic.SINKS)
     t = _n(rng, 12, 20)
     return [(_n(rng, 3, 6), t, _n(rng, 2, t - 2))]
+
+
+def flex_sizes() -> list[tuple[int, int, int]]:
+    """(B, H, T) of a hidden case of chapter 15's mods: batches of 5 and more, 5 to 8 heads, longer rows."""
+    if not active():
+        return []
+    rng = _rng(Topic.FLEX)
+    return [(_n(rng, 5, 7), _n(rng, 5, 8), _n(rng, 20, 33))]
 
 
 def capstone_sizes() -> list[tuple[int, int, tuple[int, ...]]]:
