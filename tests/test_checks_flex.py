@@ -186,7 +186,7 @@ def test_a_python_if_on_the_indices_is_a_clear_error():
 
 
 def test_questions_match_the_library():
-    assert QUESTIONS["15.sparsity"].answer() == pytest.approx(100 * 49 / 64)
     bm = flex.block_mask(flex.sliding_window(16, 128), 128, block_size=16)
+    assert QUESTIONS["15.sparsity"].answer() == pytest.approx(bm.sparsity()) == pytest.approx(100 * 49 / 64)
     assert flex.tiles_computed(bm) == 15
     assert QUESTIONS["15.recompile"].answer == "B"
