@@ -119,6 +119,8 @@ def gpu_section(repeats: int) -> list[list]:
 def main(repeats: int = 3, max_t: int = SIZES[-1]) -> None:
     config = common.setup("bench_flex", {"B": B, "H": H, "Dh": DH, "window": WINDOW, "documents": DOCS,
                                          "dtype": "float32", "block_size": 128, "max_T": max_t})
+    if flex.compiled_unsupported_reason():
+        raise SystemExit(f"compiled FlexAttention cannot run here: {flex.compiled_unsupported_reason()}")
     check_correct()
     sizes = [t for t in SIZES if t <= max_t]
     rows, flex_times, compiles, window_at = [], [], [], {}

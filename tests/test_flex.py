@@ -211,9 +211,21 @@ def test_a_python_if_on_the_indices_is_refused():
         flex.block_mask(branching, 8)
 
 
+def test_platforms_without_the_compiled_kernel_are_named(monkeypatch):
+    q, k, v = _qkv(1, 2, 8, 8, 4, 4, torch.float32)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert "AVX2" in flex.compiled_unsupported_reason()
+    with pytest.raises(RuntimeError, match="compiled=False"):
+        flex.attention(q, k, v, compiled=True)
+    monkeypatch.setattr(flex.sys, "platform", "darwin")
+    assert "macOS" in flex.compiled_unsupported_reason()
+
+
 @pytest.fixture(scope="module")
 def compiled_run():
     """One compilation for the module: window 24 over T=96, tiles of 32, float32."""
+    if flex.compiled_unsupported_reason():
+        pytest.skip(flex.compiled_unsupported_reason())
     t, window = 96, 24
     q, k, v = _qkv(1, 3, t, t, 16, 16, torch.float32, seed=3)
     bm = flex.block_mask(flex.sliding_window(window, t), t, block_size=32)

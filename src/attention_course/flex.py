@@ -27,6 +27,7 @@ import functools
 import math
 import os
 import shutil
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -298,6 +299,23 @@ def check_compiler() -> str:
         "xcode-select --install) or run with compiled=False (eager, slower, same results)")
 
 
+def compiled_unsupported_reason() -> str:
+    """"" where compiled FlexAttention can run on this machine's CPU, else why not. PyTorch 2.13 compiles it for
+    CPUs with AVX2, not on macOS, and not under ``ATEN_CPU_CAPABILITY=default`` (its own rule, in
+    ``torch._inductor.kernel.flex.flex_cpu``); the kernel is C++ and needs a compiler (:func:`check_compiler`)."""
+    if sys.platform == "darwin":
+        return "PyTorch does not compile FlexAttention for the CPU on macOS"
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        return "ATEN_CPU_CAPABILITY=default turns off the vector instructions (AVX2) of the compiled CPU kernel"
+    if not torch.cpu._is_avx2_supported():
+        return "this CPU has no AVX2, which PyTorch's compiled FlexAttention kernel needs"
+    try:
+        check_compiler()
+    except RuntimeError as err:
+        return str(err)
+    return ""
+
+
 @functools.cache
 def compiled_flex_attention():
     """``torch.compile(flex_attention)``, built once per process. ``dynamic=False``: every new shape or captured
@@ -336,6 +354,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, block_mask: BlockMask | None =
     if compiled and q.device.type == "cpu" and q.dtype not in COMPILED_DTYPES:
         raise TypeError(f"compiled FlexAttention on CPU takes float32, float16 or bfloat16, got {q.dtype}: "
                         "use compiled=False (eager) for float64")
+    if compiled and q.device.type == "cpu" and compiled_unsupported_reason():
+        raise RuntimeError(f"compiled FlexAttention cannot run here: {compiled_unsupported_reason()}. Use "
+                           "compiled=False (eager: the same results, slower)")
     if compiled:
         return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask)
     with warnings.catch_warnings():  # eager is chosen on purpose here: no advice to compile
