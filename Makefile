@@ -144,6 +144,8 @@ $(READER_STAMP): requirements-reader.txt pyproject.toml | $(BIN)/python
 	touch $(READER_STAMP)
 
 setup: $(READER_STAMP)
+	@if command -v $${CXX:-g++} >/dev/null 2>&1; then echo "C++ compiler: $${CXX:-g++} (chapter 15's compiled FlexAttention needs one)"; \
+	else echo "No C++ compiler found: chapter 15's compiled FlexAttention needs one (Debian/Ubuntu: apt-get install g++; macOS: xcode-select --install); everything else runs without"; fi
 	@echo "Ready: \`make lab\` opens JupyterLab on book/ (or run $(BIN)/jupyter lab yourself)."
 
 lab: $(READER_STAMP)

@@ -19,7 +19,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHMARKS = ["bench_peak", "bench_mha_block", "bench_attention_core", "bench_blockwise_memory", "bench_kv_cache",
-              "bench_keras", "bench_training", "bench_triton", "bench_linear_attention", "bench_serving"]  # fmt: skip
+              "bench_keras", "bench_training", "bench_flex", "bench_triton", "bench_linear_attention",
+              "bench_serving"]  # fmt: skip
 GPU_ONLY = {"bench_triton"}  # on a machine without a CUDA GPU they print so and write no results
 
 TITLES = {
@@ -30,6 +31,7 @@ TITLES = {
     "bench_kv_cache": "Generation of 256 tokens with and without a KV cache",
     "bench_keras": "Keras: the course's layer vs keras.layers.MultiHeadAttention",
     "bench_training": "Training throughput: GPT vs nn.TransformerEncoder (D=128, H=4, 2 layers, B=16, T=128)",
+    "bench_flex": "FlexAttention: sliding window and packed documents vs explicit masks (B=1, H=12, Dh=64)",
     "bench_triton": "FlashAttention in Triton (chapter 16) vs SDPA's flash backend, on a GPU (B=8, H=16)",
     "bench_linear_attention": "Gated delta rule: chunked form vs token loop vs SDPA causal (H=8, Dk=Dv=64, chunk 64)",
     "bench_serving": "Serving (chapter 18): continuous vs static batching, paged waste, shared prefix, speculative",
@@ -75,6 +77,18 @@ NOTES = {
         "`is_causal=True`), the same learned positions and tied head, and the same weights: the script first "
         "checks the two compute the same loss and gradients. GPT forms the attention weights explicitly "
         "(chapter 12 reads them), nn.TransformerEncoder calls SDPA. Tokens/s = B·T / fastest step time."
+    ),
+    "bench_flex": (
+        "Chapter 15. *flex compiled* is `torch.compile(flex_attention)` with the mask's `BlockMask` (tiles of 128; "
+        "only tiles that hold an allowed pair are computed); *sdpa explicit mask* is "
+        "`F.scaled_dot_product_attention` given the (T, T) boolean mask; *sdpa causal* (`is_causal=True`, more "
+        "pairs than the window, no mask tensor) and chapter 9's *blockwise* (every tile up to the diagonal, the "
+        "mask sliced per tile) are reported without targets. SDPA with the explicit mask is timed up to T=8192 "
+        "(its time grows as T²). The first call at each T compiles a kernel (`dynamic=False`): its time, in the "
+        "last column, is never part of the timed runs. The run recorded here was made while the 2-core machine "
+        "was shared with other jobs (load average above 10): absolute times are several times an idle "
+        "machine's; the ratios were measured side by side in the same rounds."
+
     ),
     "bench_triton": (
         "Useful FLOPs: 4·B·H·Dh per visible query-key pair for the forward, 3.5 times that for forward + backward. "

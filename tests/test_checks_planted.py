@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import test_checks_core
+import test_checks_flex
 import test_checks_heads
 import test_checks_kernels
 import test_checks_kv_cache
@@ -26,8 +27,9 @@ import test_checks_serving
 import test_checks_tiles
 from attention_course import bug_zoo, checks, mistakes
 
-TOPICS = {"core": test_checks_core, "heads": test_checks_heads, "kv_cache": test_checks_kv_cache,
-          "masks": test_checks_masks, "modules": test_checks_modules, "runner": test_checks_runner,
+TOPICS = {"core": test_checks_core, "flex": test_checks_flex, "heads": test_checks_heads,
+          "kv_cache": test_checks_kv_cache, "masks": test_checks_masks, "modules": test_checks_modules,
+          "runner": test_checks_runner,
           "tiles": test_checks_tiles, "kernels": test_checks_kernels, "linear": test_checks_linear,
           "serving": test_checks_serving}
 # Tables this file runs; test_checks_porting.py runs its own (with the details of its messages), counted below.

@@ -41,7 +41,7 @@ def test_topics_and_chapters():
     topics = {m.topic for m in mistakes.MISTAKES.values()}
     assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache", "positions",
                       "blocks", "interpret", "distributed", "field_guide", "capstone", "porting", "modern",
-                      "tiles", "kernels", "linear", "serving"}
+                      "tiles", "flex", "kernels", "linear", "serving"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
     assert [m.code for m in mistakes.in_chapter(10)] == [
         "sinusoid-wrong-exponent", "sin-cos-swapped", "rope-wrong-pairing", "rope-wrong-frequencies",
@@ -51,6 +51,8 @@ def test_topics_and_chapters():
         "decoder-not-causal", "cross-attention-keys-from-decoder"]
     assert [m.code for m in mistakes.in_chapter(14)] == [
         "cap-on-probabilities", "norm-after-rope", "sink-given-value", "sink-ignored", "absorption-transposed"]
+    assert [m.code for m in mistakes.in_chapter(15)] == [
+        "mod-roles-swapped", "mod-window-off-by-one", "bias-sign-flipped", "doc-id-wrong-index"]
     assert [m.code for m in mistakes.in_chapter(17)] == [
         "state-carried-over", "read-before-write", "beta-missing", "beta-on-key", "no-erase", "decay-after-write",
         "keys-not-normalized", "chunk-mask-diagonal", "chunk-start-state-ignored"]

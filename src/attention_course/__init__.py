@@ -1,9 +1,6 @@
 """Attention, Step by Step."""
 
-from .native_libraries import load_triton_library
-
-load_triton_library()  # before anything imports TensorFlow: see native_libraries
-
+from . import native_libraries  # noqa: F401 - first: loads Triton's library before anything imports TensorFlow
 from .einsum_attention import EinsumMultiHeadAttention, multi_head_attention_loop
 from .functional import masked_softmax, scaled_dot_product_attention, sdpa_fast
 from .heads import merge_heads, split_heads

@@ -551,6 +551,29 @@ mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
 
 
 # ==================================================================================================================
+# Chapter 15: FlexAttention (mask_mod and score_mod functions)
+# ==================================================================================================================
+
+mistake("mod-roles-swapped", "a mask_mod that compares q_idx and kv_idx the wrong way round",
+        "Your mask_mod matches the right mask with the query and key roles swapped: {detail}. A mask_mod answers "
+        "whether query q_idx may attend key kv_idx; causally that is kv_idx <= q_idx (the key is not in the "
+        "query's future).",
+        chapter=15, topic="flex")
+mistake("mod-window-off-by-one", "a mask_mod whose boundary (prefix, window edge, diagonal) is off by one",
+        "Your mask_mod matches a mask in which {detail}. Check each comparison: < where <= belongs, or the "
+        "reverse, moves a boundary by one key.",
+        chapter=15, topic="flex")
+mistake("bias-sign-flipped", "a score_mod that adds a bias with the wrong sign",
+        "Your score_mod matches {detail}: the bias has the wrong sign, so distant keys get MORE attention. ALiBi "
+        "SUBTRACTS slope * |distance| from the score.",
+        chapter=15, topic="flex")
+mistake("doc-id-wrong-index", "a document mask that reads a document id at the wrong index",
+        "Your mask_mod matches a document mask that reads {detail}. The query's document is doc_ids[b, q_idx], the "
+        "key's is doc_ids[b, kv_idx]: compare those two.",
+        chapter=15, topic="flex")
+
+
+# ==================================================================================================================
 # Chapter 16: FlashAttention written in Triton
 # ==================================================================================================================
 

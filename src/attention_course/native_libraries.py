@@ -26,3 +26,6 @@ def load_triton_library() -> bool:
         return False
     ctypes.CDLL(str(library))  # loaded once per process: Triton's own import later finds it already there
     return True
+
+
+load_triton_library()  # on import: the package imports this module first

@@ -295,3 +295,31 @@ def attention_with_bias(
         )
     weights = masked_softmax(scores + bias, mask)  # (..., Tq, Tk)
     return weights @ v, weights
+
+
+def relative_bias(table: Tensor, t_q: int, t_k: int | None = None) -> Tensor:
+    """(H, Tq, Tk) bias looked up by offset: table[h, clamp(j - i', -M, M) + M], with M = (table width - 1) / 2.
+
+    A learned relative-position bias (T5 buckets its offsets; here each offset up to M has its own entry and
+    longer ones share the last): ``table`` is (H, 2M + 1), one learned value per head and offset. Queries are the
+    last Tq positions, i' = i + Tk - Tq. ALiBi is the special case table[h, M + d] = -slope_h * |d|. Chapter 15
+    writes it as a FlexAttention ``score_mod``.
+    """
+    check_offset_table(table)
+    t_k = t_q if t_k is None else t_k
+    check_int(t_q, "t_q")
+    check_int(t_k, "t_k")
+    reach = (table.size(-1) - 1) // 2
+    query_pos = torch.arange(t_q, device=table.device)[:, None] + (t_k - t_q)  # (Tq, 1)
+    offset = (torch.arange(t_k, device=table.device) - query_pos).clamp(-reach, reach)  # (Tq, Tk)
+    return table[:, offset + reach]  # (H, Tq, Tk)
+
+
+def check_offset_table(table) -> None:
+    """Raise unless table is a float (H, 2M + 1) tensor: one value per head and offset -M..M."""
+    if not isinstance(table, Tensor) or not table.is_floating_point():
+        got = table.dtype if isinstance(table, Tensor) else type(table).__name__
+        raise TypeError(f"table must be a float tensor (H, 2M + 1), got {got}")
+    if table.dim() != 2 or table.size(-1) % 2 == 0:
+        raise ValueError(f"table must be (H, 2M + 1): one value per head and offset -M..M, "
+                         f"got shape {tuple(table.shape)}")

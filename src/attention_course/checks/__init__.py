@@ -24,7 +24,7 @@ inputs in place, or never returns, gets a clear one-paragraph message, never a t
 The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (naming mistakes), :mod:`.cases`
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
-:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.kernels`, :mod:`.linear`, :mod:`.serving`,
+:mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.flex`, :mod:`.kernels`, :mod:`.linear`, :mod:`.serving`,
 :mod:`.capstone`), :mod:`.questions` (checked letter and number questions), :mod:`.hidden` (the grader's hidden
 cases) and :mod:`.observe` (what the student's code computes and calls).
 """
@@ -42,6 +42,7 @@ from .core import (
 )
 from .distributed import check_ring_causal_mask, check_ring_merge, check_row_parallel_output
 from .field_guide import check_additive_mask, check_layers_created_once
+from .flex import check_alibi_score_mod, check_document_mask, check_prefix_lm_mask
 from .heads import check_merge_heads, check_split_heads
 from .interpret import check_find_induction_head, check_prefix_matching_score
 from .kernels import check_causal_tiles, check_dk, check_lse, check_tile_loop
@@ -69,12 +70,14 @@ __all__ = [
     "CheckFailed",
     "check_absorbed_scores",
     "check_additive_mask",
+    "check_alibi_score_mod",
     "check_alibi_slopes",
     "check_attention_one_query",
     "check_causal_mask",
     "check_causal_tiles",
     "check_choice",
     "check_decoder_block",
+    "check_document_mask",
     "check_dk",
     "check_einsum_attention",
     "check_feed_forward",
@@ -98,6 +101,7 @@ __all__ = [
     "check_parameter_count",
     "check_post_ln_block",
     "check_pre_ln_block",
+    "check_prefix_lm_mask",
     "check_prefix_matching_score",
     "check_qk_norm_rope",
     "check_repeat_kv",

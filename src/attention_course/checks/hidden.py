@@ -69,6 +69,7 @@ class Topic(enum.IntEnum):
     CAPSTONE = 9
     WINDOW = 10  # chapter 9's sliding-window tiles
     SINKS = 11  # chapter 14's sinks in a window
+    FLEX = 12  # chapter 15's mask and score mods
     TRITON = 13  # chapter 16's kernels
     LINEAR = 14  # chapter 17's gated delta rule
     SERVING = 15  # chapter 18's block tables (12-14: other chapters)
@@ -188,6 +189,12 @@ def sink_sizes() -> list[tuple[int, int, int]]:
     return [(_n(rng, 3, 6), t, _n(rng, 2, t - 2))]
 
 
+def flex_sizes() -> list[tuple[int, int, int]]:
+    """(B, H, T) of a hidden case of chapter 15's mods: batches of 5 and more, 5 to 8 heads, longer rows."""
+    if not active():
+        return []
+    rng = _rng(Topic.FLEX)
+    return [(_n(rng, 5, 7), _n(rng, 5, 8), _n(rng, 20, 33))]
 def linear_sizes() -> list[tuple[int, int, int, int, int]]:
     """(B, H, T, Dk, Dv) of a hidden gated-delta-rule case (chapter 17): a batch of 3 to 5, more heads, a longer
     sequence, Dk != Dv."""

@@ -1,0 +1,229 @@
+"""Checks of chapter 15: FlexAttention mods written by the student (a prefix-LM mask, a document mask, ALiBi).
+
+A mod is a function of index tensors. The checks call the student's mod the way :func:`attention_course.flex.
+dense_mask` does, on broadcasting index tensors b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, T, 1) and kv_idx
+(1, 1, 1, T), so that one call gives every pair; a mod written with tensor operations (``&``, ``|``,
+``torch.where``, indexing) works there as inside FlexAttention's kernel. The captured data (the prefix length, the
+document ids, the slopes) comes first, so that ``functools.partial(mod, data)`` is the ``mask_mod`` or ``score_mod``.
+Each reference is NumPy written for the checker; each candidate mask or bias is the reference with one mistake.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from . import hidden
+from .questions import choice_question, number_question
+from .runner import DEFAULT_TIMEOUT, as_array, call, display_name, fail, run_check
+from .tiles import tiles_needed
+
+# (B, H, T) of the public cases; the captured data is drawn per case
+_SIZES = [(1, 1, 7), (2, 3, 12), (3, 2, 9), (1, 4, 16)]
+
+
+def _grid_tensors(batch: int, heads: int, t: int) -> dict:
+    """The broadcasting index tensors of every (b, h, q_idx, kv_idx), int64 as FlexAttention passes them."""
+    return dict(zip(("b", "h", "q_idx", "kv_idx"), (torch.arange(n).view([n if a == axis else 1 for a in range(4)])
+                                                    for axis, n in enumerate((batch, heads, t, t))), strict=True))
+
+
+def _grid(batch: int, heads: int, t: int) -> tuple[np.ndarray, ...]:
+    return tuple(x.numpy() for x in _grid_tensors(batch, heads, t).values())
+
+
+def _sizes() -> list[tuple[int, int, int]]:
+    return _SIZES + hidden.flex_sizes()
+
+
+def _student_mask(fn, data: dict, batch, heads, t, label, case) -> np.ndarray:
+    result = call(fn, {**data, **_grid_tensors(batch, heads, t)}, label, positional=len(data) + 4)
+    out = as_array(result, "result", case, kind="bool")
+    try:
+        return np.broadcast_to(out, (batch, heads, t, t))
+    except ValueError:
+        raise fail("wrong-shape", f"Your mask_mod returned shape {out.shape}, which does not broadcast to the "
+                   f"(B, H, T, T) = {(batch, heads, t, t)} of its index tensors: combine them elementwise "
+                   "(&, |, comparisons), without reductions.", case=case) from None
+
+
+def _judge_mask(out: np.ndarray, ref: np.ndarray, candidates, case: str) -> None:
+    """Pass if equal; otherwise the code of the first candidate mask the output equals, else [wrong-output]."""
+    if np.array_equal(out, ref):
+        return
+    for code, detail, mask in candidates:
+        if np.array_equal(out, np.broadcast_to(mask, ref.shape)):
+            raise fail(code, detail=detail, case=case)
+    b, h, i, j = (int(x[0]) for x in np.nonzero(out != ref))
+    raise fail("wrong-output", f"Your mask_mod says {bool(out[b, h, i, j])} for example {b}, head {h}, query "
+               f"{i}, key {j}, where the mask says {bool(ref[b, h, i, j])}.", case=case)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Prefix-LM mask
+# ----------------------------------------------------------------------------------------------------------
+
+
+def prefix_lm_reference(prefix: int, b, h, q, kv, *, prefix_shift: int = 0, diagonal: int = 0, swapped=False):
+    """Key kv is open to every query when kv < prefix, otherwise causal; with the deviations of the mistakes."""
+    causal = kv >= q if swapped else kv <= q + diagonal
+    return (kv < prefix + prefix_shift) | causal
+
+
+def check_prefix_lm_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(prefix, b, h, q_idx, kv_idx)`` -> bool: a prefix-LM mask_mod (T queries over the same T keys):
+    key kv_idx may be attended when kv_idx < prefix (the prompt, read both ways) or kv_idx <= q_idx (causal).
+    Diagnoses ``[mod-roles-swapped]`` and ``[mod-window-off-by-one]``."""
+    label = "prefix_lm_mod"
+
+    def body():
+        rng = np.random.default_rng(15)
+        sizes = _sizes()
+        for n, (batch, heads, t) in enumerate(sizes, 1):
+            prefix = int(rng.integers(1, t - 1))
+            case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, T={t}, prefix={prefix}"
+            out = _student_mask(fn, {"prefix": prefix}, batch, heads, t, label, case)
+            grid = _grid(batch, heads, t)
+            candidates = [
+                ("mod-roles-swapped", "a query may attend its own future (kv_idx >= q_idx)",
+                 prefix_lm_reference(prefix, *grid, swapped=True)),
+                ("mod-window-off-by-one", f"the prompt has {prefix + 1} keys (kv_idx <= prefix)",
+                 prefix_lm_reference(prefix, *grid, prefix_shift=1)),
+                ("mod-window-off-by-one", f"the prompt has {prefix - 1} keys",
+                 prefix_lm_reference(prefix, *grid, prefix_shift=-1)),
+                ("mod-window-off-by-one", "a query may not attend itself (kv_idx < q_idx)",
+                 prefix_lm_reference(prefix, *grid, diagonal=-1)),
+            ]
+            _judge_mask(out, np.broadcast_to(prefix_lm_reference(prefix, *grid), out.shape), candidates, case)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (1 to 4 heads, prompts of several lengths) match "
+                "the prefix-LM mask on every (query, key) pair")
+
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Document mask
+# ----------------------------------------------------------------------------------------------------------
+
+
+def document_reference(doc_ids: np.ndarray, b, h, q, kv, *, reads="right", swapped=False):
+    """Causal attention inside each document of ``doc_ids`` (B, T); ``reads`` names a wrong lookup of the ids."""
+    query_doc = {"right": doc_ids[b, q], "key-twice": doc_ids[b, kv], "row-0": doc_ids[0 * b, q]}[reads]
+    key_doc = doc_ids[0 * b, kv] if reads == "row-0" else doc_ids[b, kv]
+    causal = kv >= q if swapped else kv <= q
+    return (query_doc == key_doc) & causal
+
+
+def _doc_ids(rng, batch: int, t: int) -> np.ndarray:
+    """(B, T) sorted document ids, 2 to 4 documents per row, a different split in every row."""
+    rows = [np.sort(rng.integers(0, int(rng.integers(2, 5)), size=t)) for _ in range(batch)]
+    return np.stack(rows)
+
+
+def check_document_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(doc_ids, b, h, q_idx, kv_idx)`` -> bool: documents packed into each row of ``doc_ids`` (B, T)
+    int64; query q_idx may attend key kv_idx when both lie in the same document of row b and kv_idx <= q_idx.
+    Diagnoses ``[doc-id-wrong-index]`` and ``[mod-roles-swapped]``."""
+    label = "document_mod"
+
+    def body():
+        rng = np.random.default_rng(16)
+        sizes = _sizes()
+        for n, (batch, heads, t) in enumerate(sizes, 1):
+            ids = _doc_ids(rng, batch, t)
+            case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, T={t}, doc_ids {ids.tolist()}"
+            out = _student_mask(fn, {"doc_ids": torch.from_numpy(ids)}, batch, heads, t, label, case)
+            grid = _grid(batch, heads, t)
+            candidates = [
+                ("doc-id-wrong-index", "the key's document twice (doc_ids[b, kv_idx] on both sides): every pair "
+                 "is in 'the same document'", document_reference(ids, *grid, reads="key-twice")),
+                ("doc-id-wrong-index", "the ids of the first row for every example (doc_ids[0, ...] "
+                 "instead of doc_ids[b, ...])", document_reference(ids, *grid, reads="row-0")),
+                ("mod-roles-swapped", "a query attends the LATER keys of its document (kv_idx >= q_idx)",
+                 document_reference(ids, *grid, swapped=True)),
+            ]
+            _judge_mask(out, np.broadcast_to(document_reference(ids, *grid), out.shape), candidates, case)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (batches of 1 to 3 rows, 2 to 4 documents per "
+                "row) match causal attention inside each document")
+
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# ALiBi score mod
+# ----------------------------------------------------------------------------------------------------------
+
+
+def alibi_reference(scores, slopes, b, h, q, kv, *, sign=-1.0):
+    return scores + sign * slopes[h] * np.abs(q - kv)
+
+
+def check_alibi_score_mod(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(slopes, score, b, h, q_idx, kv_idx)`` -> score: ALiBi as a score_mod, slopes (H,) float32, the
+    score minus slopes[h] * |q_idx - kv_idx| (every pair, also kv_idx > q_idx: the bidirectional form).
+    Diagnoses ``[bias-sign-flipped]``."""
+    label = "alibi_mod"
+
+    def body():
+        rng = np.random.default_rng(17)
+        sizes = _sizes()
+        for n, (batch, heads, t) in enumerate(sizes, 1):
+            slopes = rng.uniform(0.05, 1.0, size=heads).astype(np.float32)
+            scores = rng.standard_normal((batch, heads, t, t)).astype(np.float32)
+            case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, T={t}, slopes {np.round(slopes, 3).tolist()}"
+            args = {"slopes": torch.from_numpy(slopes), "score": torch.from_numpy(scores),
+                    **_grid_tensors(batch, heads, t)}
+            out = as_array(call(fn, args, label, positional=6), "result", case)
+            if out.shape != scores.shape:
+                raise fail("wrong-shape", f"Your score_mod returned shape {out.shape}; the scores were "
+                           f"{scores.shape}: return one new score per score.", case=case)
+            grid = _grid(batch, heads, t)
+            ref = alibi_reference(scores.astype(np.float64), slopes.astype(np.float64), *grid)
+            if np.allclose(out, ref, atol=1e-5, rtol=1e-5):
+                continue
+            flipped = alibi_reference(scores.astype(np.float64), slopes.astype(np.float64), *grid, sign=1.0)
+            if np.allclose(out, flipped, atol=1e-5, rtol=1e-5):
+                raise fail("bias-sign-flipped", detail="score + slopes[h] * |q_idx - kv_idx|", case=case)
+            raise fail("wrong-output", "Your score_mod's scores differ from score - slopes[h] * |q_idx - kv_idx| "
+                       "(each head its own slope, the distance either way).", case=case)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (1 to 4 heads with their own slopes) match ALiBi "
+                "on every score")
+
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Questions
+# ----------------------------------------------------------------------------------------------------------
+
+SPARSITY_CASE = {"t": 128, "window": 16, "block": 16}
+
+
+def _sparsity() -> float:
+    """Chapter 9's count of the tiles that hold an allowed pair, as a percentage skipped (what ``BlockMask.sparsity``
+    prints: tests/test_checks_flex.py compares them; building the block mask here could exceed a check's time
+    limit on a loaded machine, as it loads torch.compile's machinery)."""
+    t, window, block = SPARSITY_CASE["t"], SPARSITY_CASE["window"], SPARSITY_CASE["block"]
+    return 100 * (1 - tiles_needed(t, window, block) / math.ceil(t / block) ** 2)
+
+
+number_question(
+    "15.sparsity", answer=_sparsity, rtol=1e-3,
+    why="8 blocks a side, 64 tiles; each query block needs its own (diagonal) tile and the one before it, since a "
+        "window of 16 reaches back 15 keys: 8 + 7 = 15 tiles computed, 49 of 64 skipped, 76.5625 %.",
+    known={100 * (1 - 8 / 64): ("mod-window-off-by-one", "that counts only the diagonal tiles: every query but "
+                                "the first of its block also reaches into the block before."),
+           100 * (1 - 36 / 64): "that is causal attention's sparsity (36 of 64 tiles): the window skips more.",
+           100 * 15 / 64: "that is the share of tiles COMPUTED; sparsity is the share skipped."},
+    hint="Count the (query block, key block) tiles that hold at least one allowed pair, then give the percentage "
+         "of the 64 tiles that are skipped.")
+
+choice_question(
+    "15.recompile", answer="B",
+    why="the captured Python float is baked into the kernel as a constant and guarded: 30.0 fails the guard of the "
+        "kernel compiled for 20.0 and compiles again; the third call, 20.0, passes the first kernel's guards and "
+        "reuses it. Capturing a tensor instead would have compiled once.",
+    wrong={"A": "a captured Python number is a constant of the kernel, not an input: a new value cannot reuse it.",
+           "C": "compiled kernels stay in the cache with their guards: 20.0 again matches the first one."})

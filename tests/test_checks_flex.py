@@ -1,0 +1,192 @@
+"""Chapter 15's checks: right mods pass (public and hidden cases, several styles); each planted mistake gets its code.
+
+CORRECT and PLANTED are run by tests/test_checks_planted.py."""
+
+import functools
+
+import pytest
+import torch
+
+from attention_course import checks, flex, positions
+from attention_course.checks import hidden
+from attention_course.checks.questions import QUESTIONS
+from attention_course.masks import causal_mask
+
+# ---------------------------------------------------------------- right answers, in several styles
+
+
+def prefix_lm_mod(prefix, b, h, q_idx, kv_idx):
+    return (kv_idx < prefix) | (kv_idx <= q_idx)
+
+
+def prefix_lm_where(prefix, b, h, q_idx, kv_idx):
+    return torch.where(kv_idx < prefix, True, q_idx >= kv_idx)
+
+
+def prefix_lm_library(prefix, b, h, q_idx, kv_idx):  # the library's mod, built per call
+    return flex.prefix_lm(prefix, int(q_idx.max()) + 1)(b, h, q_idx, kv_idx)
+
+
+def document_mod(doc_ids, b, h, q_idx, kv_idx):
+    return (doc_ids[b, q_idx] == doc_ids[b, kv_idx]) & (kv_idx <= q_idx)
+
+
+def document_library(doc_ids, b, h, q_idx, kv_idx):
+    return flex.document(doc_ids)(b, h, q_idx, kv_idx)
+
+
+def alibi_mod(slopes, score, b, h, q_idx, kv_idx):
+    return score - slopes[h] * (q_idx - kv_idx).abs()
+
+
+def alibi_where(slopes, score, b, h, q_idx, kv_idx):
+    distance = torch.where(q_idx > kv_idx, q_idx - kv_idx, kv_idx - q_idx)
+    return score + (-slopes[h]) * distance
+
+
+# ---------------------------------------------------------------- wrong answers a student would write
+
+
+def prefix_roles_swapped(prefix, b, h, q_idx, kv_idx):
+    return (kv_idx < prefix) | (q_idx <= kv_idx)
+
+
+def prefix_inclusive(prefix, b, h, q_idx, kv_idx):
+    return (kv_idx <= prefix) | (kv_idx <= q_idx)
+
+
+def prefix_strict_diagonal(prefix, b, h, q_idx, kv_idx):
+    return (kv_idx < prefix) | (kv_idx < q_idx)
+
+
+def prefix_forgets_causal(prefix, b, h, q_idx, kv_idx):
+    return kv_idx < prefix
+
+
+def document_key_twice(doc_ids, b, h, q_idx, kv_idx):
+    return (doc_ids[b, kv_idx] == doc_ids[b, kv_idx]) & (kv_idx <= q_idx)
+
+
+def document_first_row(doc_ids, b, h, q_idx, kv_idx):
+    return (doc_ids[0, q_idx] == doc_ids[0, kv_idx]) & (kv_idx <= q_idx)
+
+
+def document_roles_swapped(doc_ids, b, h, q_idx, kv_idx):
+    return (doc_ids[b, q_idx] == doc_ids[b, kv_idx]) & (kv_idx >= q_idx)
+
+
+def document_not_causal(doc_ids, b, h, q_idx, kv_idx):
+    return doc_ids[b, q_idx] == doc_ids[b, kv_idx]
+
+
+def alibi_plus(slopes, score, b, h, q_idx, kv_idx):
+    return score + slopes[h] * (q_idx - kv_idx).abs()
+
+
+def alibi_plus_where(slopes, score, b, h, q_idx, kv_idx):
+    return score + slopes[h] * torch.where(q_idx > kv_idx, q_idx - kv_idx, kv_idx - q_idx)
+
+
+def alibi_no_abs(slopes, score, b, h, q_idx, kv_idx):
+    return score - slopes[h] * (q_idx - kv_idx)
+
+
+def alibi_one_slope(slopes, score, b, h, q_idx, kv_idx):
+    return score - slopes[0] * (q_idx - kv_idx).abs()
+
+
+CORRECT = [
+    (checks.check_prefix_lm_mask, prefix_lm_mod),
+    (checks.check_prefix_lm_mask, prefix_lm_where),
+    (checks.check_prefix_lm_mask, prefix_lm_library),
+    (checks.check_document_mask, document_mod),
+    (checks.check_document_mask, document_library),
+    (checks.check_alibi_score_mod, alibi_mod),
+    (checks.check_alibi_score_mod, alibi_where),
+]
+
+PLANTED = [
+    (checks.check_prefix_lm_mask, prefix_roles_swapped, "mod-roles-swapped"),
+    (checks.check_prefix_lm_mask, prefix_inclusive, "mod-window-off-by-one"),
+    (checks.check_prefix_lm_mask, prefix_strict_diagonal, "mod-window-off-by-one"),
+    (checks.check_prefix_lm_mask, prefix_forgets_causal, "wrong-output"),
+    (checks.check_document_mask, document_key_twice, "doc-id-wrong-index"),
+    (checks.check_document_mask, document_first_row, "doc-id-wrong-index"),
+    (checks.check_document_mask, document_roles_swapped, "mod-roles-swapped"),
+    (checks.check_document_mask, document_not_causal, "wrong-output"),
+    (checks.check_alibi_score_mod, alibi_plus, "bias-sign-flipped"),
+    (checks.check_alibi_score_mod, alibi_plus_where, "bias-sign-flipped"),
+    (checks.check_alibi_score_mod, alibi_no_abs, "wrong-output"),
+    (checks.check_alibi_score_mod, alibi_one_slope, "wrong-output"),
+]
+
+
+def _code(check, fn):
+    with pytest.raises(checks.CheckFailed) as info:
+        check(fn)
+    return info.value.code
+
+
+@pytest.mark.parametrize("check, fn", CORRECT[::2] + CORRECT[1::2][:1])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_right_mods_pass_the_hidden_cases(check, fn, seed, capsys):
+    with hidden.drawn_from(seed):
+        check(fn)
+    assert capsys.readouterr().out.startswith("✓ ")
+
+
+def test_hidden_cases_catch_a_mod_that_only_works_on_few_heads():
+    def few_heads_only(slopes, score, b, h, q_idx, kv_idx):
+        return alibi_mod(slopes if len(slopes) <= 4 else slopes[:1].expand(len(slopes)), score, b, h, q_idx, kv_idx)
+
+    checks.check_alibi_score_mod(few_heads_only)  # the public cases have 1 to 4 heads
+    with hidden.drawn_from(3):
+        assert all(h >= 5 and b >= 5 for b, h, _ in hidden.flex_sizes())
+        assert _code(checks.check_alibi_score_mod, few_heads_only) == "wrong-output"
+
+
+def test_the_mods_work_inside_flex_attention():
+    """The right answers, bound to their data with partial, are real mask_mods and score_mods."""
+    t, h = 12, 3
+    doc_ids = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2]])
+    q, k, v = (torch.randn(1, h, t, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    document_blocks = flex.block_mask(functools.partial(document_mod, doc_ids), t, block_size=4, batch=1)
+    prefix_blocks = flex.block_mask(functools.partial(prefix_lm_mod, 5), t, block_size=4)
+    library = {"document": flex.block_mask(flex.document(doc_ids), t, block_size=4, batch=1),
+               "prefix": flex.block_mask(flex.prefix_lm(5, t), t, block_size=4)}
+    assert torch.equal(flex.tile_states(document_blocks), flex.tile_states(library["document"]))
+    assert torch.equal(flex.tile_states(prefix_blocks), flex.tile_states(library["prefix"]))
+    slopes = positions.alibi_slopes(h)
+    ours = flex.attention(q, k, v, block_mask=flex.block_mask(flex.causal(t), t, block_size=4),
+                          score_mod=functools.partial(alibi_mod, slopes))
+    ref = positions.attention_with_bias(q, k, v, positions.alibi_bias(h, t), causal_mask(t))[0]
+    assert (ours - ref).abs().max() < 1e-5
+
+
+def test_messages_name_the_case_and_the_pair():
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_prefix_lm_mask(prefix_forgets_causal)
+    assert "Failing case: case 1 of 4" in str(info.value) and "query" in str(info.value)
+
+
+def test_bad_results_get_clear_codes():
+    assert _code(checks.check_prefix_lm_mask, lambda p, b, h, q, kv: (kv < p).float()) == "wrong-type"
+    assert _code(checks.check_prefix_lm_mask, lambda p, b, h, q, kv: (kv <= q)[..., :2]) == "wrong-shape"
+    assert _code(checks.check_alibi_score_mod, lambda s, x, b, h, q, kv: x[..., 0]) == "wrong-shape"
+    assert _code(checks.check_document_mask, lambda d, b, h, q, kv: None) == "returned-none"
+
+
+def test_a_python_if_on_the_indices_is_a_clear_error():
+    def branching(prefix, b, h, q_idx, kv_idx):
+        if kv_idx < prefix:
+            return True
+        return kv_idx <= q_idx
+
+    assert _code(checks.check_prefix_lm_mask, branching) == "raised-exception"
+
+
+def test_questions_match_the_library():
+    bm = flex.block_mask(flex.sliding_window(16, 128), 128, block_size=16)
+    assert QUESTIONS["15.sparsity"].answer() == pytest.approx(bm.sparsity()) == pytest.approx(100 * 49 / 64)
+    assert flex.tiles_computed(bm) == 15
+    assert QUESTIONS["15.recompile"].answer == "B"
