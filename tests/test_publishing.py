@@ -226,7 +226,7 @@ GUIDE = ROOT / "book" / "instructor_guide.md"
 CHAPTERS = ["01_soft_lookup", "02_single_head", "03_multi_head", "04_masking", "05_einsum", "06_tensorflow",
             "07_bug_field_guide", "08_kv_cache", "09_efficient_attention", "10_positions",
             "11_transformer_block", "12_attention_learns", "13_distributed_attention", "14_modern_attention",
-            "15_flex_attention", "16_triton_kernel", "18_serving"]
+            "15_flex_attention", "16_triton_kernel", "17_linear_attention", "18_serving"]
 
 
 def guide_sections():
