@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+import test_checks_blocks
 import test_checks_core
 import test_checks_heads
+import test_checks_interpret
 import test_checks_kv_cache
 import test_checks_masks
 import test_checks_modules
@@ -24,9 +26,18 @@ import test_checks_runner
 import test_checks_tiles
 from attention_course import bug_zoo, checks, mistakes
 
-TOPICS = {"core": test_checks_core, "heads": test_checks_heads, "kv_cache": test_checks_kv_cache,
-          "masks": test_checks_masks, "modules": test_checks_modules, "positions": test_checks_positions,
-          "runner": test_checks_runner, "tiles": test_checks_tiles}
+TOPICS = {
+    "blocks": test_checks_blocks,
+    "core": test_checks_core,
+    "heads": test_checks_heads,
+    "interpret": test_checks_interpret,
+    "kv_cache": test_checks_kv_cache,
+    "masks": test_checks_masks,
+    "modules": test_checks_modules,
+    "positions": test_checks_positions,
+    "runner": test_checks_runner,
+    "tiles": test_checks_tiles,
+}
 # Tables this file runs; test_checks_porting.py runs its own (with the details of its messages), counted below.
 CORRECT = [(topic, *row) for topic, module in TOPICS.items() for row in getattr(module, "CORRECT", [])]
 PLANTED = [(topic, *row) for topic, module in TOPICS.items() for row in module.PLANTED]
@@ -55,8 +66,7 @@ def test_mistakes_get_their_code(topic, check, impl, code, capsys):
 def test_every_code_is_produced_somewhere():
     zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
-    planted_elsewhere |= {m.code for m in mistakes.in_chapter(11)}  # tests/test_checks_blocks.py
-    planted_elsewhere |= {m.code for m in mistakes.in_chapter(12)}  # tests/test_checks_interpret.py
+    planted_elsewhere |= {m.code for m in mistakes.in_chapter(12)}  # its questions' codes
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(13)}  # tests/test_checks_distributed.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(14)}  # bug_zoo.MODERN_ZOO, tests/test_checks_modern.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(19)}  # tests/test_checks_capstone.py
@@ -70,8 +80,7 @@ def test_every_code_is_produced_somewhere():
 
 # Checks of the exercise notebooks whose wrong answers are not planted in a table yet (chapters 10 to 14: their
 # tests plant mistakes in their own style). Remove a check from this list when its table exists; never add one.
-PENDING = {"check_feed_forward", "check_pre_ln_block", "check_post_ln_block", "check_decoder_block",
-           "check_prefix_matching_score", "check_find_induction_head", "check_row_parallel_output",
+PENDING = {"check_row_parallel_output",
            "check_ring_causal_mask", "check_ring_merge", "check_rope_cached_attention",
            # chapter 14: planted in tests/test_checks_modern.py, not yet in this registry's CORRECT/PLANTED tables
            "check_softcap_attention", "check_qk_norm_rope", "check_sink_attention", "check_absorbed_scores"}

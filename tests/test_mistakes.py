@@ -48,7 +48,7 @@ def test_topics_and_chapters():
         "alibi-wrong-slopes", "rope-position-not-offset", "rope-rotates-values", "rope-cache-rotated-twice"]
     assert [m.code for m in mistakes.in_chapter(11)] == [
         "residual-missing", "residual-twice", "norm-wrong-place", "norm-on-residual-stream", "ffn-activation-missing",
-        "decoder-not-causal", "cross-attention-keys-from-decoder"]
+        "decoder-not-causal", "cross-attention-keys-from-decoder", "branch-dropout-off", "dropout-not-on-branch"]
     assert [m.code for m in mistakes.in_chapter(14)] == [
         "cap-on-probabilities", "norm-after-rope", "sink-given-value", "sink-ignored", "absorption-transposed"]
     assert [m.code for m in mistakes.in_chapter(19)] == ["rope-not-applied"]

@@ -437,6 +437,17 @@ mistake("cross-attention-keys-from-decoder", "cross-attention keys and values ta
         "Your cross-attention takes its keys and values from {detail} instead of the encoder's output: queries come "
         "from the decoder, keys and values from the memory, self.cross_attn(norm2(x), memory, mask=memory_mask).",
         chapter=11, topic="blocks")
+mistake("branch-dropout-off", "a block's dropout never acts in training mode",
+        "Your module never drops {detail} in .train() mode. Built with dropout=0.25 and training, each sub-layer's "
+        "output is zeroed feature by feature with probability p (the others scaled by 1 / (1 - p)) before it joins "
+        "the residual stream, and the feed-forward network drops its hidden features: look at what reaches your "
+        "dropout, and at what tells it the mode (chapter 11, 'Residual connections and LayerNorm: two orders').",
+        chapter=11, topic="blocks")
+mistake("dropout-not-on-branch", "dropout on the residual stream or a branch's input, not on the branch's output",
+        "Your dropout acts on another tensor than the one the block drops: {detail}. Only a sub-layer's output (in "
+        "the feed-forward network, its hidden features) is dropped; the residual stream carries the input through "
+        "untouched (chapter 11, 'Residual connections and LayerNorm: two orders').",
+        chapter=11, topic="blocks")
 
 # ==================================================================================================================
 # Chapter 12: watch attention learn (induction heads)
