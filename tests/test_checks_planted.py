@@ -15,6 +15,7 @@ import pytest
 
 import test_checks_blocks
 import test_checks_core
+import test_checks_distributed
 import test_checks_heads
 import test_checks_interpret
 import test_checks_kv_cache
@@ -29,6 +30,7 @@ from attention_course import bug_zoo, checks, mistakes
 TOPICS = {
     "blocks": test_checks_blocks,
     "core": test_checks_core,
+    "distributed": test_checks_distributed,
     "heads": test_checks_heads,
     "interpret": test_checks_interpret,
     "kv_cache": test_checks_kv_cache,
@@ -67,7 +69,6 @@ def test_every_code_is_produced_somewhere():
     zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(12)}  # its questions' codes
-    planted_elsewhere |= {m.code for m in mistakes.in_chapter(13)}  # tests/test_checks_distributed.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(14)}  # bug_zoo.MODERN_ZOO, tests/test_checks_modern.py
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(19)}  # tests/test_checks_capstone.py
     planted_elsewhere |= {"kernel-heads-interleaved", "qkv-chunks-swapped"}  # tests/test_checks_porting.py
@@ -80,8 +81,7 @@ def test_every_code_is_produced_somewhere():
 
 # Checks of the exercise notebooks whose wrong answers are not planted in a table yet (chapters 10 to 14: their
 # tests plant mistakes in their own style). Remove a check from this list when its table exists; never add one.
-PENDING = {"check_row_parallel_output",
-           "check_ring_causal_mask", "check_ring_merge", "check_rope_cached_attention",
+PENDING = {"check_rope_cached_attention",
            # chapter 14: planted in tests/test_checks_modern.py, not yet in this registry's CORRECT/PLANTED tables
            "check_softcap_attention", "check_qk_norm_rope", "check_sink_attention", "check_absorbed_scores"}
 # Questions: tests/test_chapter_questions.py tries every registered question's right answer and each wrong one.

@@ -516,6 +516,16 @@ mistake("merge-without-rescale", "online-softmax merge of a new block without re
         "to m_new, the sum l and the accumulator acc were computed relative to m_old: multiply both by "
         "alpha = exp(m_old - m_new) before adding the new block's exp(scores - m_new) terms.",
         chapter=13, topic="distributed")
+mistake("merge-without-max", "online-softmax merge that exponentiates the raw scores, with no running maximum",
+        "Your merge overflows when the scores are large: {detail} on scores of hundreds to thousands, where exp of a "
+        "score past 709 is infinite in float64 (in float16, past 11). The running maximum m is there so that no "
+        "exponent is ever positive; what you accumulate is relative to it (chapter 13, 'Ring attention').",
+        chapter=13, topic="distributed")
+mistake("merge-nan-on-empty-row", "online-softmax merge that turns a row with no visible key yet into NaN",
+        "Your merge breaks on a block in which a query sees no key: {detail} when the first block's scores are all "
+        "-inf. The running maximum is then still -inf, and -inf - (-inf) is NaN; such a row has nothing to add yet, "
+        "and later blocks must still count (chapter 13, 'Ring attention').",
+        chapter=13, topic="distributed")
 mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair built from local positions",
         "Your causal mask is wrong for blocks of different ranks: {detail}. Query i of rank q_rank is at global "
         "position q_rank * block + i, key j of rank k_rank at k_rank * block + j; the query may attend the key iff "
