@@ -20,6 +20,7 @@ import test_checks_heads
 import test_checks_interpret
 import test_checks_kv_cache
 import test_checks_masks
+import test_checks_modern
 import test_checks_modules
 import test_checks_porting
 import test_checks_positions
@@ -35,6 +36,7 @@ TOPICS = {
     "interpret": test_checks_interpret,
     "kv_cache": test_checks_kv_cache,
     "masks": test_checks_masks,
+    "modern": test_checks_modern,
     "modules": test_checks_modules,
     "positions": test_checks_positions,
     "runner": test_checks_runner,
@@ -81,9 +83,7 @@ def test_every_code_is_produced_somewhere():
 
 # Checks of the exercise notebooks whose wrong answers are not planted in a table yet (chapters 10 to 14: their
 # tests plant mistakes in their own style). Remove a check from this list when its table exists; never add one.
-PENDING = {"check_rope_cached_attention",
-           # chapter 14: planted in tests/test_checks_modern.py, not yet in this registry's CORRECT/PLANTED tables
-           "check_softcap_attention", "check_qk_norm_rope", "check_sink_attention", "check_absorbed_scores"}
+PENDING = {"check_rope_cached_attention"}
 # Questions: tests/test_chapter_questions.py tries every registered question's right answer and each wrong one.
 QUESTION_CHECKS = {"check_choice", "check_number"}
 MIN_PLANTED, MIN_CODES = 3, 2

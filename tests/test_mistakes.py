@@ -50,7 +50,8 @@ def test_topics_and_chapters():
         "residual-missing", "residual-twice", "norm-wrong-place", "norm-on-residual-stream", "ffn-activation-missing",
         "decoder-not-causal", "cross-attention-keys-from-decoder", "branch-dropout-off", "dropout-not-on-branch"]
     assert [m.code for m in mistakes.in_chapter(14)] == [
-        "cap-on-probabilities", "norm-after-rope", "sink-given-value", "sink-ignored", "absorption-transposed"]
+        "cap-on-probabilities", "cap-after-mask", "norm-after-rope", "sink-given-value", "sink-ignored",
+        "absorption-transposed", "keys-formed"]
     assert [m.code for m in mistakes.in_chapter(19)] == ["rope-not-applied"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 

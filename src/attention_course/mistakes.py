@@ -541,6 +541,11 @@ mistake("cap-on-probabilities", "soft-capping applied to the attention probabili
         "the mask and the softmax: s -> cap * tanh(s / cap). Probabilities are already in [0, 1]: capping them "
         "changes almost nothing and the rows no longer sum to 1.",
         chapter=14, topic="modern", examples=[("softcap_on_probabilities", "check_softcap_attention")])
+mistake("cap-after-mask", "soft-capping applied after the mask: the masked scores become -cap, not -inf",
+        "Your output matches scores soft-capped AFTER the mask: tanh(-inf) = -1, so every masked score becomes -cap "
+        "and the future keys get a weight again. The order of the cap and the mask matters (chapter 14, 'Gemma 2: "
+        "logit soft-capping and its own query scale').",
+        chapter=14, topic="modern")
 mistake("norm-after-rope", "QK-norm applied after RoPE instead of before it",
         "Your result is RoPE first, then the RMSNorm (and its weight). Qwen3 normalises each head's queries and keys "
         "BEFORE rotating them: the norm's weight scales features one by one, and scaling then rotating a pair is not "
@@ -559,6 +564,12 @@ mistake("absorption-transposed", "MLA weight absorption with W_uk transposed",
         "q . k = q @ w_uk[h] @ c.T: multiply the query by w_uk[h] itself (N -> C), not by its transpose (which "
         "only has the right shape when N == C).",
         chapter=14, topic="modern", examples=[("absorbed_scores_transposed", "check_absorbed_scores")])
+mistake("keys-formed", "MLA: the keys formed from the latent cache, where absorption never forms them",
+        "Your scores are right, but your code formed the keys: {detail} appeared among the tensors it computed. "
+        "Weight absorption exists so that a decoding step reads only the small latent cache c, never the expanded "
+        "(B, H, T, N) keys: what can move onto the query instead of onto c? (chapter 14, 'DeepSeek-V2/V3: "
+        "multi-head latent attention')",
+        chapter=14, topic="modern")
 
 
 # ==================================================================================================================

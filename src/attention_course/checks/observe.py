@@ -14,6 +14,10 @@ older ones return NaN). The checks run the student's call inside these observers
   in the query rows whose mask allows no key, as PyTorch did before version 2.5 (and as some kernels still do), so
   that code relying on the installed kernel's zeros fails there.
 
+* :class:`FormedTensors` (a ``TorchDispatchMode``) watches every tensor the code creates for one the exercise says
+  not to form (MLA's keys, "without forming the keys"): a tensor holding the same numbers, in any layout, whole or one
+  head's or one sequence's slice, is recorded.
+
 They see torch operations in this process only. The grader calls a stand-in for the student's function, which runs
 in the sandbox (:mod:`attention_course.course.sandbox`): there nothing is observed (:func:`observable` is False)
 and the checks fall back to what the results show.
@@ -96,3 +100,30 @@ class FusedAttentionCalls(TorchFunctionMode):
         allowed = mask if mask.dtype == torch.bool else mask > float("-inf")
         empty = ~allowed.any(dim=-1, keepdim=True)  # (..., Tq, 1): rows that may attend no key
         return torch.where(empty, torch.full_like(out, float("nan")), out)
+
+
+class FormedTensors(TorchDispatchMode):
+    """Records, in ``formed``, whether the code inside the ``with`` block creates a tensor holding the numbers of
+    ``target`` (B, H, ...) or of one of its slices ``target[b]``, ``target[:, h]``, ``target[b, h]``, in any layout
+    (compared as sorted values, within ``rtol`` of the largest)."""
+
+    def __init__(self, target, rtol: float = 1e-4):
+        super().__init__()
+        target = torch.as_tensor(target, dtype=torch.float64)
+        b, h = target.shape[:2]
+        slices = [target] + [target[i] for i in range(b)] + [target[:, j] for j in range(h)]
+        slices += [target[i, j] for i in range(b) for j in range(h)]
+        self._sorted = {}
+        for part in slices:
+            self._sorted.setdefault(part.numel(), []).append(part.flatten().sort().values)
+        self._atol = rtol * float(target.abs().max())
+        self.formed = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.formed and isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() > 1:
+            candidates = self._sorted.get(out.numel(), ())
+            if candidates:
+                values = out.detach().to(torch.float64).flatten().sort().values
+                self.formed = any(bool(((values - c).abs() <= self._atol).all()) for c in candidates)
+        return out
