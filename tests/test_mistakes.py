@@ -52,7 +52,7 @@ def test_topics_and_chapters():
     assert [m.code for m in mistakes.in_chapter(14)] == [
         "cap-on-probabilities", "cap-after-mask", "norm-after-rope", "sink-given-value", "sink-ignored",
         "absorption-transposed", "keys-formed"]
-    assert [m.code for m in mistakes.in_chapter(19)] == ["rope-not-applied"]
+    assert [m.code for m in mistakes.in_chapter(19)] == ["rope-not-applied", "cache-keys-unrotated"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

@@ -16,15 +16,17 @@ What a check must prove (a check a student can pass without doing the exercise i
 
 * **training and evaluation mode**: anything with dropout is probed in both: deterministic after ``.eval()``, and
   in ``.train()`` dropping the right tensor at the module's rate (``[dropout-off-in-training]``,
-  ``[dropout-wrong-rate]``, ``[dropout-wrong-tensor]``), read back from what the module computed;
+  ``[dropout-wrong-rate]``, ``[dropout-wrong-tensor]``; blocks: ``[branch-dropout-off]``,
+  ``[dropout-not-on-branch]``), read back from what the module computed;
 * **measured, not reported**: a number about the student's own work (tiles computed, bytes stored) is counted by the
   check (:mod:`attention_course.checks.observe`), never taken from the student's return value;
-* **the prompt's rules**: a rule the exercise states ("the float mask, not the boolean one") is enforced by
-  observing the call, the dtype or the storage, or it is not stated;
+* **the prompt's rules**: a rule the exercise states ("the float mask, not the boolean one", "without forming the
+  keys") is enforced by observing the call, the dtype, the storage or the tensors created, or it is not stated;
 * **independent of the installed kernel**: a guard the chapter teaches (a row that may attend nothing) is exercised
   even where this PyTorch version would hide its absence (inside the checks the fused kernel returns NaN there);
 * **at the scale of the instability**: inputs large enough for the taught failure to show (scores of about 1000
-  for a softmax without its maximum, maxima that rise for a merge without its rescale);
+  for a softmax or a merge without its maximum, maxima that rise for a merge without its rescale, a block in which
+  every key is masked for a merge without its -inf guard);
 * **named**: each plausible wrong answer gets its own code from this catalogue, not ``[wrong-output]``, and hints
   name the symptom and the diagnosis and point at the chapter's section, without dictating the fix (find-the-bug
   exercises show them).
@@ -579,4 +581,10 @@ mistake("keys-formed", "MLA: the keys formed from the latent cache, where absorp
 mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
         "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
         "queries and the keys of every head by their positions before the scores.",
+        chapter=19, topic="capstone")
+mistake("cache-keys-unrotated", "the KV cache holds the keys before RoPE, rotated again at every call",
+        "Your outputs are right, but your cache holds the keys as projected, before their rotation: every call "
+        "then rotates the whole cache again, work that grows with the cache, and a cache handed to other code "
+        "(or to the check) is not what the exercise asks for. A key's rotation depends on its own position only "
+        "(exercise 1 of this notebook).",
         chapter=19, topic="capstone")
