@@ -292,3 +292,217 @@ def test_large_whole_numbers_are_shown_in_full(capsys):
 def test_unknown_sublayer_variant():
     with pytest.raises(ValueError, match="nope"):
         sublayer_variant("nope", torch.zeros(1), nn.Identity(), nn.Identity())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Dropout in training mode, and the registry's tables (tests/test_checks_planted.py)
+# ----------------------------------------------------------------------------------------------------------
+
+
+class PreLNFunctional(PreLN):
+    """Another style: F.dropout with the module's p and mode, the sub-layers named."""
+
+    def forward(self, x, mask=None):
+        attended = self.attn(self.norm1(x), mask=mask)
+        x = x + F.dropout(attended, p=self.dropout.p, training=self.training)
+        fed = self.ff(self.norm2(x))
+        return x + F.dropout(fed, p=self.dropout.p, training=self.training)
+
+
+class PreLNNoDropout(PreLN):
+    def forward(self, x, mask=None):
+        x = x + self.attn(self.norm1(x), mask=mask)
+        return x + self.ff(self.norm2(x))
+
+
+class PreLNTrainingFalse(PreLN):
+    def forward(self, x, mask=None):
+        x = x + F.dropout(self.attn(self.norm1(x), mask=mask), self.dropout.p, training=False)
+        return x + F.dropout(self.ff(self.norm2(x)), self.dropout.p, training=False)
+
+
+class PreLNDropsStream(PreLN):
+    def forward(self, x, mask=None):
+        x = self.dropout(x + self.attn(self.norm1(x), mask=mask))
+        return self.dropout(x + self.ff(self.norm2(x)))
+
+
+class PreLNKeepProbability(PreLN):
+    def forward(self, x, mask=None):
+        keep = 1 - self.dropout.p
+        x = x + F.dropout(self.attn(self.norm1(x), mask=mask), keep, self.training)
+        return x + F.dropout(self.ff(self.norm2(x)), keep, self.training)
+
+
+class PreLNDropsBranchInput(PreLN):
+    def forward(self, x, mask=None):
+        x = x + self.attn(self.dropout(self.norm1(x)), mask=mask)
+        return x + self.ff(self.dropout(self.norm2(x)))
+
+
+class PostLNFunctional(PostLN):
+    """Another style: the residual sums named, dropout as a function."""
+
+    def forward(self, x, mask=None):
+        branch = F.dropout(self.attn(x, mask=mask), self.dropout.p, self.training)
+        x = self.norm1(x + branch)
+        branch = F.dropout(self.ff(x), self.dropout.p, self.training)
+        return self.norm2(x + branch)
+
+
+class PostLNNoFeedForwardDropout(PostLN):
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.dropout(self.attn(x, mask=mask)))
+        return self.norm2(x + self.ff(x))
+
+
+class PostLNDropsAfterNorm(PostLN):
+    def forward(self, x, mask=None):
+        x = self.dropout(self.norm1(x + self.attn(x, mask=mask)))
+        return self.dropout(self.norm2(x + self.ff(x)))
+
+
+class PostLNDropsTwice(PostLN):
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.dropout(self.dropout(self.attn(x, mask=mask))))
+        return self.norm2(x + self.dropout(self.dropout(self.ff(x))))
+
+
+class DecoderFunctional(Decoder):
+    """Another style: one helper for the three residual sub-layers."""
+
+    def forward(self, x, memory, memory_mask=None):
+        def residual(stream, branch_out):
+            return stream + F.dropout(branch_out, self.dropout.p, self.training)
+
+        x = residual(x, self.self_attn(self.norm1(x), is_causal=True))
+        x = residual(x, self.cross_attn(self.norm2(x), memory, mask=memory_mask))
+        return residual(x, self.ff(self.norm3(x)))
+
+
+class DecoderNoCrossDropout(Decoder):
+    def forward(self, x, memory, memory_mask=None):
+        x = x + self.dropout(self.self_attn(self.norm1(x), is_causal=True))
+        x = x + self.cross_attn(self.norm2(x), memory, mask=memory_mask)
+        return x + self.dropout(self.ff(self.norm3(x)))
+
+
+class DecoderDropsStream(Decoder):
+    def forward(self, x, memory, memory_mask=None):
+        x = self.dropout(x + self.self_attn(self.norm1(x), is_causal=True))
+        x = self.dropout(x + self.cross_attn(self.norm2(x), memory, mask=memory_mask))
+        return self.dropout(x + self.ff(self.norm3(x)))
+
+
+class DecoderTrainingFalse(Decoder):
+    def forward(self, x, memory, memory_mask=None):
+        drop = nn.functional.dropout
+        x = x + drop(self.self_attn(self.norm1(x), is_causal=True), 0.1, False)
+        x = x + drop(self.cross_attn(self.norm2(x), memory, mask=memory_mask), 0.1, False)
+        return x + drop(self.ff(self.norm3(x)), 0.1, False)
+
+
+class FFNFunctional(FFN):
+    """Another style: the layers' weights through F.linear, dropout as a function."""
+
+    def forward(self, x):
+        hidden = F.relu(F.linear(x, self.linear1.weight, self.linear1.bias))
+        hidden = F.dropout(hidden, p=self.dropout.p, training=self.training)
+        return F.linear(hidden, self.linear2.weight, self.linear2.bias)
+
+
+class FFNNoDropout(FFN):
+    def forward(self, x):
+        return self.linear2(torch.relu(self.linear1(x)))
+
+
+class FFNDropsInput(FFN):
+    def forward(self, x):
+        return self.linear2(torch.relu(self.linear1(self.dropout(x))))
+
+
+class FFNDropsOutput(FFN):
+    def forward(self, x):
+        return self.dropout(self.linear2(torch.relu(self.linear1(x))))
+
+
+class FFNHalfRate(FFN):
+    def forward(self, x):
+        return self.linear2(F.dropout(torch.relu(self.linear1(x)), 0.5, self.training))
+
+
+class FFNNoActivation(FFN):
+    def forward(self, x):
+        return self.linear2(self.dropout(self.linear1(x)))
+
+
+class FFNReluAfterBoth(FFN):
+    def forward(self, x):
+        return torch.relu(super().forward(x))
+
+
+class FFNAlwaysDropout(FFN):
+    def forward(self, x):
+        return self.linear2(F.dropout(torch.relu(self.linear1(x)), self.p))
+
+
+class PreLNAlwaysDropout(PreLN):
+    def forward(self, x, mask=None):
+        x = x + F.dropout(self.attn(self.norm1(x), mask=mask), self.p)
+        return x + F.dropout(self.ff(self.norm2(x)), self.p)
+
+
+pre, post = checks.check_pre_ln_block, checks.check_post_ln_block
+CORRECT = [(pre, PreLN), (pre, PreLNFunctional), (post, PostLN), (post, PostLNFunctional),
+           (checks.check_decoder_block, Decoder), (checks.check_decoder_block, DecoderFunctional),
+           (checks.check_feed_forward, FFN), (checks.check_feed_forward, FFNFunctional)]
+PLANTED = [
+    (pre, encoder("pre", "pre-no-residual"), "residual-missing"),
+    (pre, encoder("pre", "pre-twice", (False, True)), "residual-twice"),
+    (pre, encoder("pre", "stream-norm"), "norm-on-residual-stream"),
+    (pre, encoder("pre", "branch-norm", (True, False)), "norm-wrong-place"),
+    (pre, PostLN, "norm-wrong-place"),
+    (pre, PreLNAlwaysDropout, "dropout-in-eval"),
+    (pre, PreLNNoDropout, "branch-dropout-off"),
+    (pre, PreLNTrainingFalse, "branch-dropout-off"),
+    (pre, PreLNDropsBranchInput, "branch-dropout-off"),
+    (pre, PreLNDropsStream, "dropout-not-on-branch"),
+    (pre, PreLNKeepProbability, "dropout-wrong-rate"),
+    (post, encoder("post", "post-no-residual"), "residual-missing"),
+    (post, encoder("post", "post-twice", (True, False)), "residual-twice"),
+    (post, PreLN, "norm-wrong-place"),
+    (post, PostLNNoFeedForwardDropout, "branch-dropout-off"),
+    (post, PostLNDropsAfterNorm, "dropout-not-on-branch"),
+    (post, PostLNDropsTwice, "dropout-wrong-rate"),
+    (checks.check_decoder_block, decoder(causal=False), "decoder-not-causal"),
+    (checks.check_decoder_block, decoder(kv="normed"), "cross-attention-keys-from-decoder"),
+    (checks.check_decoder_block, decoder(norm_memory=True), "norm-wrong-place"),
+    (checks.check_decoder_block, decoder(use_mask=False), "mask-ignored"),
+    (checks.check_decoder_block, DecoderNoCrossDropout, "branch-dropout-off"),
+    (checks.check_decoder_block, DecoderTrainingFalse, "branch-dropout-off"),
+    (checks.check_decoder_block, DecoderDropsStream, "dropout-not-on-branch"),
+    (checks.check_feed_forward, FFNNoActivation, "ffn-activation-missing"),
+    (checks.check_feed_forward, FFNReluAfterBoth, "ffn-activation-missing"),
+    (checks.check_feed_forward, FFNAlwaysDropout, "dropout-in-eval"),
+    (checks.check_feed_forward, FFNNoDropout, "branch-dropout-off"),
+    (checks.check_feed_forward, FFNDropsInput, "dropout-not-on-branch"),
+    (checks.check_feed_forward, FFNDropsOutput, "dropout-not-on-branch"),
+    (checks.check_feed_forward, FFNHalfRate, "dropout-wrong-rate"),
+]
+
+
+def test_training_probe_names_the_sub_layer():
+    code, message = code_of(checks.check_decoder_block, DecoderNoCrossDropout)
+    assert code == "branch-dropout-off" and "the cross-attention sub-layer's output" in message
+    code, message = code_of(checks.check_post_ln_block, PostLNNoFeedForwardDropout)
+    assert code == "branch-dropout-off" and "the feed-forward sub-layer's output" in message
+    code, message = code_of(checks.check_feed_forward, FFNHalfRate)
+    assert "multiplied by 2," in message and "1 / (1 - p) = 1.33" in message
+
+
+def test_checks_leave_the_notebooks_random_stream_as_it_was():
+    torch.manual_seed(0)
+    checks.check_pre_ln_block(PreLN)
+    after = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.rand(3))

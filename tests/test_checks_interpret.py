@@ -108,3 +108,61 @@ def test_ablate_previous_token_question(capsys):
     with pytest.raises(CheckFailed) as info:
         checks.check_choice("12.ablate-previous-token", "D")
     assert info.value.code == "invalid-answer"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The registry's tables (tests/test_checks_planted.py)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def score_by_einsum(weights, ids, query_mask=None):
+    """Another style: the targets from a comparison of shifted ids, the sum as an einsum, the mean by counting."""
+    t = ids.size(1)
+    targets = torch.zeros(ids.size(0), t, t, dtype=torch.bool)
+    targets[:, :, 1:] = ids[:, None, :-1] == ids[:, :, None]  # key j follows an earlier copy of query t's token
+    targets &= torch.ones(t, t, dtype=torch.bool).tril(-1)  # 0 < j < t
+    on_target = torch.einsum("lbhqk,bqk->lbhq", weights, targets.to(weights.dtype))
+    queries = targets.any(-1) if query_mask is None else targets.any(-1) & query_mask
+    return (on_target * queries[None, :, None]).sum((1, 3)) / queries.sum()
+
+
+def find_by_loop(weights, ids, copy_target):
+    """Another style: every (layer, head) scored on the copied positions, the best kept in a loop."""
+    scores = prefix_matching_score(weights, ids, copy_target)
+    best, where = -1.0, None
+    for layer in range(scores.size(0)):
+        for head in range(scores.size(1)):
+            if scores[layer, head] > best:
+                best, where = scores[layer, head].item(), (layer, head)
+    return where
+
+
+def find_with_wrong_unravel(weights, ids, copy_target):
+    index = prefix_matching_score(weights, ids, copy_target).flatten().argmax().item()
+    return divmod(index, weights.size(0))  # divides by the number of layers, not of heads
+
+
+def find_most_diagonal(weights, ids, copy_target):
+    """Picks the head that attends most to the token just before: the previous-token head."""
+    return best_by(lambda w, ids, c: previous_token_score(w))(weights, ids, copy_target)
+
+
+CORRECT = [
+    (checks.check_prefix_matching_score, prefix_matching_score),
+    (checks.check_prefix_matching_score, score_by_einsum),
+    (checks.check_find_induction_head, best_by(prefix_matching_score)),
+    (checks.check_find_induction_head, find_by_loop),
+]
+PLANTED = [
+    (checks.check_prefix_matching_score, score_with(earlier_occurrence), "induction-off-by-one"),
+    (checks.check_prefix_matching_score, score_with(all_queries=True), "induction-all-queries"),
+    (checks.check_prefix_matching_score, score_with(reduce="mean"), "induction-mean-over-targets"),
+    (checks.check_prefix_matching_score, score_with(including_self), "induction-includes-self"),
+    (checks.check_prefix_matching_score, score_with(use_mask=False), "induction-ignores-query-mask"),
+    (checks.check_prefix_matching_score,
+     lambda weights, ids, query_mask=None: prefix_matching_score(weights, ids, query_mask).T, "wrong-shape"),
+    (checks.check_find_induction_head, find_most_diagonal, "found-previous-token-head"),
+    (checks.check_find_induction_head, best_by(score_with(earlier_occurrence)), "found-duplicate-token-head"),
+    (checks.check_find_induction_head, lambda w, ids, c: "layer 2", "wrong-type"),
+    (checks.check_find_induction_head, find_with_wrong_unravel, "wrong-value"),
+]

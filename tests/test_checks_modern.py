@@ -106,3 +106,113 @@ def test_gemma3_cache_question_matches_the_library():
     per_layer_token = 2 * 8 * 256 * 2
     assert QUESTIONS["14.gemma3-cache"].answer() == per_layer_token * (8 * 32768 + 40 * 1024) / 2**20 == 2368
     assert math.isclose(2368 / 12288, 0.193, rel_tol=1e-2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The registry's tables (tests/test_checks_planted.py)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def softcap_by_einsum(q, k, v, cap):
+    """Another style: einsum scores, the cap and the mask through torch.where, the output only."""
+    t = q.size(-2)
+    scores = torch.einsum("...qd,...kd->...qk", q, k) / math.sqrt(q.size(-1))
+    allowed = torch.arange(t)[None, :] <= torch.arange(t)[:, None]
+    scores = torch.where(allowed, cap * torch.tanh(scores / cap), torch.tensor(-math.inf))
+    return torch.einsum("...qk,...kd->...qd", scores.softmax(-1), v)
+
+
+def softcap_after_mask(q, k, v, cap):
+    t = q.size(-2)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(~causal_mask(t), -math.inf)
+    weights = (cap * torch.tanh(scores / cap)).softmax(-1)  # THE BUG: tanh(-inf) = -1, the mask undone
+    return weights @ v, weights
+
+
+def softcap_clamped(q, k, v, cap):
+    """A hard clamp instead of the smooth tanh."""
+    t = q.size(-2)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).clamp(-cap, cap)
+    weights = scores.masked_fill(~causal_mask(t), -math.inf).softmax(-1)
+    return weights @ v, weights
+
+
+def qk_norm_functional(x, positions, weight, eps):
+    """Another style: F.rms_norm, then the halves rotation with rotate_half."""
+    normed = torch.nn.functional.rms_norm(x, (x.size(-1),), weight, eps)
+    dh = x.size(-1)
+    theta = 10000.0 ** (-torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+    angles = torch.cat([positions.double()[:, None] * theta] * 2, dim=-1)  # (T, Dh): each angle twice
+    rotated_half = torch.cat([-normed[..., dh // 2:], normed[..., : dh // 2]], dim=-1)
+    return normed * angles.cos().float() + rotated_half * angles.sin().float()
+
+
+def sink_by_logsumexp(q, k, v, sinks, window):
+    """Another style: the sink folded into the normaliser with logaddexp; the output only."""
+    t = q.size(-2)
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill((i - j < 0) | (i - j >= window), -math.inf)
+    normaliser = torch.logaddexp(scores.logsumexp(-1, keepdim=True), sinks[:, None, None])
+    return torch.exp(scores - normaliser) @ v
+
+
+def absorbed_by_einsum(q_nope, c, w_uk):
+    """Another style: two einsums, the query moved into the latent space first."""
+    q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)
+    return torch.einsum("bhtc,bsc->bhts", q_latent, c)
+
+
+def scores_from_formed_keys(q_nope, c, w_uk):
+    keys = c[:, None] @ w_uk.transpose(-2, -1)  # THE BUG: (B, H, T, N) keys formed
+    return q_nope @ keys.transpose(-2, -1)
+
+
+def scores_from_keys_per_head(q_nope, c, w_uk):
+    heads = [q_nope[:, h] @ (c @ w_uk[h].T).transpose(-2, -1) for h in range(w_uk.size(0))]  # each head's keys
+    return torch.stack(heads, dim=1)
+
+
+def sinks_with_value_einsum(q, k, v, sinks, window):
+    out, weights = sink_attention(q, k, v, sinks, window)
+    sink_share = 1 - weights.sum(-1, keepdim=True)
+    return out + sink_share * v[..., :1, :], weights  # THE BUG: the sink's weight given to the first value
+
+
+CORRECT = [
+    (checks.check_softcap_attention, softcap_attention),
+    (checks.check_softcap_attention, softcap_by_einsum),
+    (checks.check_qk_norm_rope, qk_norm_rope),
+    (checks.check_qk_norm_rope, qk_norm_functional),
+    (checks.check_sink_attention, sink_attention),
+    (checks.check_sink_attention, sink_by_logsumexp),
+    (checks.check_absorbed_scores, absorbed_scores),
+    (checks.check_absorbed_scores, absorbed_by_einsum),
+]
+PLANTED = [
+    (checks.check_softcap_attention, softcap_after_mask, "cap-after-mask"),
+    (checks.check_softcap_attention, lambda q, k, v, cap: softcap_attention(q, k, v, 1e9), "wrong-output"),
+    (checks.check_softcap_attention, softcap_clamped, "wrong-output"),
+    (checks.check_qk_norm_rope, lambda x, p, w, e: qk_norm_rope(x, p, w, e, "interleaved"), "rope-wrong-pairing"),
+    (checks.check_qk_norm_rope, lambda x, p, w, e: apply_rope(x, p, pairing="halves"), "wrong-output"),
+    (checks.check_qk_norm_rope, lambda x, p, w, e: qk_norm_rope(x, p, torch.ones_like(w), e), "wrong-output"),
+    (checks.check_sink_attention, sinks_with_value_einsum, "sink-given-value"),
+    (checks.check_sink_attention, lambda q, k, v, s, w: sink_attention(q, k, v, s, w, shift=1),
+     "window-off-by-one"),
+    (checks.check_sink_attention, lambda q, k, v, s, w: sink_attention(q, k, v, s - 1e4, w), "sink-ignored"),
+    (checks.check_absorbed_scores, scores_from_formed_keys, "keys-formed"),
+    (checks.check_absorbed_scores, scores_from_keys_per_head, "keys-formed"),
+    (checks.check_absorbed_scores, lambda q, c, w: 2 * absorbed_scores(q, c, w), "wrong-output"),
+]
+
+
+def test_formed_keys_are_seen_in_any_layout():
+    """The keys are recognised by their numbers, whatever the layout: einsum's own order of contraction included."""
+    from attention_course.checks import observe
+
+    q, c, w = torch.randn(2, 3, 5, 4), torch.randn(2, 5, 6), torch.randn(3, 4, 6)
+    keys = c[:, None] @ w.transpose(-2, -1)
+    for fn, formed in ((absorbed_scores, False), (absorbed_by_einsum, False), (scores_from_formed_keys, True),
+                       (lambda q, c, w: q @ torch.einsum("btc,hnc->hnbt", c, w).permute(2, 0, 3, 1).mT, True)):
+        with observe.FormedTensors(keys) as watch:
+            fn(q, c, w)
+        assert watch.formed is formed, fn

@@ -2,7 +2,7 @@
 (right code in several styles) and PLANTED wrong ones (check, implementation, the code it must get). Here every right
 answer passes with one line, every wrong one is rejected with exactly its code, every code of the catalogue is
 produced by some planted answer or zoo entry, and every check an exercise notebook calls has wrong answers planted
-(the checks of chapters 10 to 14 and the capstone (19) are listed as pending: a list that may only shrink)."""
+(at least three, with two codes or more) and a right answer in another style."""
 
 from __future__ import annotations
 
@@ -13,25 +13,45 @@ from pathlib import Path
 
 import pytest
 
+import test_checks_blocks
+import test_checks_capstone
 import test_checks_core
+import test_checks_distributed
 import test_checks_flex
 import test_checks_heads
+import test_checks_interpret
 import test_checks_kernels
 import test_checks_kv_cache
 import test_checks_linear
 import test_checks_masks
+import test_checks_modern
 import test_checks_modules
 import test_checks_porting
+import test_checks_positions
 import test_checks_runner
 import test_checks_serving
 import test_checks_tiles
 from attention_course import bug_zoo, checks, mistakes
 
-TOPICS = {"core": test_checks_core, "flex": test_checks_flex, "heads": test_checks_heads,
-          "kv_cache": test_checks_kv_cache, "masks": test_checks_masks, "modules": test_checks_modules,
-          "runner": test_checks_runner,
-          "tiles": test_checks_tiles, "kernels": test_checks_kernels, "linear": test_checks_linear,
-          "serving": test_checks_serving}
+TOPICS = {
+    "blocks": test_checks_blocks,
+    "capstone": test_checks_capstone,
+    "core": test_checks_core,
+    "distributed": test_checks_distributed,
+    "flex": test_checks_flex,
+    "heads": test_checks_heads,
+    "interpret": test_checks_interpret,
+    "kernels": test_checks_kernels,
+    "kv_cache": test_checks_kv_cache,
+    "linear": test_checks_linear,
+    "masks": test_checks_masks,
+    "modern": test_checks_modern,
+    "modules": test_checks_modules,
+    "positions": test_checks_positions,
+    "runner": test_checks_runner,
+    "serving": test_checks_serving,
+    "tiles": test_checks_tiles,
+}
 # Tables this file runs; test_checks_porting.py runs its own (with the details of its messages), counted below.
 CORRECT = [(topic, *row) for topic, module in TOPICS.items() for row in getattr(module, "CORRECT", [])]
 PLANTED = [(topic, *row) for topic, module in TOPICS.items() for row in module.PLANTED]
@@ -60,12 +80,8 @@ def test_mistakes_get_their_code(topic, check, impl, code, capsys):
 def test_every_code_is_produced_somewhere():
     zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
-    planted_elsewhere |= {m.code for m in mistakes.in_chapter(10)}  # tests/test_checks_positions.py
-    planted_elsewhere |= {m.code for m in mistakes.in_chapter(11)}  # tests/test_checks_blocks.py
-    planted_elsewhere |= {m.code for m in mistakes.in_chapter(12)}  # tests/test_checks_interpret.py
-    planted_elsewhere |= {m.code for m in mistakes.in_chapter(13)}  # tests/test_checks_distributed.py
+    planted_elsewhere |= {m.code for m in mistakes.in_chapter(12)}  # its questions' codes
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(14)}  # bug_zoo.MODERN_ZOO, tests/test_checks_modern.py
-    planted_elsewhere |= {m.code for m in mistakes.in_chapter(19)}  # tests/test_checks_capstone.py
     planted_elsewhere |= {"kernel-heads-interleaved", "qkv-chunks-swapped"}  # tests/test_checks_porting.py
     planted_elsewhere |= {"window-off-by-one", "window-ignored", "tiles-not-skipped"}  # tests/test_checks_tiles.py
     # the grader's: test_grade.py, test_grader_hostile.py; the hidden cases': test_checks_hidden.py
@@ -74,14 +90,9 @@ def test_every_code_is_produced_somewhere():
     assert codes == set(checks.CODES)
 
 
-# Checks of the exercise notebooks whose wrong answers are not planted in a table yet (chapters 10 to 14: their
-# tests plant mistakes in their own style). Remove a check from this list when its table exists; never add one.
-PENDING = {"check_sinusoidal_positions", "check_rope", "check_alibi_slopes", "check_rope_decode_step",
-           "check_feed_forward", "check_pre_ln_block", "check_post_ln_block", "check_decoder_block",
-           "check_prefix_matching_score", "check_find_induction_head", "check_row_parallel_output",
-           "check_ring_causal_mask", "check_ring_merge", "check_rope_cached_attention",
-           # chapter 14: planted in tests/test_checks_modern.py, not yet in this registry's CORRECT/PLANTED tables
-           "check_softcap_attention", "check_qk_norm_rope", "check_sink_attention", "check_absorbed_scores"}
+# Checks of the exercise notebooks whose wrong answers are not planted in a table yet: empty since every chapter's
+# table exists (a new chapter's checks come with their table). Never add one.
+PENDING: set[str] = set()
 # Questions: tests/test_chapter_questions.py tries every registered question's right answer and each wrong one.
 QUESTION_CHECKS = {"check_choice", "check_number"}
 MIN_PLANTED, MIN_CODES = 3, 2

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attention_course import checks, mistakes
 from attention_course.positions import alibi_slopes, apply_rope, sinusoidal_positions
@@ -190,8 +191,68 @@ def test_questions(capsys):
             checks.check_number("10.alibi-bias", wrong)
 
 
+# ---------------------------------------------------------------- the registry's tables (tests/test_checks_planted.py)
+
+
+def sinusoid_interleaved(num_positions, dim):
+    """Another style: frequencies from exp/log, sin and cos stacked and interleaved."""
+    pos = torch.arange(num_positions, dtype=torch.float32)[:, None]
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    return torch.stack([torch.sin(pos * freq), torch.cos(pos * freq)], dim=-1).flatten(-2)
+
+
+def rope_complex(x, positions):
+    """Another style: each neighbouring pair as one complex number, multiplied by e^(i m theta)."""
+    d = x.shape[-1]
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = positions.double()[:, None] * theta
+    z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    rotated = z * torch.polar(torch.ones_like(angles), angles)
+    return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
+
+
+def slopes_tensor(h):
+    """Another style: a tensor, the extra heads from the odd exponents of 2n heads."""
+    n = 2 ** math.floor(math.log2(h))
+    base = 2.0 ** (-8.0 * torch.arange(1, n + 1) / n)
+    extra = 2.0 ** (-8.0 * (2 * torch.arange(h - n) + 1) / (2 * n))
+    return torch.cat([base, extra])
+
+
+def slopes_of_power_of_two_only(h):
+    n = 2 ** math.floor(math.log2(h))
+    return [2 ** (-8 * (k + 1) / n) for k in range(n)]
+
+
+def decode_step_fused(q, k, v, cache_k, cache_v):
+    """Another style: the fused kernel over the concatenated cache."""
+    position = torch.tensor([cache_k.shape[-2]])
+    keys = torch.cat([cache_k, apply_rope(k, position)], dim=-2)
+    values = torch.cat([cache_v, v], dim=-2)
+    return F.scaled_dot_product_attention(apply_rope(q, position), keys, values)
+
+
+CORRECT = [
+    (checks.check_sinusoidal_positions, sinusoidal_positions),
+    (checks.check_sinusoidal_positions, sinusoid_interleaved),
+    (checks.check_sinusoidal_positions, lambda t, d: sinusoid(t, d).numpy()),
+    (checks.check_rope, apply_rope),
+    (checks.check_rope, rope_complex),
+    (checks.check_alibi_slopes, alibi_slopes),
+    (checks.check_alibi_slopes, slopes_paper),
+    (checks.check_alibi_slopes, slopes_tensor),
+    (checks.check_rope_decode_step, decode_step),
+    (checks.check_rope_decode_step, decode_step_fused),
+]
+PLANTED = [(checks.check_sinusoidal_positions, impl, code) for impl, code in SINUSOID_BUGS]
+PLANTED += [(checks.check_rope, impl, code) for impl, code in ROPE_BUGS]
+PLANTED += [(checks.check_alibi_slopes, impl, "alibi-wrong-slopes") for impl, _ in ALIBI_BUGS]
+PLANTED += [(checks.check_alibi_slopes, slopes_of_power_of_two_only, "wrong-shape")]
+PLANTED += [(checks.check_rope_decode_step, impl, code) for impl, code, _ in DECODE_BUGS]
+
+
 def test_every_chapter_10_code_is_planted_here():
-    planted = {c for _, c in SINUSOID_BUGS + ROPE_BUGS} | {"alibi-wrong-slopes"} | {c for _, c, _ in DECODE_BUGS}
+    planted = {code for _, _, code in PLANTED}
     chapter_10 = {m.code for m in mistakes.in_chapter(10)}
     assert chapter_10 <= planted
     assert all(m.topic == "positions" for m in mistakes.in_chapter(10))

@@ -127,9 +127,9 @@ def test_tiles_needed_counts_the_band():
     assert tiles.window_mask(4, 2).sum() == 4 + 3
 
 
-def test_fused_attention_counts_its_scores_and_stand_ins_are_not_observed():
-    """A fused kernel's scores are counted (Tq x Tk); the grader's stand-ins run in the sandbox, where nothing can be
-    observed from here."""
+def test_fused_attention_counts_its_scores_and_stand_ins_are_observed_through_the_sandbox():
+    """A fused kernel's scores are counted (Tq x Tk); the grader's stand-ins for a function run the call inside the
+    same observers in the sandbox (tests/test_sandbox_wire.py), a Remote object's calls do not."""
     from attention_course.checks import observe
     from attention_course.course import judge
 
@@ -138,4 +138,5 @@ def test_fused_attention_counts_its_scores_and_stand_ins_are_not_observed():
         torch.nn.functional.scaled_dot_product_attention(q, q, q)
     assert counter.scores == 2 * 5 * 5
     assert observe.observable(make())
-    assert not observe.observable(judge.stand_in(None, "key", "f", {"name": "f"}))
+    assert observe.observable(judge.stand_in(None, "key", "f", {"name": "f"}))
+    assert not observe.observable(judge.Remote(object(), "key", "f", {"name": "f"}))

@@ -48,9 +48,10 @@ def test_topics_and_chapters():
         "alibi-wrong-slopes", "rope-position-not-offset", "rope-rotates-values", "rope-cache-rotated-twice"]
     assert [m.code for m in mistakes.in_chapter(11)] == [
         "residual-missing", "residual-twice", "norm-wrong-place", "norm-on-residual-stream", "ffn-activation-missing",
-        "decoder-not-causal", "cross-attention-keys-from-decoder"]
+        "decoder-not-causal", "cross-attention-keys-from-decoder", "branch-dropout-off", "dropout-not-on-branch"]
     assert [m.code for m in mistakes.in_chapter(14)] == [
-        "cap-on-probabilities", "norm-after-rope", "sink-given-value", "sink-ignored", "absorption-transposed"]
+        "cap-on-probabilities", "cap-after-mask", "norm-after-rope", "sink-given-value", "sink-ignored",
+        "absorption-transposed", "keys-formed"]
     assert [m.code for m in mistakes.in_chapter(15)] == [
         "mod-roles-swapped", "mod-window-off-by-one", "bias-sign-flipped", "doc-id-wrong-index"]
     assert [m.code for m in mistakes.in_chapter(17)] == [
@@ -61,7 +62,7 @@ def test_topics_and_chapters():
         "cow-refs-not-moved", "verify-mask-top-left", "verify-mask-sees-future", "verify-mask-drops-cache",
         "rejection-not-residual", "rejection-ratio-inverted", "rejection-always-accepts", "finished-left-in-batch",
         "retired-too-early"]
-    assert [m.code for m in mistakes.in_chapter(19)] == ["rope-not-applied"]
+    assert [m.code for m in mistakes.in_chapter(19)] == ["rope-not-applied", "cache-keys-unrotated"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

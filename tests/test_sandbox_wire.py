@@ -254,3 +254,62 @@ def test_a_killed_grader_takes_its_worker_with_it(how):
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_the_worker_runs_a_call_inside_the_checks_observers():
+    """The grader's observers travel with a call: the worker counts the scores the student's code computes, records
+    its fused calls (with the NaN stand-in of older kernels) and watches the tensors it forms, and reports them."""
+    from attention_course.checks import observe
+
+    def dense(q, k):
+        return q @ k.T
+
+    def fused_float(q, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask.float().log())
+
+    table = worker.Objects({"dense": dense, "fused_float": fused_float})
+    q, keys = torch.randn(6, 17), torch.randn(1, 1, 6, 17)
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    mask[0] = False  # a row that may attend nothing: NaN, as older kernels give
+    formed_from = keys[0, 0] + 1  # an argument whose numbers are not the watched keys
+    for expr, args, observers in (("dense", [q, formed_from], [observe.ScoreCounter(17), observe.FormedTensors(keys)]),
+                                  ("fused_float", [q, mask], [observe.FusedAttentionCalls()])):
+        arrays: dict = {}
+        request = {"op": wire.CALL, "key": "0", "expr": expr, "args": wire.encode(args, arrays),
+                   "kwargs": wire.encode({}, arrays), "observe": wire.encode([o.spec() for o in observers], arrays)}
+        header, arrays = wire.unpack(wire.pack(request, arrays)[8:])
+        reply, out = worker._reply_to_call(header, arrays, table, 10)
+        reply, out = wire.unpack(wire.pack(reply, out)[8:])
+        assert reply["ok"], reply
+        if expr == "dense":
+            assert reply["observed"] == [{"scores": 36}, {"formed": False}]
+        else:
+            assert reply["observed"] == [{"mask_dtypes": ["float32"]}]
+            assert torch.isnan(torch.as_tensor(wire.decode(reply["result"], out))[0]).all()
+
+
+class _Reporting(sandbox.Sandbox):
+    """A sandbox whose replies are given: what the worker would say the observers saw (or nothing)."""
+
+    def __init__(self, observed):
+        self.observed = observed
+
+    def _ask(self, request, arrays):
+        reply = {"ok": True, "result": wire.encode(None, {}), "args_after": wire.encode([[], {}], {})}
+        return ({**reply, "observed": self.observed} if self.observed is not None else reply), {}
+
+
+def test_the_grader_adds_what_the_sandbox_observed_and_refuses_a_reply_without_it():
+    from attention_course.checks import observe
+
+    fn = judge.stand_in(_Reporting([{"scores": 2304}, {"mask_dtypes": ["bool", None]}]), "0", "f", {"name": "f"})
+    assert observe.observable(fn)
+    with observe.ScoreCounter(16) as counter, observe.FusedAttentionCalls() as fused:
+        fn()
+    assert counter.scores == 2304 and fused.mask_dtypes == [torch.bool, None]
+    for observed in (None, [{"scores": 1}], [{"scores": "many"}]):
+        fn = judge.stand_in(_Reporting(observed), "0", "f", {"name": "f"})
+        with observe.ScoreCounter(16), observe.FusedAttentionCalls(), pytest.raises(judge.Abort) as err:
+            fn()
+        assert err.value.code == "wrong-type"
+    fn()  # no observer active: nothing is sent, nothing expected back

@@ -16,15 +16,17 @@ What a check must prove (a check a student can pass without doing the exercise i
 
 * **training and evaluation mode**: anything with dropout is probed in both: deterministic after ``.eval()``, and
   in ``.train()`` dropping the right tensor at the module's rate (``[dropout-off-in-training]``,
-  ``[dropout-wrong-rate]``, ``[dropout-wrong-tensor]``), read back from what the module computed;
+  ``[dropout-wrong-rate]``, ``[dropout-wrong-tensor]``; blocks: ``[branch-dropout-off]``,
+  ``[dropout-not-on-branch]``), read back from what the module computed;
 * **measured, not reported**: a number about the student's own work (tiles computed, bytes stored) is counted by the
   check (:mod:`attention_course.checks.observe`), never taken from the student's return value;
-* **the prompt's rules**: a rule the exercise states ("the float mask, not the boolean one") is enforced by
-  observing the call, the dtype or the storage, or it is not stated;
+* **the prompt's rules**: a rule the exercise states ("the float mask, not the boolean one", "without forming the
+  keys") is enforced by observing the call, the dtype, the storage or the tensors created, or it is not stated;
 * **independent of the installed kernel**: a guard the chapter teaches (a row that may attend nothing) is exercised
   even where this PyTorch version would hide its absence (inside the checks the fused kernel returns NaN there);
 * **at the scale of the instability**: inputs large enough for the taught failure to show (scores of about 1000
-  for a softmax without its maximum, maxima that rise for a merge without its rescale);
+  for a softmax or a merge without its maximum, maxima that rise for a merge without its rescale, a block in which
+  every key is masked for a merge without its -inf guard);
 * **named**: each plausible wrong answer gets its own code from this catalogue, not ``[wrong-output]``, and hints
   name the symptom and the diagnosis and point at the chapter's section, without dictating the fix (find-the-bug
   exercises show them).
@@ -437,6 +439,17 @@ mistake("cross-attention-keys-from-decoder", "cross-attention keys and values ta
         "Your cross-attention takes its keys and values from {detail} instead of the encoder's output: queries come "
         "from the decoder, keys and values from the memory, self.cross_attn(norm2(x), memory, mask=memory_mask).",
         chapter=11, topic="blocks")
+mistake("branch-dropout-off", "a block's dropout never acts in training mode",
+        "Your module never drops {detail} in .train() mode. Built with dropout=0.25 and training, each sub-layer's "
+        "output is zeroed feature by feature with probability p (the others scaled by 1 / (1 - p)) before it joins "
+        "the residual stream, and the feed-forward network drops its hidden features: look at what reaches your "
+        "dropout, and at what tells it the mode (chapter 11, 'Residual connections and LayerNorm: two orders').",
+        chapter=11, topic="blocks")
+mistake("dropout-not-on-branch", "dropout on the residual stream or a branch's input, not on the branch's output",
+        "Your dropout acts on another tensor than the one the block drops: {detail}. Only a sub-layer's output (in "
+        "the feed-forward network, its hidden features) is dropped; the residual stream carries the input through "
+        "untouched (chapter 11, 'Residual connections and LayerNorm: two orders').",
+        chapter=11, topic="blocks")
 
 # ==================================================================================================================
 # Chapter 12: watch attention learn (induction heads)
@@ -505,6 +518,16 @@ mistake("merge-without-rescale", "online-softmax merge of a new block without re
         "to m_new, the sum l and the accumulator acc were computed relative to m_old: multiply both by "
         "alpha = exp(m_old - m_new) before adding the new block's exp(scores - m_new) terms.",
         chapter=13, topic="distributed")
+mistake("merge-without-max", "online-softmax merge that exponentiates the raw scores, with no running maximum",
+        "Your merge overflows when the scores are large: {detail} on scores of hundreds to thousands, where exp of a "
+        "score past 709 is infinite in float64 (in float16, past 11). The running maximum m is there so that no "
+        "exponent is ever positive; what you accumulate is relative to it (chapter 13, 'Ring attention').",
+        chapter=13, topic="distributed")
+mistake("merge-nan-on-empty-row", "online-softmax merge that turns a row with no visible key yet into NaN",
+        "Your merge breaks on a block in which a query sees no key: {detail} when the first block's scores are all "
+        "-inf. The running maximum is then still -inf, and -inf - (-inf) is NaN; such a row has nothing to add yet, "
+        "and later blocks must still count (chapter 13, 'Ring attention').",
+        chapter=13, topic="distributed")
 mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair built from local positions",
         "Your causal mask is wrong for blocks of different ranks: {detail}. Query i of rank q_rank is at global "
         "position q_rank * block + i, key j of rank k_rank at k_rank * block + j; the query may attend the key iff "
@@ -520,6 +543,11 @@ mistake("cap-on-probabilities", "soft-capping applied to the attention probabili
         "the mask and the softmax: s -> cap * tanh(s / cap). Probabilities are already in [0, 1]: capping them "
         "changes almost nothing and the rows no longer sum to 1.",
         chapter=14, topic="modern", examples=[("softcap_on_probabilities", "check_softcap_attention")])
+mistake("cap-after-mask", "soft-capping applied after the mask: the masked scores become -cap, not -inf",
+        "Your output matches scores soft-capped AFTER the mask: tanh(-inf) = -1, so every masked score becomes -cap "
+        "and the future keys get a weight again. The order of the cap and the mask matters (chapter 14, 'Gemma 2: "
+        "logit soft-capping and its own query scale').",
+        chapter=14, topic="modern")
 mistake("norm-after-rope", "QK-norm applied after RoPE instead of before it",
         "Your result is RoPE first, then the RMSNorm (and its weight). Qwen3 normalises each head's queries and keys "
         "BEFORE rotating them: the norm's weight scales features one by one, and scaling then rotating a pair is not "
@@ -538,6 +566,12 @@ mistake("absorption-transposed", "MLA weight absorption with W_uk transposed",
         "q . k = q @ w_uk[h] @ c.T: multiply the query by w_uk[h] itself (N -> C), not by its transpose (which "
         "only has the right shape when N == C).",
         chapter=14, topic="modern", examples=[("absorbed_scores_transposed", "check_absorbed_scores")])
+mistake("keys-formed", "MLA: the keys formed from the latent cache, where absorption never forms them",
+        "Your scores are right, but your code formed the keys: {detail} appeared among the tensors it computed. "
+        "Weight absorption exists so that a decoding step reads only the small latent cache c, never the expanded "
+        "(B, H, T, N) keys: what can move onto the query instead of onto c? (chapter 14, 'DeepSeek-V2/V3: "
+        "multi-head latent attention')",
+        chapter=14, topic="modern")
 
 
 # ==================================================================================================================
@@ -547,6 +581,12 @@ mistake("absorption-transposed", "MLA weight absorption with W_uk transposed",
 mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
         "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
         "queries and the keys of every head by their positions before the scores.",
+        chapter=19, topic="capstone")
+mistake("cache-keys-unrotated", "the KV cache holds the keys before RoPE, rotated again at every call",
+        "Your outputs are right, but your cache holds the keys as projected, before their rotation: every call "
+        "then rotates the whole cache again, work that grows with the cache, and a cache handed to other code "
+        "(or to the check) is not what the exercise asks for. A key's rotation depends on its own position only "
+        "(exercise 1 of this notebook).",
         chapter=19, topic="capstone")
 
 

@@ -5,10 +5,17 @@ The student completes the ``forward`` of a module whose ``__init__`` the exercis
 (LayerNorm scales and biases random too, so a norm in the wrong place shows), runs it in eval mode on cases with
 and without padding, Tq != Tk for cross-attention, and compares with the reference. A wrong output is diagnosed by
 recomputing the block with each known wiring mistake (:func:`sublayer_variant`) in one or both sub-layers.
+
+Dropout is probed in both modes: built with dropout=0.5 the module must be deterministic after ``.eval()``; built
+with dropout=0.25 and in ``.train()`` mode, each sub-layer's output (the feed-forward network: its hidden features)
+must be dropped at that rate (:func:`_branch_probe`). The probe loads weights only (so it also runs on the grader's
+stand-in for a module in the sandbox): each sub-layer in turn outputs a known constant (its output projection zero,
+its bias the constant), so what reached the residual stream is read back from the block's output alone.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -16,7 +23,7 @@ from .. import block
 from ..masks import padding_mask
 from . import hidden
 from .diagnosis import diagnose
-from .modules import _require_eval_outputs
+from .modules import _TRAIN_P, _keeping_rng, _require_eval_outputs
 from .questions import choice_question, number_question
 from .runner import (
     DEFAULT_TIMEOUT,
@@ -193,6 +200,124 @@ def _diagnose(out, candidates, case, expected, kind):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Dropout in training mode, read back from the output
+# ----------------------------------------------------------------------------------------------------------
+
+_PROBE_VALUE = 10.0  # what the probed sub-layer outputs everywhere: far from the stream's N(0, 1) features
+_PROBE_SHAPE = (4, 16)  # (B, T): 1024 features of d_model=16 per probe, so the drop rate is measured within 0.1
+
+
+def _constant_branches(ref: torch.nn.Module, on: str, value: float) -> torch.nn.Module:
+    """``ref`` with every attention's output projection and the feed-forward's second layer zeroed, so each
+    sub-layer outputs its bias: ``value`` for the sub-layer ``on``, 0 for the others; LayerNorms 1 and 0."""
+    with torch.no_grad():
+        for name, layer in ref.named_children():
+            last = getattr(layer, "w_o", None) or getattr(layer, "linear2", None)
+            if last is not None:
+                last.weight.zero_()
+                last.bias.fill_(value if name == on else 0.0)
+            elif isinstance(layer, torch.nn.LayerNorm):
+                layer.weight.fill_(1.0)
+                layer.bias.zero_()
+    return ref
+
+
+def _read_back(y: np.ndarray, base: np.ndarray, normed: bool) -> np.ndarray | None:
+    """What was added to the stream ``base`` (B, T, D) before the output ``y``: y - base, or (post-LN, ``normed``)
+    through the LayerNorm: per position, the features split at the widest gap of y into those nothing was added to
+    and those that got the same v, and base = sigma y + mu - v [added] is solved for sigma, mu and v. None when it
+    does not hold (the stream itself was changed, or what was added differs from feature to feature)."""
+    if not normed:
+        return y - base
+    rows, bases = y.reshape(-1, y.shape[-1]).astype(np.float64), base.reshape(-1, base.shape[-1])
+    added = np.empty_like(rows)
+    for i, (row, b) in enumerate(zip(rows, bases, strict=True)):
+        ordered = np.sort(row)
+        kept = (row > ordered[np.argmax(np.diff(ordered))]).astype(np.float64)
+        design = np.stack([row, np.ones_like(row), -kept], axis=-1)
+        (sigma, mu, v), *_ = np.linalg.lstsq(design, b, rcond=None)
+        if np.abs(design @ (sigma, mu, v) - b).max() > 1e-2:
+            return None
+        added[i] = v * kept
+    return added.reshape(y.shape)
+
+
+def _branch_probe(ratios, where: str, case: str, unreadable: str = "the residual stream itself changed: some "
+                  "of its features were zeroed or rescaled", normed: bool = False) -> None:
+    """``ratios`` (what reached the stream over what the sub-layer computed; None: not readable) must be, feature by
+    feature, 0 (dropped) or 1 / (1 - p) (kept), about a fraction p of them dropped. Through a LayerNorm
+    (``normed``) a constant added to every feature is invisible: a branch never dropped reads as 0 everywhere."""
+    p, scale = _TRAIN_P, 1 / (1 - _TRAIN_P)
+    if ratios is None:
+        raise fail("dropout-not-on-branch", detail=f"probing {where}, {unreadable}", case=case)
+    dropped = np.abs(ratios) < 1e-3
+    if (not dropped.any() and np.allclose(ratios, 1.0, rtol=1e-3)) or (normed and dropped.all()):
+        raise fail("branch-dropout-off", detail=where, case=case)
+    factor = float(np.median(ratios[~dropped])) if (~dropped).any() else 0.0
+    if dropped.all() or not np.allclose(ratios[~dropped], factor, rtol=1e-2):
+        raise fail("dropout-not-on-branch", detail=f"probing {where}, what reached the stream is not that output "
+                   "with some features zeroed (each either 0 or the same multiple of the output without dropout)",
+                   case=case)
+    if not np.isclose(factor, scale, rtol=1e-2):
+        raise fail("dropout-wrong-rate", detail=f"the features of {where} it keeps are multiplied by {factor:.3g}, "
+                   f"where dropout={p} keeps them scaled by 1 / (1 - p) = {scale:.3g}", case=case)
+    rate = float(dropped.mean())
+    if abs(rate - p) > 0.1:  # about seven standard deviations of the rate over 1024 features
+        raise fail("dropout-wrong-rate", detail=f"it drops {rate:.0%} of the features of {where}, where "
+                   f"dropout={p} drops about {p:.0%}", case=case)
+
+
+_DROPOUT_TEXT = "; dropout is off in eval mode and drops each sub-layer's output at rate p in training mode"
+_SUBLAYERS = {"attn": "the attention sub-layer's output", "self_attn": "the self-attention sub-layer's output",
+              "cross_attn": "the cross-attention sub-layer's output", "ff": "the feed-forward sub-layer's output"}
+
+
+def _training_probes(cls, label, make_ref, sublayers, normed, memory=False):
+    """Each sub-layer in turn outputs _PROBE_VALUE in a module built with dropout=_TRAIN_P, in .train() mode."""
+    d_model, num_heads, d_ff = 16, 2, 24
+    generator = torch.Generator().manual_seed(60)
+    x = torch.randn(*_PROBE_SHAPE, d_model, generator=generator)
+    args = {"x": x, "memory": torch.randn(_PROBE_SHAPE[0], 6, d_model, generator=generator)} if memory else {"x": x}
+    case = (f"d_model={d_model}, num_heads={num_heads}, d_ff={d_ff}, dropout={_TRAIN_P}, training mode; x of shape "
+            f"{shape_text(x.shape)}; every sub-layer's output projection is zero and its bias constant")
+    for name in sublayers:
+        module = _build(cls, label, (d_model, num_heads, d_ff), _TRAIN_P)
+        _load(module, _constant_branches(make_ref(d_model, num_heads, d_ff), name, _PROBE_VALUE), label)
+        module.train()
+        out = _run(module, args, label, case, positional=len(args))
+        base = x.numpy() if not normed or name == sublayers[0] else F.layer_norm(x, (d_model,)).numpy()
+        added = _read_back(out, base, normed)
+        _branch_probe(None if added is None else added / _PROBE_VALUE, _SUBLAYERS[name], case, normed=normed)
+
+
+def _ffn_training_probe(cls, label):
+    """The hidden features in .train() mode, read back through linear2 (d_ff < d_model: a left inverse exists),
+    over relu(linear1(x)) (all positive: linear1's bias is large)."""
+    d_model, d_ff = 16, 8
+    generator = torch.Generator().manual_seed(61)
+    ref = block.FeedForward(d_model, d_ff)
+    with torch.no_grad():
+        ref.linear1.weight.copy_(0.1 * torch.randn(d_ff, d_model, generator=generator))
+        ref.linear1.bias.fill_(3.0)
+        ref.linear2.weight.copy_(torch.randn(d_model, d_ff, generator=generator))
+        ref.linear2.bias.copy_(torch.randn(d_model, generator=generator))
+        x = torch.randn(8, 16, d_model, generator=generator)  # 1024 hidden features
+        hidden = torch.relu(ref.linear1(x)).double().numpy()
+    case = (f"d_model={d_model}, d_ff={d_ff}, dropout={_TRAIN_P}, training mode; x of shape {shape_text(x.shape)}")
+    module = _build(cls, label, (d_model, d_ff), _TRAIN_P)
+    _load(module, ref, label)
+    module.train()
+    out = _run(module, {"x": x}, label, case, positional=1).astype(np.float64)
+    w2, b2 = ref.linear2.weight.detach().double().numpy(), ref.linear2.bias.detach().double().numpy()
+    rows = (out - b2).reshape(-1, d_model)
+    applied, *_ = np.linalg.lstsq(w2, rows.T, rcond=None)  # (d_ff, B T): what linear2 was given
+    readable = np.abs(w2 @ applied - rows.T).max() < 1e-3
+    ratios = (applied.T.reshape(hidden.shape) / hidden) if readable else None
+    _branch_probe(ratios, "the hidden features (after the activation)", case,
+                  unreadable="the output is not linear2 of any hidden features: something after linear2 was dropped")
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The checks
 # ----------------------------------------------------------------------------------------------------------
 
@@ -241,10 +366,13 @@ def _check_encoder_body(cls, label, norm_first, test_dropout):
             _load(noisy, ref, label)
             outs = [_run(noisy, {"x": x, "mask": mask}, label, case, positional=1) for _ in range(2)]
             _require_eval_outputs(outs, expected, ATOL, RTOL, case)
+    if test_dropout:
+        _training_probes(cls, label, lambda *sizes: block.EncoderBlock(*sizes, norm_first=norm_first),
+                         ["attn", "ff"], normed=not norm_first)
     order = "x + drop(branch(norm(x)))" if norm_first else "norm(x + drop(branch(x)))"
     text = (f"✓ {display_name(cls, label)}: {len(configs)} random cases (head counts 2 to 4, d_ff != d_model, "
             f"with and without padding) match the reference {order}")
-    return text + ("; dropout is off in eval mode" if test_dropout else "")
+    return text + (_DROPOUT_TEXT if test_dropout else "")
 
 
 def check_pre_ln_block(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
@@ -255,13 +383,13 @@ def check_pre_ln_block(cls, *, test_dropout: bool = True, timeout: float = DEFAU
     :class:`~attention_course.block.EncoderBlock` with ``norm_first=True``. Diagnoses ``[residual-missing]``,
     ``[residual-twice]``, ``[norm-on-residual-stream]``, ``[norm-wrong-place]``, ``[mask-ignored]`` and
     ``[dropout-in-eval]``."""
-    run_check(lambda: _check_encoder_body(cls, "PreLNBlock", True, test_dropout), timeout)
+    run_check(_keeping_rng(lambda: _check_encoder_body(cls, "PreLNBlock", True, test_dropout)), timeout)
 
 
 def check_post_ln_block(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
     """As :func:`check_pre_ln_block`, for the post-LN order: ``norm1(x + drop(attn(x)))`` then
     ``norm2(x + drop(ff(x)))`` (:class:`~attention_course.block.EncoderBlock`, ``norm_first=False``)."""
-    run_check(lambda: _check_encoder_body(cls, "PostLNBlock", False, test_dropout), timeout)
+    run_check(_keeping_rng(lambda: _check_encoder_body(cls, "PostLNBlock", False, test_dropout)), timeout)
 
 
 def _check_decoder_body(cls, label, test_dropout):
@@ -284,10 +412,13 @@ def _check_decoder_body(cls, label, test_dropout):
             _load(noisy, ref, label)
             outs = [_run(noisy, args, label, case, positional=2) for _ in range(2)]
             _require_eval_outputs(outs, expected, ATOL, RTOL, case)
+    if test_dropout:
+        _training_probes(cls, label, lambda *sizes: block.DecoderBlock(*sizes, norm_first=True),
+                         ["self_attn", "cross_attn", "ff"], normed=False, memory=True)
     text = (f"✓ {display_name(cls, label)}: {len(configs)} random cases (Tq != Tk, head counts 2 to 4, with and "
             "without the memory's padding mask) match the reference: causal self-attention, cross-attention to the "
             "memory, feed-forward")
-    return text + ("; dropout is off in eval mode" if test_dropout else "")
+    return text + (_DROPOUT_TEXT if test_dropout else "")
 
 
 def check_decoder_block(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
@@ -297,7 +428,7 @@ def check_decoder_block(cls, *, test_dropout: bool = True, timeout: float = DEFA
     memory_mask (B, 1, 1, Tk) or None; as :class:`~attention_course.block.DecoderBlock` with ``norm_first=True``.
     Diagnoses ``[decoder-not-causal]``, ``[cross-attention-keys-from-decoder]``, ``[norm-wrong-place]`` (memory
     normalised), ``[mask-ignored]`` and ``[dropout-in-eval]``."""
-    run_check(lambda: _check_decoder_body(cls, "DecoderBlock", test_dropout), timeout)
+    run_check(_keeping_rng(lambda: _check_decoder_body(cls, "DecoderBlock", test_dropout)), timeout)
 
 
 def _check_ffn_body(cls, label, test_dropout):
@@ -324,16 +455,19 @@ def _check_ffn_body(cls, label, test_dropout):
             _load(noisy, ref, label)
             outs = [_run(noisy, {"x": x}, label, case, positional=1) for _ in range(2)]
             _require_eval_outputs(outs, expected, ATOL, RTOL, case)
+    if test_dropout:
+        _ffn_training_probe(cls, label)
     text = (f"✓ {display_name(cls, label)}: {len(configs)} random cases (d_ff > d_model and d_ff = d_model) match "
             "linear2(drop(relu(linear1(x))))")
-    return text + ("; dropout is off in eval mode" if test_dropout else "")
+    return text + ("; dropout is off in eval mode and drops the hidden features at rate p in training mode"
+                   if test_dropout else "")
 
 
 def check_feed_forward(cls, *, test_dropout: bool = True, timeout: float = DEFAULT_TIMEOUT):
     """Check a position-wise feed-forward network ``cls(d_model, d_ff, dropout=0.0)`` with attributes ``linear1``
     (D -> d_ff), ``linear2`` (d_ff -> D) and ``dropout``, called as ``module(x)`` on x (B, T, D):
     ``linear2(drop(relu(linear1(x))))``. Diagnoses ``[ffn-activation-missing]`` and ``[dropout-in-eval]``."""
-    run_check(lambda: _check_ffn_body(cls, "FeedForward", test_dropout), timeout)
+    run_check(_keeping_rng(lambda: _check_ffn_body(cls, "FeedForward", test_dropout)), timeout)
 
 
 # ----------------------------------------------------------------------------------------------------------

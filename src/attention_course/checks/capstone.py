@@ -113,7 +113,8 @@ def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
     whose ``forward(x, cache=None)`` takes new tokens x (B, T, D) and the cache of the earlier ones (None, or
     (k, v), each (B, H, T_past, Dh), keys already rotated) and returns (out (B, T, D), (k, v) with the new tokens
     appended): causal self-attention with RoPE (interleaved pairs, base 10000), the new tokens at positions
-    T_past .. T_past + T - 1."""
+    T_past .. T_past + T - 1. Diagnoses the mistakes of :data:`_VARIANTS` and ``[cache-keys-unrotated]`` (right
+    outputs from a cache of plain keys rotated again at every call)."""
     label = display_name(cls, "module")
     atol, rtol = 2e-5, 1e-4
 
@@ -139,6 +140,9 @@ def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
             ref_out, (ref_k, ref_v) = chunked_variant(x, params, h, chunks)
             if close(out_s, ref_out, atol, rtol):
                 k_s, v_s = (as_array(c, "cache", case) for c in cache)
+                if close(v_s, ref_v, atol, rtol) and close(k_s, chunked_variant(x, params, h, chunks, rope=False)[1][0],
+                                                            atol, rtol):
+                    raise fail("cache-keys-unrotated", case=case)
                 if not (close(k_s, ref_k, atol, rtol) and close(v_s, ref_v, atol, rtol)):
                     raise fail("wrong-output", f"Your outputs are right but your final cache is not: it must hold "
                                f"the keys of all {sum(chunks)} tokens, each rotated at its own position, and their "

@@ -86,9 +86,12 @@ def check_row_parallel_output(fn, *, timeout: float = DEFAULT_TIMEOUT):
 # Exercise: the ring merge step
 # ----------------------------------------------------------------------------------------------------------
 
-# (B, H, n queries, block size, P blocks, Dk, Dv, causal)
-_MERGE_CASES = [(2, 2, 4, 4, 3, 8, 6, False), (1, 3, 3, 3, 4, 4, 4, True), (2, 1, 5, 5, 2, 6, 3, False),
-                (1, 2, 4, 4, 4, 8, 8, True), (1, 1, 2, 2, 1, 4, 5, False)]
+# (B, H, n queries, block size, P blocks, Dk, Dv, causal, kind): "large" scores (hundreds to thousands: exp of a
+# raw score overflows float64 past 709), or a "future" block first, in which every key is masked (m stays -inf)
+_MERGE_CASES = [(2, 2, 4, 4, 3, 8, 6, False, ""), (1, 3, 3, 3, 4, 4, 4, True, ""), (2, 1, 5, 5, 2, 6, 3, False, ""),
+                (1, 2, 4, 4, 4, 8, 8, True, ""), (1, 1, 2, 2, 1, 4, 5, False, ""),
+                (2, 2, 4, 4, 3, 8, 6, False, "large"), (1, 2, 3, 3, 3, 4, 4, True, "future")]
+_LARGE = 100.0  # the scale of the "large" case's scores
 
 
 def _merge_reference(m, l, acc, s, v, rescale=True):
@@ -118,12 +121,15 @@ def _run_merges(merge, blocks, shape_rows, d_v):
     l, acc = np.zeros((*shape_rows, 1)), np.zeros((*shape_rows, d_v))
     for s, v in blocks:
         m, l, acc = merge(m, l, acc, s, v)
-    return np.where(l > 0, acc / np.where(l > 0, l, 1.0), 0.0)
+    with np.errstate(all="ignore"):  # a NaN or infinite l or acc stays in the output, to be diagnosed
+        return np.where(l == 0, 0.0, acc / np.where(l == 0, 1.0, l))
 
 
-def _merge_case(rng, b, h, n, blk, p, dk, dv, causal):
+def _merge_case(rng, b, h, n, blk, p, dk, dv, causal, kind=""):
     """Queries of the LAST rank and the P key/value blocks it receives, in ring order (its own block first, then
-    the earlier ranks' blocks from the nearest back), with later blocks given larger scores so the max moves."""
+    the earlier ranks' blocks from the nearest back), with later blocks given larger scores so the max moves;
+    ``kind``: "large" scales the scores by _LARGE, "future" first brings a block that is all in the queries'
+    future (every score -inf, as for a rank whose ring starts with a later rank's keys)."""
     q = rng.standard_normal((b, h, n, dk))
     ks = [rng.standard_normal((b, h, blk, dk)) * (1 + j) for j in range(p)]
     vs = [rng.standard_normal((b, h, blk, dv)) for _ in range(p)]
@@ -132,8 +138,15 @@ def _merge_case(rng, b, h, n, blk, p, dk, dv, causal):
         s = q @ ks[src].swapaxes(-1, -2) / math.sqrt(dk)
         if causal and src == p - 1:  # its own block: the diagonal block of the causal mask
             s = np.where(numpy_ref.causal_mask(n, blk), s, -np.inf)
-        blocks.append((s * (1 + step), vs[src]))  # scores grow along the ring: the running max must move
+        blocks.append((s * (1 + step) * (_LARGE if kind == "large" else 1.0), vs[src]))  # the max must move
+    if kind == "future":
+        blocks.insert(0, (np.full((b, h, n, blk), -np.inf), rng.standard_normal((b, h, blk, dv))))
     return blocks
+
+
+_KIND_TEXT = {"": "", "large": f", scores up to {_LARGE:g} times larger (hundreds to thousands)",
+              "future": ", the first block entirely masked (-inf) for every query"}
+_NOT_FINITE = {"large": "merge-without-max", "future": "merge-nan-on-empty-row"}
 
 
 def check_ring_merge(fn, *, timeout: float = DEFAULT_TIMEOUT):
@@ -143,7 +156,9 @@ def check_ring_merge(fn, *, timeout: float = DEFAULT_TIMEOUT):
     running sum of exp(score - m), ``acc`` (..., n, Dv) running sum of exp(score - m) * value; ``scores``
     (..., n, bk) one block of (already scaled, possibly -inf masked) scores and ``v_block`` (..., bk, Dv).
     The checker merges the blocks of a simulated ring one after the other and compares ``acc / l`` with
-    softmax attention over all of them. Diagnoses ``[merge-without-rescale]``.
+    softmax attention over all of them, on scores of every scale (up to thousands: exp of a raw score overflows)
+    and with a first block in which every key is masked. Diagnoses ``[merge-without-rescale]``,
+    ``[merge-without-max]`` and ``[merge-nan-on-empty-row]``.
     """
     label = "merge_block"
 
@@ -157,16 +172,19 @@ def check_ring_merge(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
     def body():
         rng = np.random.default_rng(31)
-        for i, (b, h, n, blk, p, dk, dv, causal) in enumerate(_MERGE_CASES, 1):
-            blocks = _merge_case(rng, b, h, n, blk, p, dk, dv, causal)
-            case = (f"case {i} of {len(_MERGE_CASES)}: {p} key/value blocks of {blk} keys, scores "
-                    f"{shape_text(blocks[0][0].shape)}{', causal' if causal else ''}")
+        for i, (b, h, n, blk, p, dk, dv, causal, kind) in enumerate(_MERGE_CASES, 1):
+            blocks = _merge_case(rng, b, h, n, blk, p, dk, dv, causal, kind)
+            case = (f"case {i} of {len(_MERGE_CASES)}: {len(blocks)} key/value blocks of {blk} keys, scores "
+                    f"{shape_text(blocks[0][0].shape)}{', causal' if causal else ''}{_KIND_TEXT[kind]}")
             out = _run_merges(student, blocks, (b, h, n), dv)
             scores = np.concatenate([s for s, _ in blocks], axis=-1)
             values = np.concatenate([v for _, v in blocks], axis=-2)
             expected = numpy_ref.softmax(scores) @ values
             if out.shape == expected.shape and np.allclose(out, expected, atol=1e-9, rtol=1e-7):
                 continue
+            if out.shape == expected.shape and not np.isfinite(out).all() and kind:
+                raise fail(_NOT_FINITE[kind], detail=f"{np.mean(~np.isfinite(out)):.0%} of the outputs are NaN or "
+                           "infinite", case=case)
             rows = (b, h, n)
             candidates = [
                 ("merge-without-rescale", "acc and l are not multiplied by exp(m_old - m_new)",
@@ -175,8 +193,9 @@ def check_ring_merge(fn, *, timeout: float = DEFAULT_TIMEOUT):
                  lambda blocks=blocks, rows=rows, dv=dv: (_run_merges(_merge_own_max, blocks, rows, dv), None)),
             ]
             diagnose(out, None, candidates, case, expected, None, atol=1e-9, rtol=1e-7)
-        return (f"✓ {display_name(fn, label)}: {len(_MERGE_CASES)} simulated rings (1 to 4 blocks, causal and not) "
-                "give softmax attention over all the keys")
+        return (f"✓ {display_name(fn, label)}: {len(_MERGE_CASES)} simulated rings (1 to 4 blocks, causal and not, "
+                "scores up to thousands, a first block with every key masked) give softmax attention over all the "
+                "keys")
 
     run_check(body, timeout)
 

@@ -6,16 +6,18 @@ deliberate deviation, the mistake whose code it is listed under.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
 from ..modern.cache import PUBLISHED, published_cache_bytes, scheme_bytes_per_token
-from . import hidden
+from . import hidden, observe
 from .cases import to_framework
 from .diagnosis import diagnose
 from .positions import rope_variant
 from .questions import number_question
-from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, run_check, shape_text, split_result
+from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, fail, run_check, shape_text, split_result
 
 ATOL, RTOL = 2e-5, 1e-4  # float32 inputs against a float64 reference
 
@@ -34,7 +36,8 @@ def window_mask(t: int, window: int | None) -> np.ndarray:
 def attention_variant(q, k, v, *, cap=None, cap_on="scores", sinks=None, sink="ok", window=None):
     """Causal attention, float64, q k (..., H, T, Dk), v (..., H, T, Dv) -> (out, weights).
 
-    ``cap_on``: scores (cap * tanh(s / cap) before the softmax) | probabilities (applied to the weights);
+    ``cap_on``: scores (cap * tanh(s / cap) before the mask and the softmax) | after-mask (the masked -inf capped
+    to -cap too) | probabilities (applied to the weights);
     ``sink``: ok (an extra logit with no value) | value (its weight goes to the first token's value) | ignored.
     """
     t = q.shape[-2]
@@ -42,6 +45,8 @@ def attention_variant(q, k, v, *, cap=None, cap_on="scores", sinks=None, sink="o
     if cap is not None and cap_on == "scores":
         scores = cap * np.tanh(scores / cap)
     scores = np.where(window_mask(t, window), scores, -np.inf)
+    if cap is not None and cap_on == "after-mask":
+        scores = cap * np.tanh(scores / cap)
     if sinks is None or sink == "ignored":
         weights = _softmax(scores)
         sink_weight = np.zeros((*scores.shape[:-1], 1))
@@ -67,7 +72,7 @@ _CAP_CASES = [((2, 6, 4), 5.0, 3.0), ((1, 2, 5, 8), 2.0, 4.0), ((3, 7, 6), 1.0, 
 def check_softcap_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(q, k, v, cap)`` -> (out, weights) or out: causal attention (q, k, v (..., T, D) float32 tensors,
     scale 1 / sqrt(D)) whose scores s are soft-capped to ``cap * tanh(s / cap)`` before the mask and the softmax
-    (Gemma 2). Diagnoses ``[cap-on-probabilities]``."""
+    (Gemma 2). Diagnoses ``[cap-on-probabilities]`` and ``[cap-after-mask]``."""
     label = "softcap_attention"
 
     def body():
@@ -81,8 +86,8 @@ def check_softcap_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
             ref_out, ref_w = attention_variant(q, k, v, cap=cap)
             if close(out, ref_out, ATOL, RTOL) and (weights is None or close(weights, ref_w, ATOL, RTOL)):
                 continue
-            candidates = [("cap-on-probabilities", "", lambda q=q, k=k, v=v, c=cap: attention_variant(
-                q, k, v, cap=c, cap_on="probabilities"))]
+            candidates = [(code, "", lambda q=q, k=k, v=v, c=cap, on=on: attention_variant(q, k, v, cap=c, cap_on=on))
+                          for code, on in (("cap-on-probabilities", "probabilities"), ("cap-after-mask", "after-mask"))]
             diagnose(out, weights, candidates, case, ref_out, ref_w, atol=ATOL, rtol=RTOL)
         return (f"✓ {display_name(fn, label)}: {len(_CAP_CASES)} random cases (caps from 1 to 50, scores well "
                 "beyond the cap) match causal attention with soft-capped scores")
@@ -208,8 +213,13 @@ _MLA_CASES = [(2, 3, 4, 4, 4), (1, 2, 5, 4, 6), (1, 1, 6, 8, 3), (2, 2, 7, 6, 6)
 def check_absorbed_scores(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(q_nope, c, w_uk)`` -> (B, H, T, T) scores ``q_nope . k_nope`` (unscaled, unmasked) where head h's
     keys are ``k_nope = c @ w_uk[h].T``, computed without forming the keys: q_nope (B, H, T, N), the latent cache
-    c (B, T, C), w_uk (H, N, C). Diagnoses ``[absorption-transposed]``."""
+    c (B, T, C), w_uk (H, N, C). The rule is enforced: every tensor the code creates is watched
+    (:class:`~attention_course.checks.observe.FormedTensors`) for the keys, whole or a head's or a sequence's.
+    Diagnoses ``[absorption-transposed]`` and ``[keys-formed]``."""
     label = "absorbed_scores"
+    watched = observe.observable(fn)
+    if watched:
+        observe.warm_up()  # before the time limit starts
 
     def body():
         rng = np.random.default_rng(17)
@@ -220,10 +230,14 @@ def check_absorbed_scores(fn, *, timeout: float = DEFAULT_TIMEOUT):
             case = f"case {i} of {len(_MLA_CASES)}: q_nope {shape_text(q.shape)}, c {shape_text(c.shape)}"
             args = {"q_nope": to_framework(q, "torch"), "c": to_framework(c, "torch"),
                     "w_uk": to_framework(w_uk, "torch")}
-            out = as_array(call(fn, args, label, positional=3), "result", case)
             keys = c[:, None] @ np.swapaxes(w_uk, -1, -2)  # (B, H, T, N): what absorption avoids forming
+            with observe.FormedTensors(keys) if watched else contextlib.nullcontext() as formed:
+                out = as_array(call(fn, args, label, positional=3), "result", case)
             ref = q @ np.swapaxes(keys, -1, -2)
             if close(out, ref, 1e-4, RTOL):
+                if formed is not None and formed.formed:
+                    raise fail("keys-formed", detail=f"a tensor of the {shape_text(keys.shape)} keys' numbers",
+                               case=case)
                 continue
             candidates = [("absorption-transposed", "", lambda q=q, c=c, w=w_uk: (
                 (q @ np.swapaxes(w, -1, -2)) @ np.swapaxes(c[:, None], -1, -2), None))]

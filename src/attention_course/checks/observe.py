@@ -14,9 +14,15 @@ older ones return NaN). The checks run the student's call inside these observers
   in the query rows whose mask allows no key, as PyTorch did before version 2.5 (and as some kernels still do), so
   that code relying on the installed kernel's zeros fails there.
 
-They see torch operations in this process only. The grader calls a stand-in for the student's function, which runs
-in the sandbox (:mod:`attention_course.course.sandbox`): there nothing is observed (:func:`observable` is False)
-and the checks fall back to what the results show.
+* :class:`FormedTensors` (a ``TorchDispatchMode``) watches every tensor the code creates for one the exercise says
+  not to form (MLA's keys, "without forming the keys"): a tensor holding the same numbers, in any layout, whole or one
+  head's or one sequence's slice, is recorded.
+
+They see torch operations in the process where they are entered. Under the grader the student's code runs in the
+sandbox (:mod:`attention_course.course.sandbox`): the grader's stand-in sends the observers active around its call
+(:func:`remote_specs`) with the request, the worker runs the call inside the same observers there
+(:func:`run_observed`) and sends back what they saw, which :func:`absorb` adds to the grader's observers. A reply
+without it, or with anything else, fails the check: a count is never taken as zero.
 """
 
 from __future__ import annotations
@@ -42,10 +48,52 @@ _GRADER_STAND_INS = "attention_course.course.judge"  # the module whose stand-in
 
 
 def observable(fn) -> bool:
-    """Whether the student's ``fn`` runs in this process, where its torch operations can be observed (False for the
-    grader's stand-ins: a Remote object, or a function of :mod:`attention_course.course.judge` that forwards the
-    call to the sandbox)."""
-    return _sandbox_field(fn, "_sandbox", None) is None and getattr(fn, "__module__", None) != _GRADER_STAND_INS
+    """Whether the student's ``fn`` can be observed: in this process, or through the grader's stand-in for a
+    function (of :mod:`attention_course.course.judge`), which runs the call inside the same observers in the
+    sandbox; not a Remote object (a module's methods are not forwarded with observers)."""
+    return _sandbox_field(fn, "_sandbox", None) is None or getattr(fn, "__module__", None) == _GRADER_STAND_INS
+
+
+_ACTIVE: list = []  # the observers entered in this process, outermost first
+
+
+class _Tracked:
+    """Enter/exit bookkeeping for :func:`remote_specs`; ``spec``, ``from_spec``, ``result`` and ``absorb`` carry an
+    observer to the sandbox and what it saw back."""
+
+    def __enter__(self):
+        _ACTIVE.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _ACTIVE.remove(self)
+        return super().__exit__(*exc)
+
+
+def remote_specs() -> list[dict]:
+    """The observers active here, as data for a call the sandbox runs (:func:`run_observed`)."""
+    return [observer.spec() for observer in _ACTIVE]
+
+
+def absorb(results) -> None:
+    """Add what the sandbox's observers saw (:func:`run_observed`'s list) to the active ones, in order; anything
+    else raises ValueError (a reply without its counts must not pass as a count of zero)."""
+    if not isinstance(results, list) or len(results) != len(_ACTIVE):
+        raise ValueError("the sandbox did not report what its observers saw")
+    for observer, result in zip(_ACTIVE, results, strict=True):
+        observer.absorb(result)
+
+
+def run_observed(specs: list, call):
+    """In the sandbox: ``call()`` inside the observers ``specs`` describes -> (its value, what each observer saw)."""
+    import contextlib
+
+    observers = [_KINDS[spec["kind"]].from_spec(spec) for spec in specs]
+    with contextlib.ExitStack() as stack:
+        for observer in observers:
+            stack.enter_context(observer)
+        value = call()
+    return value, [observer.result() for observer in observers]
 
 
 def warm_up() -> None:
@@ -55,12 +103,25 @@ def warm_up() -> None:
         torch.zeros(1) + 1
 
 
-class ScoreCounter(TorchDispatchMode):
+class ScoreCounter(_Tracked, TorchDispatchMode):
     """Counts, in ``scores``, the dot products of width ``dk`` the code inside the ``with`` block computes."""
 
     def __init__(self, dk: int):
         super().__init__()
         self.dk, self.scores = dk, 0
+
+    def spec(self) -> dict:
+        return {"kind": "scores", "dk": self.dk}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["dk"]))
+
+    def result(self) -> dict:
+        return {"scores": self.scores}
+
+    def absorb(self, result) -> None:
+        self.scores += int(result["scores"])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -76,13 +137,30 @@ class ScoreCounter(TorchDispatchMode):
         return out
 
 
-class FusedAttentionCalls(TorchFunctionMode):
+class FusedAttentionCalls(_Tracked, TorchFunctionMode):
     """Records ``F.scaled_dot_product_attention`` calls: ``mask_dtypes`` lists the dtype of each call's ``attn_mask``
     (None without one). Rows whose mask allows no key come back as NaN, as older kernels return them."""
 
     def __init__(self):
         super().__init__()
         self.mask_dtypes: list[torch.dtype | None] = []
+
+    def spec(self) -> dict:
+        return {"kind": "fused"}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls()
+
+    def result(self) -> dict:
+        return {"mask_dtypes": [None if d is None else str(d).removeprefix("torch.") for d in self.mask_dtypes]}
+
+    def absorb(self, result) -> None:
+        names = result["mask_dtypes"]
+        dtypes = [None if n is None else getattr(torch, str(n)) for n in names]
+        if not all(d is None or isinstance(d, torch.dtype) for d in dtypes):
+            raise ValueError("not a dtype")
+        self.mask_dtypes += dtypes
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -96,3 +174,47 @@ class FusedAttentionCalls(TorchFunctionMode):
         allowed = mask if mask.dtype == torch.bool else mask > float("-inf")
         empty = ~allowed.any(dim=-1, keepdim=True)  # (..., Tq, 1): rows that may attend no key
         return torch.where(empty, torch.full_like(out, float("nan")), out)
+
+
+class FormedTensors(_Tracked, TorchDispatchMode):
+    """Records, in ``formed``, whether the code inside the ``with`` block creates a tensor holding the numbers of
+    ``target`` (B, H, ...) or of one of its slices ``target[b]``, ``target[:, h]``, ``target[b, h]``, in any layout
+    (compared as sorted values, within ``rtol`` of the largest)."""
+
+    def __init__(self, target, rtol: float = 1e-4):
+        super().__init__()
+        target = torch.as_tensor(target, dtype=torch.float64)
+        b, h = target.shape[:2]
+        slices = [target] + [target[i] for i in range(b)] + [target[:, j] for j in range(h)]
+        slices += [target[i, j] for i in range(b) for j in range(h)]
+        self._sorted = {}
+        for part in slices:
+            self._sorted.setdefault(part.numel(), []).append(part.flatten().sort().values)
+        self._atol = rtol * float(target.abs().max())
+        self._spec = {"kind": "formed", "target": target.numpy().copy(), "rtol": rtol}  # built outside the mode
+        self.formed = False
+
+    def spec(self) -> dict:
+        return self._spec
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(spec["target"], float(spec["rtol"]))
+
+    def result(self) -> dict:
+        return {"formed": self.formed}
+
+    def absorb(self, result) -> None:
+        self.formed = self.formed or result["formed"] is True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.formed and isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() > 1:
+            candidates = self._sorted.get(out.numel(), ())
+            if candidates:
+                values = out.detach().to(torch.float64).flatten().sort().values
+                self.formed = any(bool(((values - c).abs() <= self._atol).all()) for c in candidates)
+        return out
+
+
+_KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors}

@@ -99,11 +99,20 @@ def stand_in(sandbox: Sandbox, key: str, expr: str, info: dict):
     """A function that calls the student's object ``expr`` in the sandbox: same name, same signature."""
 
     def student_function(*args, **kwargs):
+        from ..checks import observe
+
+        specs = observe.remote_specs()  # the check's observers, run around the call in the sandbox
         try:
-            header, arrays = sandbox.call(key, expr, args, kwargs)
+            header, arrays = sandbox.call(key, expr, args, kwargs, observe=specs)
         except SandboxError as err:
             raise _ended(err) from None
-        return _reply(header, arrays, None, args, kwargs)
+        result = _reply(header, arrays, None, args, kwargs)
+        if specs:
+            try:
+                observe.absorb(header.get("observed"))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise Abort("wrong-type", "the sandbox did not report what the check observed") from None
+        return result
 
     student_function.__name__ = info.get("name") or expr
     student_function.__qualname__ = student_function.__name__

@@ -410,13 +410,17 @@ class Sandbox:
             self.close()
             raise SandboxError(str(err)) from None
 
-    def call(self, key: str, expr: str, args: tuple, kwargs: dict, keep=None):
+    def call(self, key: str, expr: str, args: tuple, kwargs: dict, keep=None, observe=None):
         """The reply of the student's object ``expr`` (as it was at check cell ``key``, or a number the sandbox
         handed out since) called on ``args``: ``(header, arrays)``. ``keep``: see :func:`.wire.encode` (the
-        grader's stand-ins for objects in the sandbox travel as references)."""
+        grader's stand-ins for objects in the sandbox travel as references). ``observe``: the checker's observers
+        to run the call inside (:func:`attention_course.checks.observe.remote_specs`); the reply's ``observed``
+        says what they saw."""
         arrays: dict = {}
         request = {"op": wire.CALL, "key": key, "expr": expr, "args": wire.encode(list(args), arrays, keep=keep),
                    "kwargs": wire.encode(dict(kwargs), arrays, keep=keep)}
+        if observe:
+            request["observe"] = wire.encode(list(observe), arrays)
         return self._ask(request, arrays)
 
     def attribute(self, key: str, expr: str, name: str):

@@ -118,7 +118,8 @@ def _no_grad():
 
 def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) -> tuple[dict, dict]:
     """Answer one request: ``call`` the object ``expr`` (an expression of the check cell or a number) on the
-    request's arguments, or read its ``getattr`` attribute ``name``. Results that are not data (a module, a
+    request's arguments (inside the observers its ``observe`` lists, see :func:`.checks.observe.run_observed`), or
+    read its ``getattr`` attribute ``name``. Results that are not data (a module, a
     layer) are kept and sent as references; an attribute that is a tensor too, so that loading weights into it
     changes the module."""
     from ..checks.runner import original_error
@@ -126,6 +127,10 @@ def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) 
     target = table.objects.get(request.get("expr"), _MISSING)
     if target is _MISSING:
         return {"ok": False, "etype": "NameError", "message": "no such object"}, {}
+    if request.get("observe"):
+        from ..checks import observe
+
+        observe.warm_up()  # PyTorch's dispatch machinery loads once, before the call's time limit starts
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     out: dict = {}
@@ -137,9 +142,16 @@ def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) 
                 return {"ok": True, "result": result}, out
             args = wire.decode(request["args"], arrays, remote=table.find)
             kwargs = wire.decode(request["kwargs"], arrays, remote=table.find)
-            result = target(*args, **kwargs)
-            return {"ok": True, "result": wire.encode(result, out, keep=table.keep),
-                    "args_after": wire.encode([args, kwargs], out, keep=table.keep)}, out
+            specs = wire.decode(request["observe"], arrays) if request.get("observe") else []
+            if specs:  # the checker's observers (scores counted, fused calls, tensors formed) around this call
+                from ..checks import observe
+
+                result, observed = observe.run_observed(specs, lambda: target(*args, **kwargs))
+            else:
+                result, observed = target(*args, **kwargs), None
+            reply = {"ok": True, "result": wire.encode(result, out, keep=table.keep),
+                     "args_after": wire.encode([args, kwargs], out, keep=table.keep)}
+            return (reply if observed is None else {**reply, "observed": observed}), out
     except _CellTimeout:
         return {"ok": False, "timeout": True}, {}
     except BaseException as err:  # noqa: BLE001 - reported to the grader by name
