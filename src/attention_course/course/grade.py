@@ -84,8 +84,11 @@ def _judge_point(event, exercise: Exercise, sandbox, cells, index, reference: Re
             public = None  # the submission's process is gone: its public cases cannot be run again
         else:
             with _public_cases_only():
-                public = judge.run_checks(exercise.calls, sandbox, str(index), event.get("objects") or {},
-                                          sandbox.limits.cell_s)[0]
+                rerun = judge.run_checks(exercise.calls, sandbox, str(index), event.get("objects") or {},
+                                         sandbox.limits.cell_s)
+            public = rerun[0]
+            if not public:  # report the public case's failure: the one the student's notebook shows
+                passed, code, message = rerun
     return passed, code, message, public, round(time.monotonic() - start, 3)
 
 
