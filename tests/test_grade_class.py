@@ -63,6 +63,10 @@ def _class_folder(tmp: Path) -> Path:
     (folder / f"carol_1234_5678_{NAME}").write_text("{ not JSON", encoding="utf-8")  # Canvas's flat layout
     (folder / "dave").mkdir()
     shutil.copy(ROOT / "exercises" / "02_single_head_exercises.ipynb", folder / "dave" / NAME)  # another chapter
+    (folder / "eve").mkdir()
+    (folder / "eve" / NAME).symlink_to(DATA / "solutions" / NAME)  # a link to the solution: refused, not graded
+    (folder / "frank").mkdir()
+    os.mkfifo(folder / "frank" / NAME)  # a FIFO: refused, never waited on
     return folder
 
 
@@ -89,9 +93,9 @@ def graded(tmp_path_factory):
 def test_the_class_is_graded_with_progress_and_a_summary(graded):
     first = graded["first"]
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "4 submissions of 4 students; 0 already graded" in first.stderr
+    assert "6 submissions of 6 students; 0 already graded" in first.stderr
     progress = [line for line in first.stderr.splitlines() if line.startswith("[")]
-    assert len(progress) == 4 and all("min left)" in line for line in progress)
+    assert len(progress) == 6 and all("min left)" in line for line in progress)
     table = first.stdout.splitlines()
     assert table[0].split() == ["student", "01_soft_lookup", "total"]
     assert table[2].split() == ["alice", "11/12", "11/12"] and table[3].split() == ["bob", "0/12", "0/12"]
@@ -116,12 +120,15 @@ def test_public_cases_pass_and_a_hidden_one_fails_gets_exactly_the_points_files_
 def test_bad_files_get_an_error_and_the_class_goes_on(graded):
     assert graded["results"]["carol"]["error"].startswith("not a valid notebook")
     assert "looks like another chapter's" in graded["results"]["dave"]["error"]
+    assert graded["results"]["eve"]["error"].startswith("a symbolic link")
+    assert graded["results"]["frank"]["error"].startswith("not a regular file")
 
 
 def test_gradebook_has_a_row_per_student_and_a_column_per_notebook(graded):
     rows = list(csv.reader(io.StringIO((graded["out"] / "gradebook.csv").read_text(encoding="utf-8"))))
     assert rows == [["student", "01_soft_lookup_exercises", "total"], ["Points Possible", "12", "12"],
-                    ["alice", "11", "11"], ["bob", "0", "0"], ["carol", "0", "0"], ["dave", "0", "0"]]
+                    ["alice", "11", "11"], ["bob", "0", "0"], ["carol", "0", "0"], ["dave", "0", "0"],
+                    ["eve", "0", "0"], ["frank", "0", "0"]]
 
 
 def test_feedback_names_points_codes_hints_and_times_never_the_hidden_input(graded):
@@ -139,7 +146,7 @@ def test_feedback_names_points_codes_hints_and_times_never_the_hidden_input(grad
 def test_a_second_run_grades_nothing_again(graded):
     again = graded["again"]
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "4 already graded (kept; --regrade grades them again), 0 to grade" in again.stderr
+    assert "6 already graded (kept; --regrade grades them again), 0 to grade" in again.stderr
     assert not [line for line in again.stderr.splitlines() if line.startswith("[")]
     assert again.stdout == graded["first"].stdout
 
@@ -228,4 +235,11 @@ def test_canvas_and_gradescope_layouts_are_read(tmp_path):
     found = classroom.find_submissions(folder, DATA / "solutions")
     assert [(s.student, s.notebook) for s in found] == [("Ada Lovelace", "01_soft_lookup_exercises"),
                                                         ("turing", "01_soft_lookup_exercises")]
+    two = tmp_path / "two"  # two notebooks of one student, each matched to its own reference
+    (two / "alice").mkdir(parents=True)
+    for name in ("01_soft_lookup_exercises.ipynb", "02_single_head_exercises.ipynb"):
+        shutil.copy(ROOT / "exercises" / name, two / "alice" / name)
+    found = classroom.find_submissions(two, ROOT / "solutions")
+    assert [(s.student, s.reference.name) for s in found] == [("alice", "01_soft_lookup_exercises.ipynb"),
+                                                              ("alice", "02_single_head_exercises.ipynb")]
     assert classroom.safe_name("Ada Lovelace/../x") == "Ada_Lovelace_.._x"

@@ -2,6 +2,8 @@
 score of a check whose public cases pass and a hidden case fails, and which checkers have hidden cases (read from the
 checks' source, proven against what each checker draws when it runs a right answer). No notebook is graded here."""
 
+from pathlib import Path
+
 import pytest
 
 import test_checks_planted
@@ -58,7 +60,7 @@ def test_a_bad_points_file_is_refused_naming_the_key(tmp_path, text, message):
 
 
 def test_points_file_is_checked_against_the_reference_notebooks(tmp_path):
-    refs = reference_exercises(test_checks_planted.Path(__file__).parent / "data" / "grader" / "solutions")
+    refs = reference_exercises(Path(__file__).parent / "data" / "grader" / "solutions")
     assert refs == {"01_soft_lookup_exercises": {1, 2, 3, 4, 5}}
     for text, message in (("[notebooks.02_single_head_exercises]\n1 = 2", "no reference notebook of that name "
                                                                            "(known: 01_soft_lookup_exercises)"),
@@ -115,3 +117,14 @@ def test_both_kinds_of_checker_are_covered():
     assert pts.draws_hidden("check_softmax") and pts.draws_hidden("check_keras_attention")
     assert not pts.draws_hidden("check_choice")
     assert not pts.draws_hidden("check_nothing_of_that_name")
+
+
+def test_the_instructor_guides_points_file_is_valid_for_the_course():
+    """The example is at the top level of its file once de-indented (hidden_share before any table)."""
+    root = Path(__file__).resolve().parents[1]
+    guide = (root / "book" / "instructor_guide.md").read_text(encoding="utf-8")
+    block = guide.split("```toml\n", 1)[1].split("```", 1)[0]
+    example = pts.Points.from_dict(pts.tomllib.loads("\n".join(line.strip() for line in block.splitlines())), "guide")
+    example.validate(reference_exercises(root / "solutions"))
+    assert example.of("02_single_head_exercises", 3, "core") == (5, 0.25)
+    assert example.levels["challenge"] == 4

@@ -36,12 +36,13 @@ import json
 import os
 import re
 import secrets
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .canonical import AUTO, default_reference, find_reference
+from .canonical import AUTO, MAX_NOTEBOOK_BYTES, default_reference, find_reference
 from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
 from .exports import feedback_html, feedback_markdown, gradebook_csv
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
@@ -78,7 +79,7 @@ def safe_name(student: str) -> str:
 def _gradescope_names(folder: Path) -> dict[str, str]:
     """``{submission folder: student names}`` from Gradescope's ``submission_metadata.yml``, if there is one."""
     path = folder / "submission_metadata.yml"
-    if not path.is_file():
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_NOTEBOOK_BYTES:
         return {}
     try:
         import yaml
@@ -113,7 +114,7 @@ def find_submissions(folder: Path, reference) -> list[Submission]:
             student = names.get(entry.name, entry.name)
             paths = [p for p in sorted(entry.rglob("*.ipynb")) if not SKIPPED_FOLDERS & set(p.parts)]
             candidates = [(student, p, p.name) for p in paths]
-        elif entry.suffix == ".ipynb":
+        elif entry.suffix == ".ipynb":  # a link or a FIFO too: the grader refuses it with an ERROR result
             m = CANVAS_NAME.match(entry.name)
             candidates = [(m["student"], entry, m["file"])] if m else [(entry.stem, entry, entry.name)]
             if not m:
@@ -123,11 +124,11 @@ def find_submissions(folder: Path, reference) -> list[Submission]:
         else:
             continue
         for student, path, name in candidates:
-            reference = _match(path, name, reference)
-            if reference is None:
+            matched = _match(path, name, reference)
+            if matched is None:
                 unmatched.append(f"{path} (no reference notebook named like it)")
             else:
-                found.append(Submission(student, path, reference))
+                found.append(Submission(student, path, matched))
     if unmatched:
         raise ClassError("cannot tell which exercise notebook these are: " + "; ".join(unmatched))
     if not found:
@@ -149,11 +150,18 @@ def _refuse_duplicates(found: list[Submission]) -> None:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """The SHA-256 of a regular file of at most the grader's size limit, read without following a link; anything
+    else (a link, a FIFO, a device, a larger file) gets a marker instead, never read, and the grader refuses it
+    with an ERROR result."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        return f"unreadable: {type(err).__name__}"
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
+            return "not a regular file of at most the grader's size"
+        return hashlib.sha256(f.read(MAX_NOTEBOOK_BYTES + 1)).hexdigest()
 
 
 def _write_atomic(path: Path, text: str) -> None:

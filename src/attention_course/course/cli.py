@@ -4,6 +4,14 @@ Usage::
 
     python -m attention_course.grade NOTEBOOK... [--json | --jsonl | --csv] [-j N] [--timeout SECONDS]
         [--notebook-timeout SECONDS] [--memory-mb MB] [--seed N] [--solutions PATH | --no-reference]
+        [--points FILE]
+    python -m attention_course.grade class SUBMISSIONS --out RESULTS [-j N] [--regrade] ...   # .classroom
+    python -m attention_course.grade bundle --out DIR ...       # Gradescope's autograder (.gradescope)
+    python -m attention_course.grade gradescope --submission DIR --results FILE ...  # inside Gradescope
+
+Points (:mod:`.points`): each exercise is worth its level's points (warm-up 1, core 2, challenge 3), half of them on
+its hidden cases where its check has them (public cases passed, a hidden one failed: the other half, ``PART``);
+``--points FILE`` (TOML) overrides them per level and per exercise, validated before anything is graded.
 
 Each notebook is graded by :func:`.grade.grade_notebook` (a sandbox runs it, the checkers judge here) in a child
 process of its own; ``--timeout`` (default 60 s) limits each cell and ``--notebook-timeout`` (default 300 s) each
@@ -23,11 +31,11 @@ attention_course.grade``, so that not even its start imports from the current fo
 
 Output (:mod:`.results`): each notebook's result is written as soon as it is known (``-j N`` grades N notebooks at
 once, each in a child process of its own, so a crash loses nothing already written and the batch goes on): a table
-per notebook with a total such as ``3/5``, ``--jsonl`` (one JSON object per line), ``--csv`` (header first, then
-rows, with a ``total`` row per notebook), or ``--json`` (one document at the end). Nothing a submission prints
-reaches this output. A notebook that cannot be
-read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0
-whenever grading ran; 2 for a command-line usage error (including a ``--solutions`` path that does not exist).
+per notebook with totals such as ``3/5 exercises, 7/11 points``, ``--jsonl`` (one JSON object per line),
+``--csv`` (header first, then rows, with a ``total`` row per notebook), or ``--json`` (one document at the end).
+Nothing a submission prints reaches this output. A notebook that cannot be read (missing, not JSON, not a
+notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0 whenever grading ran; 2 for a
+command-line usage error (including a ``--solutions`` path that does not exist).
 """
 
 from __future__ import annotations
@@ -193,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m attention_course.grade", description="Run exercise notebooks in a sandbox and report which "
         "exercises pass.", epilog="Run it as python -P -m attention_course.grade (nothing imported from the current "
         "folder). Only regular files of at most 8 MB are graded. The CSV has one row per exercise and, per notebook, "
-        "a row whose exercise is 'total', whose passed is the number passed and whose message is passed/total; its "
-        "last column, like a line of the table and a field of the JSON, names the isolation used.")
+        "a row whose exercise is 'total', whose passed is the number passed, whose points are the notebook's and "
+        "whose message is passed/total; its last column, like a line of the table and a field of the JSON, names "
+        "the isolation used. A whole class: python -P -m attention_course.grade class --help; Gradescope's "
+        "autograder: python -P -m attention_course.grade bundle --help.")
     parser.add_argument("notebooks", nargs="*", help="submitted .ipynb files")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON document at the end")

@@ -8,12 +8,12 @@ failure's code). A check without hidden cases is worth all its points on its pub
 
 An instructor overrides points without editing a notebook in one TOML file (``--points FILE``)::
 
+    hidden_share = 0.5              # optional: the hidden cases' share of every exercise that has them
+
     [levels]                        # optional: the points of each level
     warm-up = 1
     core = 2
     challenge = 3
-
-    hidden_share = 0.5              # optional: the hidden cases' share of every exercise that has them
 
     [notebooks.02_single_head_exercises]
     1 = 2                           # exercise 1 is worth 2 points
