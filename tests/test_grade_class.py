@@ -243,3 +243,24 @@ def test_canvas_and_gradescope_layouts_are_read(tmp_path):
     assert [(s.student, s.reference.name) for s in found] == [("alice", "01_soft_lookup_exercises.ipynb"),
                                                               ("alice", "02_single_head_exercises.ipynb")]
     assert classroom.safe_name("Ada Lovelace/../x") == "Ada_Lovelace_.._x"
+
+
+def test_without_bubblewrap_a_class_and_a_gradescope_run_refuse_unless_asked(tmp_path):
+    """Never silently weaker: the class command stops (exit 2) and Gradescope's run scores nothing and says why."""
+    (tmp_path / "alice").mkdir()
+    shutil.copy(DATA / "exercises" / NAME, tmp_path / "alice" / NAME)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PATH=str(tmp_path))  # no bwrap on PATH
+    base = [sys.executable, "-P", "-m", "attention_course.grade"]
+    refused = subprocess.run([*base, "class", str(tmp_path), "--out", str(tmp_path / "out"), "--solutions",
+                              str(DATA / "solutions")], capture_output=True, text=True, timeout=300, env=env,
+                             cwd=tmp_path, check=False)
+    assert refused.returncode == 2 and "bubblewrap is not available" in refused.stderr
+    assert not (tmp_path / "out").exists()
+    results = tmp_path / "results" / "results.json"
+    done = subprocess.run([*base, "gradescope", "--submission", str(tmp_path / "alice"), "--results", str(results),
+                           "--solutions", str(DATA / "solutions")], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(results.read_text(encoding="utf-8"))
+    jsonschema.validate(data, GRADESCOPE_SCHEMA)
+    assert data["score"] == 0 and data["tests"] == [] and "bubblewrap cannot run" in data["output"]
