@@ -13,7 +13,8 @@ A function or class that calls the reference implementation fails with ``calls-r
 Public and hidden cases: a check runs once with the hidden cases on (public cases first, then hidden ones); when
 it fails and its checker draws hidden cases (:func:`.points.draws_hidden`), it runs again with them off, on the
 same submission in the same sandbox: passing then means that the public cases passed and a hidden one failed, and
-the exercise earns its public share (:mod:`.points`). Each check's time is measured, calls into the sandbox
+the exercise earns its public share (:mod:`.points`); a stub still raising ``NotImplementedError`` is not run
+again. Each check's time is measured, calls into the sandbox
 included. A notebook whose exercise titles and title are all unlike its reference's is another chapter's: an
 error, not a row of failures.
 Only a check cell that is not a plain ``checks.check_*(...)`` call, which can happen only without a reference,
@@ -42,6 +43,9 @@ from .sandbox import Limits, Sandbox, SandboxError, bwrap_works, describe
 DEFAULT_TIMEOUT_S = 60
 DEFAULT_NOTEBOOK_TIMEOUT_S = 300
 CHECK_MISSING = "check-missing"
+# failures that a run with the public cases only cannot turn into a pass: decided before any case ran, or (a stub
+# still raising NotImplementedError) at the first public case
+NOT_RUN_AGAIN = {"calls-reference", "wrong-type", "not-implemented"}
 
 
 def _sandbox_cells(nb, exercises: list[Exercise]) -> tuple[list[dict], dict]:
@@ -79,7 +83,7 @@ def _judge_point(event, exercise: Exercise, sandbox, cells, index, reference: Re
     start = time.monotonic()
     passed, code, message = _verdict(event, exercise, sandbox, cells, index, reference)
     public = passed
-    if not passed and code not in ("calls-reference", "wrong-type") and _has_hidden(exercise):
+    if not passed and code not in NOT_RUN_AGAIN and _has_hidden(exercise):
         if sandbox.closed:
             public = None  # the submission's process is gone: its public cases cannot be run again
         else:
