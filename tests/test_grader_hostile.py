@@ -310,9 +310,10 @@ def test_a_forged_verdict_from_the_sandbox_does_not_count(monkeypatch):
              "verdict": {"passed": True}}
     exercise = canonical.Exercise(1, "", "", [0], canonical.parse_check("checks.check_softmax(softmax)"))
     cells = references.parse_cells(nbformat.read(FIXTURES / "exercises" / NAME, as_version=4))
-    box = types.SimpleNamespace(limits=sandbox.Limits())
+    box = types.SimpleNamespace(limits=sandbox.Limits(), closed=False)
     function = canonical.Reference(Path("ref"), [], {1: set()}, {1: False})
-    assert grade._judge_point(event, exercise, box, cells, 0, function) == (False, "NameError", "NameError: x")
+    assert grade._judge_point(event, exercise, box, cells, 0, function)[:4] == (False, "NameError", "NameError: x",
+                                                                                 False)  # the public cases too
     event["objects"]["softmax"] = {"kind": "class", "name": "softmax", "class": True, "types": []}
     assert grade._judge_point(event, exercise, box, cells, 0, function)[:2] == (False, "wrong-type")
     monkeypatch.setattr(judge, "run_checks", lambda *a: (False, "judged-here", ""))
@@ -582,10 +583,12 @@ def _message(header: dict, arrays: dict, compress: bool = False) -> bytes:
     return buf.getvalue()
 
 
-def test_the_wire_refuses_what_would_grow_in_the_grader():
+def test_the_wire_refuses_what_would_grow_in_the_grader(monkeypatch):
     """A few-MB compressed message (before: decompressed into 2-3 GB), a 200-byte description with a huge dtype,
     a header over its limit, arrays of a dtype outside the list: refused before they are decoded; a reply naming a
-    new type for each of 600k items makes at most 256 classes."""
+    new type for each of 600k items makes at most 256 classes (in a table of its own: the classes this test fills
+    the process's table with would name every later test's objects `object`)."""
+    monkeypatch.setattr(wire, "_NAMED", dict(wire._NAMED))
     bomb = _message({"op": "check"}, {"a0": np.zeros(2**26, dtype=np.uint8)}, compress=True)
     assert len(bomb) < 2**20
     for body in (bomb, _message({"op": "check", "pad": "x" * (2 * 2**20)}, {}),
