@@ -118,19 +118,19 @@ def test_timeouts_errors_and_dead_kernels(graded):
 def test_table(graded):
     text = formats.format_table([graded[n] for n in ("solution", "planted", "misbehaving", "corrupt")])
     lines = text.splitlines()
-    assert lines[0].endswith(f"solution_{NAME}: 5/5")
+    assert lines[0].endswith(f"solution_{NAME}: 5/5 exercises, 9/9 points")  # warm-up 1, core 2, challenge 3
     assert lines[1].startswith("  isolation: bwrap: namespaces")  # every report names the isolation used
-    assert lines[2] == "  Exercise 1   Shift every score                                pass"
-    assert f"planted_{NAME}: 3/5\n" in text
-    assert "  Exercise 5   Vectorised attention that survives an empty row  FAIL  [missing-scale]" in lines
-    assert "  Exercise 4   Read the heatmap: which scaling?                 FAIL  [check-missing]" in lines
+    assert lines[2] == "  Exercise 1   Shift every score                                    1/1  pass"
+    assert f"planted_{NAME}: 3/5 exercises, 4/9 points\n" in text
+    assert "  Exercise 5   Vectorised attention that survives an empty row      0/3  FAIL  [missing-scale]" in lines
+    assert "  Exercise 4   Read the heatmap: which scaling?                     0/2  FAIL  [check-missing]" in lines
     # under each failure, the hint: the catalogue's description of the code, else the check's message
-    failed = "  Exercise 5   Vectorised attention that survives an empty row  FAIL  [missing-scale]"
+    failed = "  Exercise 5   Vectorised attention that survives an empty row      0/3  FAIL  [missing-scale]"
     assert lines[lines.index(failed) + 1] == f"{'':15}hint: {CODES['missing-scale']}"
     assert f"{'':15}hint: the check cell of exercise 4 (tags 'check' and 'exercise-4') is missing" in text
     assert f"{'':15}hint: boom" in lines and not any("hint: [" in line for line in lines)
     assert all("hint:" not in after for before, after in zip(lines, lines[1:], strict=False) if before.endswith("pass"))
-    assert "misbehaving.ipynb: 1/4  (its own check cells: no reference notebook)" in text
+    assert "misbehaving.ipynb: 1/4 exercises, 1/9 points  (its own check cells: no reference notebook)" in text
     assert lines[-1].startswith("ERROR ") and lines[-1].endswith("corrupt.ipynb: not a valid notebook (NotJSONError: "
                                                                  "Notebook does not appear to be JSON: '{ this is not "
                                                                  "JSON')")
@@ -162,7 +162,8 @@ def test_command_line(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert [n["error"].split(" (")[0] for n in data["notebooks"]] == ["not a valid notebook", "no such file"]
     assert cli.main([str(bad), "--csv", "--timeout", "5"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "notebook,exercise,title,level,passed,code,message,isolation"
+    assert capsys.readouterr().out.splitlines()[0] == ("notebook,exercise,title,level,passed,points,max_points,code,"
+                                                       "message,isolation")
     assert cli.main([str(tmp_path / "gone.ipynb")]) == 0
     assert capsys.readouterr().out == f"ERROR {tmp_path / 'gone.ipynb'}: no such file\n"
     with pytest.raises(SystemExit):  # never silently weaker: without bubblewrap, only an explicit --isolation=rlimit
@@ -242,5 +243,5 @@ def test_kernel_warnings_are_not_shown(tmp_path, capfd):
                                _tag(new_code_cell("print('ok')"), "check", "exercise-1")), path)
     assert cli.main([str(path), "--no-reference"]) == 0
     out, err = capfd.readouterr()
-    assert out.startswith(f"{path}: 1/1")
+    assert out.startswith(f"{path}: 1/1 exercises, 1/1 points")
     assert "WARNING" not in err and "without encryption" not in err, err

@@ -171,12 +171,11 @@ def test_every_attack_is_graded_zero_and_the_solved_notebook_full(batch):
 
 def test_the_diagnoses_are_honest(batch):
     results = _results(batch)
-    # input_transformer rewrites the check cells into `pass`: no check runs, and its stubs are what is diagnosed.
-    for name in ("replace_checks", "patch_allclose", "write_outside", "forged_output", "new_session_child",
-                 "input_transformer"):
+    for name in ("replace_checks", "patch_allclose", "write_outside", "forged_output", "new_session_child"):
         codes = {e["code"] for e in results[name]["exercises"]}
         assert codes == {"not-implemented"}, (name, codes)
-    for name in ("custom_exc", "read_solutions"):  # IPython's hooks, exec: out of sight
+    # IPython's hooks (its exception handler, an input transformer that rewrites the check cells), exec: out of sight
+    for name in ("custom_exc", "input_transformer", "read_solutions"):
         codes = {e["code"] for e in results[name]["exercises"]}
         assert codes == {"calls-reference"}, (name, codes)
     assert {e["code"] for e in results["hang"]["exercises"]} == {"timeout"}
@@ -206,10 +205,11 @@ def test_forged_output_does_not_reach_csv_or_table(batch):
               str(batch["reference"]), str(path)]
     as_csv = _run(["--csv", *common], timeout=300)
     rows = list(csv.reader(io.StringIO(as_csv.stdout)))
-    assert rows[0] == ["notebook", "exercise", "title", "level", "passed", "code", "message", "isolation"]
+    assert rows[0] == ["notebook", "exercise", "title", "level", "passed", "points", "max_points", "code", "message",
+                       "isolation"]
     assert len(rows) == 7 and all(r[4] == "0" for r in rows[1:])  # 5 exercises and the total
     table = _run(common, timeout=300)
-    assert table.stdout.splitlines()[0] == f"{path}: 0/5"
+    assert table.stdout.splitlines()[0].startswith(f"{path}: 0/5 exercises, 0/")
     assert FORGED not in as_csv.stdout + as_csv.stderr + table.stdout + table.stderr
 
 
@@ -234,6 +234,12 @@ def test_calls_to_the_reference_are_rejected():
         "import inspect\ndef softmax(x):\n    return inspect.stack()": "looks at the call stack",
         "def softmax(x):\n    return __import__('attention_course').numpy_ref.softmax(x)": "calls the reference",
         "def softmax(x):\n    m = __import__('a' + 'ttention_course')\n    return m": "hides what it calls",
+        "get_ipython().input_transformers_cleanup.append(lambda lines: lines)\ndef softmax(x):\n    return x":
+            "changes how the notebook runs",
+        "shell = get_ipython\nshell().events.register('pre_run_cell', print)\ndef softmax(x):\n    return x":
+            "changes how the notebook runs",
+        "import IPython\nIPython.get_ipython().user_ns.update(softmax=print)\ndef softmax(x):\n    return x":
+            "changes how the notebook runs",
     }
     for source, why in cheats.items():
         cheat = nbformat.read(FIXTURES / "solutions" / NAME, as_version=4)
@@ -241,6 +247,11 @@ def test_calls_to_the_reference_are_rejected():
         cheat.cells.insert(index, new_code_cell(source))
         problem = references.forbidden_use(references.parse_cells(cheat), index + 1, "softmax")
         assert problem is not None and problem.startswith("[calls-reference]") and why in problem, source
+    # what IPython writes for `%time`, `!ls` and `x = !ls` is not a hook: allowed
+    honest = nbformat.read(FIXTURES / "solutions" / NAME, as_version=4)
+    index = next(i for i, c in enumerate(honest.cells) if "exercise-1" in c.metadata.get("tags", []))
+    honest.cells.insert(index, new_code_cell("%time y = 1\n!ls\nfiles = !ls\n%matplotlib inline"))
+    assert references.forbidden_use(references.parse_cells(honest), index + 1, "softmax") is None
 
 
 @pytest.mark.parametrize("body, code", [("while True:\n        pass", "timeout"),
@@ -299,9 +310,10 @@ def test_a_forged_verdict_from_the_sandbox_does_not_count(monkeypatch):
              "verdict": {"passed": True}}
     exercise = canonical.Exercise(1, "", "", [0], canonical.parse_check("checks.check_softmax(softmax)"))
     cells = references.parse_cells(nbformat.read(FIXTURES / "exercises" / NAME, as_version=4))
-    box = types.SimpleNamespace(limits=sandbox.Limits())
+    box = types.SimpleNamespace(limits=sandbox.Limits(), closed=False)
     function = canonical.Reference(Path("ref"), [], {1: set()}, {1: False})
-    assert grade._judge_point(event, exercise, box, cells, 0, function) == (False, "NameError", "NameError: x")
+    assert grade._judge_point(event, exercise, box, cells, 0, function)[:4] == (False, "NameError", "NameError: x",
+                                                                                 False)  # the public cases too
     event["objects"]["softmax"] = {"kind": "class", "name": "softmax", "class": True, "types": []}
     assert grade._judge_point(event, exercise, box, cells, 0, function)[:2] == (False, "wrong-type")
     monkeypatch.setattr(judge, "run_checks", lambda *a: (False, "judged-here", ""))
@@ -571,10 +583,12 @@ def _message(header: dict, arrays: dict, compress: bool = False) -> bytes:
     return buf.getvalue()
 
 
-def test_the_wire_refuses_what_would_grow_in_the_grader():
+def test_the_wire_refuses_what_would_grow_in_the_grader(monkeypatch):
     """A few-MB compressed message (before: decompressed into 2-3 GB), a 200-byte description with a huge dtype,
     a header over its limit, arrays of a dtype outside the list: refused before they are decoded; a reply naming a
-    new type for each of 600k items makes at most 256 classes."""
+    new type for each of 600k items makes at most 256 classes (in a table of its own: the classes this test fills
+    the process's table with would name every later test's objects `object`)."""
+    monkeypatch.setattr(wire, "_NAMED", dict(wire._NAMED))
     bomb = _message({"op": "check"}, {"a0": np.zeros(2**26, dtype=np.uint8)}, compress=True)
     assert len(bomb) < 2**20
     for body in (bomb, _message({"op": "check", "pad": "x" * (2 * 2**20)}, {}),

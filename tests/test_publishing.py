@@ -283,13 +283,14 @@ def test_instructor_guide_sample_grader_output_matches_the_notebooks():
     text = GUIDE.read_text(encoding="utf-8")
     notebook, rows = None, 0
     for line in text.splitlines():
-        header = re.match(r"^((?:solutions|exercises)/\S+\.ipynb): (\d+)/(\d+)$", line)
+        header = re.match(r"^((?:solutions|exercises)/\S+\.ipynb): (\d+)/(\d+) exercises, [\d.]+/[\d.]+ points$",
+                          line)
         if header:
             notebook = ROOT / header[1]
             headings = re.findall(r"^##\s+Exercise\s+(\d+)\s+\([^)]*\)\s*:\s*(.+?)\s*$", _notebook_text(notebook), re.M)
             assert int(header[3]) == len(headings), f"{header[1]}: the guide's total differs from the notebook"
             continue
-        row = re.match(r"^\s+Exercise (\d+)\s+(.+?)\s+(pass|FAIL)\b", line)
+        row = re.match(r"^\s+Exercise (\d+)\s+(.+?)\s+[\d.]+/[\d.]+\s+(pass|PART|FAIL)\b", line)
         if row:
             assert notebook is not None and (row[1], row[2]) in headings, f"{line!r} is not an exercise of {notebook}"
             rows += 1

@@ -101,6 +101,16 @@ def check_cells(nb) -> list[CheckCell]:
     return found
 
 
+def notebook_title(nb) -> str | None:
+    """The text of the notebook's first level-1 heading (``Exercises: Masking``), or None."""
+    for cell in nb.cells[:3]:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return None
+
+
 def read_notebook(path: Path, limit: int = MAX_NOTEBOOK_BYTES):
     """(notebook, None) or (None, the reason it cannot be graded). Only a regular file is read, never through a
     symbolic link (a link to a solution notebook, to ``/dev/zero``) nor a device or a FIFO, and only up to
@@ -173,6 +183,7 @@ class Reference:
     checks: list[CheckCell]
     uses: dict[int, set[str]]
     classes: dict[int, bool]
+    title: str | None = None  # its first heading (see notebook_title)
 
     @classmethod
     def read(cls, path: Path) -> Reference | str:
@@ -190,7 +201,7 @@ class Reference:
             classes[check.number] = any(isinstance(definitions.get(e), ast.ClassDef) for e in exprs)
             for expr in exprs:
                 uses.setdefault(check.number, set()).update(references.flagged(cells, check.index, expr))
-        return cls(path, found, uses, classes)
+        return cls(path, found, uses, classes, notebook_title(nb))
 
 
 @dataclass

@@ -4,6 +4,14 @@ Usage::
 
     python -m attention_course.grade NOTEBOOK... [--json | --jsonl | --csv] [-j N] [--timeout SECONDS]
         [--notebook-timeout SECONDS] [--memory-mb MB] [--seed N] [--solutions PATH | --no-reference]
+        [--points FILE]
+    python -m attention_course.grade class SUBMISSIONS --out RESULTS [-j N] [--regrade] ...   # .classroom
+    python -m attention_course.grade bundle --out DIR ...       # Gradescope's autograder (.gradescope)
+    python -m attention_course.grade gradescope --submission DIR --results FILE ...  # inside Gradescope
+
+Points (:mod:`.points`): each exercise is worth its level's points (warm-up 1, core 2, challenge 3), half of them on
+its hidden cases where its check has them (public cases passed, a hidden one failed: the other half, ``PART``);
+``--points FILE`` (TOML) overrides them per level and per exercise, validated before anything is graded.
 
 Each notebook is graded by :func:`.grade.grade_notebook` (a sandbox runs it, the checkers judge here) in a child
 process of its own; ``--timeout`` (default 60 s) limits each cell and ``--notebook-timeout`` (default 300 s) each
@@ -23,11 +31,11 @@ attention_course.grade``, so that not even its start imports from the current fo
 
 Output (:mod:`.results`): each notebook's result is written as soon as it is known (``-j N`` grades N notebooks at
 once, each in a child process of its own, so a crash loses nothing already written and the batch goes on): a table
-per notebook with a total such as ``3/5``, ``--jsonl`` (one JSON object per line), ``--csv`` (header first, then
-rows, with a ``total`` row per notebook), or ``--json`` (one document at the end). Nothing a submission prints
-reaches this output. A notebook that cannot be
-read (missing, not JSON, not a notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0
-whenever grading ran; 2 for a command-line usage error (including a ``--solutions`` path that does not exist).
+per notebook with totals such as ``3/5 exercises, 7/11 points``, ``--jsonl`` (one JSON object per line),
+``--csv`` (header first, then rows, with a ``total`` row per notebook), or ``--json`` (one document at the end).
+Nothing a submission prints reaches this output. A notebook that cannot be read (missing, not JSON, not a
+notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0 whenever grading ran; 2 for a
+command-line usage error (including a ``--solutions`` path that does not exist).
 """
 
 from __future__ import annotations
@@ -43,14 +51,19 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from .canonical import AUTO, default_reference
+from .canonical import AUTO, check_cells, default_reference, read_notebook
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, grade_notebook
+from .points import Points, PointsError
 from .results import NotebookResult, format_csv, format_json, format_jsonl, format_table
 from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works, kill_adopted, remove_left_by
 
 GRACE_S = 30  # a notebook's child process is killed this long after the notebook's time limit
 RESULT_PREFIX = "attention-grade-result "
 SEED_VARIABLE = "ATTENTION_GRADE_SEED"  # the hidden cases' seed, from the command line to its child processes
+# python -m attention_course.grade SUBCOMMAND ...: a whole class, Gradescope's run, building its bundle
+SUBCOMMANDS = {"class": "attention_course.course.classroom:main",
+               "gradescope": "attention_course.course.gradescope:main_run",
+               "bundle": "attention_course.course.gradescope:main_bundle"}
 GRADER_MEMORY_MB = 8192  # address space of the grader's own process for one notebook (PyTorch, TensorFlow)
 ISOLATION_HELP = (
     "how each submission is isolated. bwrap (the default; needs bubblewrap): its own namespaces, no network, only "
@@ -74,6 +87,7 @@ def _grade_in_child(path: str, args) -> NotebookResult:
            "--notebook-timeout", str(args.notebook_timeout), "--memory-mb", str(args.memory_mb),
            "--isolation", args.isolation]
     cmd += ["--no-reference"] if args.reference is None else ["--solutions", str(args.reference)]
+    cmd += ["--points", str(args.points)] if getattr(args, "points", None) else []
     env = dict(os.environ, **{SEED_VARIABLE: str(args.seed)})  # not on the command line, which every user can read
     try:
         with _CHILDREN_LOCK:  # registered before another thread can take it for an orphan
@@ -142,13 +156,55 @@ def _without_current_folder() -> list[str]:
     return found
 
 
+def add_points_argument(parser) -> None:
+    parser.add_argument("--points", metavar="FILE", help="TOML file of points per level and per exercise (default: "
+                        "warm-up 1, core 2, challenge 3; half of an exercise's points on its hidden cases where its "
+                        "check has them); see the instructor guide")
+
+
+def load_points(parser, args) -> Points:
+    """The points file's :class:`.points.Points`, validated against the reference notebooks (a usage error
+    naming the file and the key if it cannot be used)."""
+    if not getattr(args, "points", None):
+        return Points()
+    try:
+        points = Points.load(args.points)
+        points.validate(reference_exercises(args.reference))
+    except PointsError as err:
+        parser.error(str(err))
+    args.points = str(Path(args.points).resolve())
+    return points
+
+
+def reference_exercises(reference) -> dict[str, set[int]]:
+    """``{notebook stem: its exercise numbers}`` of the reference notebooks (a folder, or one notebook)."""
+    if reference is None:
+        return {}
+    reference = Path(reference)
+    paths = [reference] if reference.is_file() else sorted(reference.glob("*.ipynb"))
+    found = {}
+    for path in paths:
+        nb, _ = read_notebook(path)
+        if nb is not None:
+            found[path.stem] = {c.number for c in check_cells(nb)}
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        from importlib import import_module
+
+        module, function = SUBCOMMANDS[argv[0]].split(":")
+        return getattr(import_module(module), function)(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m attention_course.grade", description="Run exercise notebooks in a sandbox and report which "
         "exercises pass.", epilog="Run it as python -P -m attention_course.grade (nothing imported from the current "
         "folder). Only regular files of at most 8 MB are graded. The CSV has one row per exercise and, per notebook, "
-        "a row whose exercise is 'total', whose passed is the number passed and whose message is passed/total; its "
-        "last column, like a line of the table and a field of the JSON, names the isolation used.")
+        "a row whose exercise is 'total', whose passed is the number passed, whose points are the notebook's and "
+        "whose message is passed/total; its last column, like a line of the table and a field of the JSON, names "
+        "the isolation used. A whole class: python -P -m attention_course.grade class --help; Gradescope's "
+        "autograder: python -P -m attention_course.grade bundle --help.")
     parser.add_argument("notebooks", nargs="*", help="submitted .ipynb files")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON document at the end")
@@ -164,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seed of the checkers' hidden cases (default: a random one per run)")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
     parser.add_argument("--one", metavar="NOTEBOOK", help=argparse.SUPPRESS)  # the child process of _grade_in_child
+    add_points_argument(parser)
     ref = parser.add_mutually_exclusive_group()
     ref.add_argument("--solutions", "--reference", dest="reference", metavar="PATH", default=AUTO,
                      help="folder of solution notebooks (matched by name) or one solution notebook whose check cells "
@@ -189,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seed = secrets.randbelow(2**31) if args.seed is None else args.seed
     if args.seed < 0:
         parser.error("--seed must be a non-negative integer")
+    points = load_points(parser, args)
     if args.isolation == "bwrap" and not bwrap_works():
         parser.error("bubblewrap is not available here (not installed, or no user namespaces): install it "
                      "(apt-get install bubblewrap), or ask for the weaker isolation with --isolation=rlimit, "
@@ -197,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                     isolation=args.isolation)
     adopt_orphans()
     if args.one:
-        result = grade_notebook(args.one, args.timeout, args.reference, limits, args.seed)
+        result = grade_notebook(args.one, args.timeout, args.reference, limits, args.seed, points)
         kill_adopted()
         sys.stdout.write(RESULT_PREFIX + format_jsonl(result) + "\n")
         return 0

@@ -9,6 +9,14 @@ process, calling the student's function through a stand-in that sends the inputs
 outputs back (:mod:`.judge`); a class is built, loaded with weights and called by reference the same way. The
 checkers add hidden cases drawn from a seed (default: random per run; :mod:`attention_course.checks.hidden`).
 A function or class that calls the reference implementation fails with ``calls-reference`` (:mod:`.references`).
+
+Public and hidden cases: a check runs once with the hidden cases on (public cases first, then hidden ones); when
+it fails and its checker draws hidden cases (:func:`.points.draws_hidden`), it runs again with them off, on the
+same submission in the same sandbox: passing then means that the public cases passed and a hidden one failed, and
+the exercise earns its public share (:mod:`.points`); a stub still raising ``NotImplementedError`` is not run
+again. Each check's time is measured, calls into the sandbox
+included. A notebook whose exercise titles and title are all unlike its reference's is another chapter's: an
+error, not a row of failures.
 Only a check cell that is not a plain ``checks.check_*(...)`` call, which can happen only without a reference,
 runs inside the sandbox (see the instructor guide).
 
@@ -19,6 +27,7 @@ and the result says so. The command line is :mod:`.cli`; the results and their f
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from pathlib import Path
@@ -26,12 +35,17 @@ from pathlib import Path
 from ..checks import hidden
 from . import canonical, judge, references, wire
 from .canonical import AUTO, Exercise, Reference
+from .points import Points, draws_hidden
+from .points import score as points_score
 from .results import ExerciseResult, NotebookResult
 from .sandbox import Limits, Sandbox, SandboxError, bwrap_works, describe
 
 DEFAULT_TIMEOUT_S = 60
 DEFAULT_NOTEBOOK_TIMEOUT_S = 300
 CHECK_MISSING = "check-missing"
+# failures that a run with the public cases only cannot turn into a pass: decided before any case ran, or (a stub
+# still raising NotImplementedError) at the first public case
+NOT_RUN_AGAIN = {"calls-reference", "wrong-type", "not-implemented"}
 
 
 def _sandbox_cells(nb, exercises: list[Exercise]) -> tuple[list[dict], dict]:
@@ -51,12 +65,42 @@ def _sandbox_cells(nb, exercises: list[Exercise]) -> tuple[list[dict], dict]:
     return cells, points
 
 
+@contextlib.contextmanager
+def _public_cases_only():
+    """The hidden cases off inside the ``with`` block, the previous state restored after it."""
+    with hidden.drawn_from(0):  # saves and restores the state around the block
+        hidden.disable()
+        yield
+
+
 def _judge_point(event, exercise: Exercise, sandbox, cells, index, reference: Reference | None):
-    """The outcome of one check cell reported by the sandbox; ``cells``: the submission's parsed cells (see
-    :func:`.references.parse_cells`), read for calls to the reference when there is a reference (what its
-    solution uses is allowed, and whether its check takes a class). The verdict comes from the checker run here;
-    only a check cell that is not a plain checker call (no reference) runs in the sandbox, and its report is taken
-    as it is."""
+    """The outcome of one check cell reported by the sandbox, ``(passed, code, message, public_passed,
+    seconds)``; ``cells``: the submission's parsed cells (see :func:`.references.parse_cells`), read for calls
+    to the reference when there is a reference (what its solution uses is allowed, and whether its check takes a
+    class). The verdict comes from the checker run here (then, after a failure, once more with the public cases
+    only, see the module docstring); only a check cell that is not a plain checker call (no reference) runs in
+    the sandbox, and its report is taken as it is."""
+    start = time.monotonic()
+    passed, code, message = _verdict(event, exercise, sandbox, cells, index, reference)
+    public = passed
+    if not passed and code not in NOT_RUN_AGAIN and _has_hidden(exercise):
+        if sandbox.closed:
+            public = None  # the submission's process is gone: its public cases cannot be run again
+        else:
+            with _public_cases_only():
+                rerun = judge.run_checks(exercise.calls, sandbox, str(index), event.get("objects") or {},
+                                         sandbox.limits.cell_s)
+            public = rerun[0]
+            if not public:  # report the public case's failure: the one the student's notebook shows
+                passed, code, message = rerun
+    return passed, code, message, public, round(time.monotonic() - start, 3)
+
+
+def _has_hidden(exercise: Exercise) -> bool:
+    return exercise.calls is not None and any(draws_hidden(c.checker) for c in exercise.calls)
+
+
+def _verdict(event, exercise: Exercise, sandbox, cells, index, reference: Reference | None):
     calls = exercise.calls
     if calls is None:
         return judge.sandbox_verdict(event.get("verdict") or {})
@@ -78,8 +122,8 @@ def _judge_point(event, exercise: Exercise, sandbox, cells, index, reference: Re
 
 
 def run_in_sandbox(nb, exercises: list[Exercise], limits: Limits, reference: Reference | None = None) -> dict:
-    """``{cell index: (passed, code, message)}`` for the check cells that were reached; ``reference``: see
-    :func:`_judge_point` (None: calls to the reference are not looked for)."""
+    """``{cell index: (passed, code, message, public_passed, seconds)}`` for the check cells that were reached;
+    ``reference``: see :func:`_judge_point` (None: calls to the reference are not looked for)."""
     sandbox_cells, points = _sandbox_cells(nb, exercises)
     cells = references.parse_cells(nb) if reference is not None else []
     deadline = time.monotonic() + limits.notebook_s
@@ -104,21 +148,54 @@ def run_in_sandbox(nb, exercises: list[Exercise], limits: Limits, reference: Ref
             except SandboxError:
                 pass
     if time.monotonic() >= deadline:
-        missing = (False, "timeout", f"the notebook ran longer than its time limit ({limits.notebook_s:g} s)")
+        missing = (False, "timeout", f"the notebook ran longer than its time limit ({limits.notebook_s:g} s)",
+                   False, None)
     else:
-        missing = (False, "not-run", "the cell did not run (the submission's process stopped before it)")
+        missing = (False, "not-run", "the cell did not run (the submission's process stopped before it)", False,
+                   None)
     for key in points:
         outcomes.setdefault(key, missing)
     return {int(k): v for k, v in outcomes.items()}
 
 
 def grade_notebook(path: str | Path, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO,
-                   limits: Limits | None = None, seed: int | None = None) -> NotebookResult:
+                   limits: Limits | None = None, seed: int | None = None,
+                   points: Points | None = None) -> NotebookResult:
     """Run one notebook in a sandbox and grade its check cells (the reference's, see :mod:`.canonical`), with
-    the checkers' hidden cases drawn from ``seed`` (default: a fresh random seed)."""
+    the checkers' hidden cases drawn from ``seed`` (default: a fresh random seed); each exercise scored with
+    ``points`` (default: the defaults of :mod:`.points`)."""
     limits = limits or Limits(cell_s=timeout, notebook_s=max(DEFAULT_NOTEBOOK_TIMEOUT_S, timeout))
     with hidden.drawn_from(secrets.randbelow(2**31) if seed is None else seed):
-        return _grade_notebook(path, reference, limits)
+        result = _grade_notebook(path, reference, limits)
+    return score_result(result, points or Points())
+
+
+def score_result(result: NotebookResult, points: Points) -> NotebookResult:
+    """Give each exercise of ``result`` its points (see :mod:`.points`); the name matched is the reference's."""
+    name = Path(result.reference or result.notebook).stem
+    for e in result.exercises:
+        e.max_points, share = points.of(name, e.exercise, e.level)
+        e.hidden_share = share if e.hidden_cases else 0.0
+        e.points = round(points_score(e.passed, e.public_passed, e.max_points, e.hidden_share), 4)
+    return result
+
+
+def _other_chapter(nb, ref: Reference, ref_nb_title: str | None) -> str | None:
+    """Why ``nb`` looks like another chapter's notebook than its reference's, or None: its title differs and
+    none of its exercise titles is one of the reference's."""
+    own = {c.title for c in canonical.check_cells(nb) if c.title} | {
+        h.title for h in map(canonical.parse_heading, nb.cells) if h is not None}
+    title = canonical.notebook_title(nb)
+    if own & {c.title for c in ref.checks} or title is None or ref_nb_title is None:
+        return None
+    if _chapter_part(title) == _chapter_part(ref_nb_title):
+        return None
+    return (f"this notebook looks like another chapter's: its title is {title!r} and none of its exercises is one "
+            f"of {ref.path.name}'s (titled {ref_nb_title!r}); submit the notebook of this chapter under its name")
+
+
+def _chapter_part(title: str) -> str:
+    return title.split(":", 1)[-1].strip().lower()
 
 
 def _grade_notebook(path, reference, limits) -> NotebookResult:
@@ -138,6 +215,9 @@ def _grade_notebook(path, reference, limits) -> NotebookResult:
             result.error = ref
             return result
         result.reference = str(ref_path)
+        result.error = _other_chapter(nb, ref, ref.title)
+        if result.error:
+            return result
     exercises = canonical.plan(nb, ref)
     if not exercises:
         result.error = "no check cells (cells tagged 'check') found"
@@ -151,12 +231,15 @@ def _grade_notebook(path, reference, limits) -> NotebookResult:
                 "notebook"))
             continue
         found = [outcomes[index] for index in e.indices]  # several copies: all must pass
-        passed, code, message = next((o for o in found if not o[0]), found[0])
-        result.exercises.append(ExerciseResult(e.number, e.title, e.level, passed, code, message))
+        passed, code, message, _, _ = next((o for o in found if not o[0]), found[0])
+        public = all(o[3] for o in found) if all(o[3] is not None for o in found) else None
+        seconds = None if any(o[4] is None for o in found) else round(sum(o[4] for o in found), 3)
+        result.exercises.append(ExerciseResult(e.number, e.title, e.level, passed, code, message, public,
+                                               _has_hidden(e), seconds))
     return result
 
 
 def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO,
-          limits: Limits | None = None, seed: int | None = None) -> list[NotebookResult]:
+          limits: Limits | None = None, seed: int | None = None, points: Points | None = None) -> list[NotebookResult]:
     """Grade each notebook in this process, one after the other (the command line runs them in parallel)."""
-    return [grade_notebook(p, timeout, reference, limits, seed) for p in paths]
+    return [grade_notebook(p, timeout, reference, limits, seed, points) for p in paths]

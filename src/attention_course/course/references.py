@@ -171,10 +171,26 @@ def _installed(module: str) -> bool:
             or module in importlib.metadata.packages_distributions())
 
 
+def _shell_uses(tree) -> dict[str, str]:
+    """``{"get_ipython": why}`` when ``tree`` reaches IPython's shell other than to run a magic or a shell command
+    (what IPython's transformer writes for ``%`` and ``!`` lines): a hook on its input transformers, its
+    exception handler, its namespace, or the shell object kept under another name."""
+    allowed = {id(node.func.value.func) for node in ast.walk(tree)
+               if (magic := _magic(node)) is not None and magic[0] in MAGIC_CALLS | SHELL_CALLS}
+    for node in ast.walk(tree):
+        uses = (isinstance(node, ast.Name) and node.id == "get_ipython" and id(node) not in allowed) or (
+            isinstance(node, ast.Attribute) and node.attr == "get_ipython")
+        if uses:
+            return {"get_ipython": "changes how the notebook runs (get_ipython() beyond running a magic)"}
+    return {}
+
+
 def _rebinding(trees) -> dict[str, str]:
     """``{token: why}`` for code anywhere in ``trees`` that binds names out of a reading's sight."""
     found = {}
     for tree in trees:
+        for token, why in _shell_uses(tree).items():
+            found.setdefault(token, why)
         for node in ast.walk(tree):
             magic = _magic(node) if isinstance(node, ast.Call) else None
             if magic is not None:

@@ -26,7 +26,8 @@ from ..checks.runner import split_code
 from ..mistakes import CODES
 
 TOTAL = "total"  # the `exercise` of a notebook's total row in the CSV
-CSV_HEADER = ["notebook", "exercise", "title", "level", "passed", "code", "message", "isolation"]
+CSV_HEADER = ["notebook", "exercise", "title", "level", "passed", "points", "max_points", "code", "message",
+              "isolation"]
 
 
 @dataclass
@@ -37,6 +38,17 @@ class ExerciseResult:
     passed: bool
     code: str | None = None
     message: str | None = None
+    public_passed: bool | None = None  # its public cases passed (None: not known, e.g. the check timed out)
+    hidden_cases: bool = False  # its checker draws hidden cases (points.draws_hidden)
+    seconds: float | None = None  # the time its check took, calls into the sandbox included
+    points: float | None = None  # earned (points.score); None until scored
+    max_points: float | None = None
+    hidden_share: float = 0.0  # the share of max_points its hidden cases carry (0 without hidden cases)
+
+    @property
+    def partial(self) -> bool:
+        """Public cases passed, a hidden case failed: the public share is earned."""
+        return not self.passed and bool(self.public_passed) and self.hidden_cases
 
 
 @dataclass
@@ -55,16 +67,26 @@ class NotebookResult:
     def total(self) -> int:
         return len(self.exercises)
 
+    @property
+    def score(self) -> float:
+        return round(sum(e.points or 0.0 for e in self.exercises), 4)
+
+    @property
+    def max_score(self) -> float:
+        return round(sum(e.max_points or 0.0 for e in self.exercises), 4)
+
     def as_dict(self) -> dict:
-        return {"notebook": self.notebook, "passed": self.passed, "total": self.total, "error": self.error,
-                "reference": self.reference, "isolation": self.isolation,
-                "exercises": [asdict(e) for e in self.exercises]}
+        return {"notebook": self.notebook, "passed": self.passed, "total": self.total, "score": self.score,
+                "max_score": self.max_score, "error": self.error, "reference": self.reference,
+                "isolation": self.isolation, "exercises": [asdict(e) for e in self.exercises]}
 
     @classmethod
     def from_dict(cls, data: dict) -> NotebookResult:
         result = cls(str(data["notebook"]), error=data.get("error"), reference=data.get("reference"),
                      isolation=data.get("isolation"))
-        result.exercises = [ExerciseResult(**e) for e in data.get("exercises", [])]
+        fields = set(ExerciseResult.__dataclass_fields__)
+        result.exercises = [ExerciseResult(**{k: v for k, v in e.items() if k in fields})
+                            for e in data.get("exercises", [])]
         return result
 
 
@@ -89,6 +111,16 @@ def hint(result: ExerciseResult) -> str:
     return split_code(result.message or "")[1].strip()
 
 
+def points_text(value: float | None) -> str:
+    """Points as an instructor writes them: ``1.5``, ``2``."""
+    return "" if value is None else f"{round(value, 2):g}"
+
+
+def status(e: ExerciseResult) -> str:
+    """``pass``; ``PART``: the public cases passed and a hidden case failed (the public share earned); ``FAIL``."""
+    return "pass" if e.passed else "PART" if e.partial else "FAIL"
+
+
 def format_table(results: list[NotebookResult]) -> str:
     lines = []
     for r in results:
@@ -97,15 +129,19 @@ def format_table(results: list[NotebookResult]) -> str:
             lines.append(f"ERROR {name}: {printable(r.error)}")
             continue
         own = "" if r.reference else "  (its own check cells: no reference notebook)"
-        lines.append(f"{name}: {r.passed}/{r.total}{own}")
+        lines.append(f"{name}: {r.passed}/{r.total} exercises, {points_text(r.score)}/{points_text(r.max_score)} "
+                     f"points{own}")
         if r.isolation:
             lines.append(f"  isolation: {r.isolation}")
         titles = [printable(e.title) for e in r.exercises]
         width = max(map(len, titles), default=0)
         for e, title in zip(r.exercises, titles, strict=True):
-            status = "pass" if e.passed else "FAIL"
             code = f"  [{printable(e.code)}]" if e.code else ""
-            lines.append(f"  Exercise {e.exercise:<3} {title:<{width}}  {status}{code}".rstrip())
+            earned = f"{points_text(e.points)}/{points_text(e.max_points)}"
+            lines.append(f"  Exercise {e.exercise:<3} {title:<{width}}  {earned:>7}  {status(e)}{code}".rstrip())
+            if e.partial:
+                lines.append(f"{'':15}public cases passed, a hidden case failed: "
+                             f"{points_text(e.points)} of {points_text(e.max_points)} points")
             if not e.passed and hint(e):
                 lines.append(f"{'':15}hint: {printable(hint(e))}")
     return "\n".join(lines)
@@ -124,10 +160,11 @@ def csv_rows(result: NotebookResult) -> list[list]:
     r = result
     isolation = r.isolation or ""
     if r.error:
-        return [[r.notebook, "", "", "", "", "error", r.error, isolation]]
-    rows = [[r.notebook, e.exercise, e.title, e.level, int(e.passed), e.code or "", e.message or "", isolation]
-            for e in r.exercises]
-    return rows + [[r.notebook, TOTAL, "", "", r.passed, "", f"{r.passed}/{r.total}", isolation]]
+        return [[r.notebook, "", "", "", "", "", "", "error", r.error, isolation]]
+    rows = [[r.notebook, e.exercise, e.title, e.level, int(e.passed), points_text(e.points),
+             points_text(e.max_points), e.code or "", e.message or "", isolation] for e in r.exercises]
+    return rows + [[r.notebook, TOTAL, "", "", r.passed, points_text(r.score), points_text(r.max_score), "",
+                    f"{r.passed}/{r.total}", isolation]]
 
 
 def format_csv(results: list[NotebookResult], header: bool = True) -> str:

@@ -1,0 +1,346 @@
+"""A whole class in one command: ``python -P -m attention_course.grade class SUBMISSIONS --out RESULTS [-j N]``.
+
+``SUBMISSIONS`` is a folder of submissions named by student, in one of the layouts an instructor downloads:
+
+* one folder per student (``alice/02_single_head_exercises.ipynb``), also Gradescope's "Export Submissions"
+  (``submission_123/...``: the student's name is read from its ``submission_metadata.yml`` when there is one);
+* Canvas's flat download (``alice_12345_67890_02_single_head_exercises.ipynb``, ``alice_LATE_12345_...``): the
+  student is the name before the first number, the notebook the end of the file name (a ``-1`` Canvas adds to a
+  resubmitted file is ignored).
+
+Each notebook is matched by name to a reference notebook (``--solutions``, default: the course's ``solutions/``)
+and graded in a child process of its own, exactly as ``python -P -m attention_course.grade NOTEBOOK`` grades it
+(sandbox, limits, isolation named in every result; ``-j N`` at once). Under ``RESULTS``:
+
+* ``results/STUDENT/NOTEBOOK.json``: each result, written (atomically) as soon as it is known, with the SHA-256 of
+  the file graded. Grading is resumable: a submission whose result is there, for the same file, is not graded
+  again unless ``--regrade``; a changed file is. The hidden cases' seed is kept in ``seed.txt``, so that a resumed
+  run draws the same cases for everyone;
+* ``feedback/STUDENT/NOTEBOOK.md`` and ``.html``: what the student gets back (:mod:`.exports`);
+* ``gradebook.csv`` (one row per student, one column per notebook, for Canvas or Moodle), ``results.jsonl`` (every
+  result, one JSON line each), ``summary.txt`` (the table printed at the end).
+
+Progress goes to stderr, one line per submission with the time it took and an estimate of the time left.
+
+Bad input stops before anything is graded, with a message naming it (exit status 2): a folder that does not exist
+or holds no notebook, two submissions of the same notebook by one student, a notebook no reference matches, an
+output folder that cannot be written. A file that is not a notebook, or a notebook of another chapter, gets an
+``ERROR`` result (0 points) and the class goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .canonical import AUTO, MAX_NOTEBOOK_BYTES, default_reference, find_reference
+from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
+from .exports import feedback_html, feedback_markdown, gradebook_csv
+from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
+from .points import Points
+from .results import NotebookResult, points_text, printable
+from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works
+
+CANVAS_NAME = re.compile(r"^(?P<student>.+?)_(?:LATE_)?\d+_\d+_(?P<file>.+)$")
+CANVAS_COPY = re.compile(r"-\d+(?=\.ipynb$)")
+SKIPPED_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}
+
+
+class ClassError(ValueError):
+    """Input that stops a class run before anything is graded."""
+
+
+@dataclass
+class Submission:
+    student: str
+    path: Path  # the student's file
+    reference: Path  # the solution notebook it is graded against
+
+    @property
+    def notebook(self) -> str:
+        return self.reference.stem
+
+
+def safe_name(student: str) -> str:
+    """A student's name as a folder name: letters, digits, ``.``, ``-``, ``_``, ``@``; nothing else."""
+    name = re.sub(r"[^\w.@-]", "_", student.strip()).strip(".") or "_"
+    return name[:100]
+
+
+def _gradescope_names(folder: Path) -> dict[str, str]:
+    """``{submission folder: student names}`` from Gradescope's ``submission_metadata.yml``, if there is one."""
+    path = folder / "submission_metadata.yml"
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_NOTEBOOK_BYTES:
+        return {}
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except Exception:  # noqa: BLE001 - an unreadable metadata file: fall back to the folder names
+        return {}
+    names = {}
+    for key, entry in data.items() if isinstance(data, dict) else []:
+        submitters = entry.get(":submitters") or entry.get("submitters") or [] if isinstance(entry, dict) else []
+        people = [s.get(":name") or s.get("name") or s.get(":email") or "" for s in submitters if isinstance(s, dict)]
+        if any(people):
+            names[str(key)] = " & ".join(p for p in people if p)
+    return names
+
+
+def _match(path: Path, name: str, reference) -> Path | None:
+    return find_reference(name, reference) or find_reference(CANVAS_COPY.sub("", name), reference)
+
+
+def find_submissions(folder: Path, reference) -> list[Submission]:
+    """Every submission in ``folder`` (see the module docstring), or a :class:`ClassError` naming the problem."""
+    if not folder.is_dir():
+        raise ClassError(f"{folder}: no such folder")
+    names = _gradescope_names(folder)
+    found: list[Submission] = []
+    unmatched: list[str] = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name in SKIPPED_FOLDERS or entry.name.startswith("."):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            student = names.get(entry.name, entry.name)
+            paths = [p for p in sorted(entry.rglob("*.ipynb")) if not SKIPPED_FOLDERS & set(p.parts)]
+            candidates = [(student, p, p.name) for p in paths]
+        elif entry.suffix == ".ipynb":  # a link or a FIFO too: the grader refuses it with an ERROR result
+            m = CANVAS_NAME.match(entry.name)
+            candidates = [(m["student"], entry, m["file"])] if m else [(entry.stem, entry, entry.name)]
+            if not m:
+                unmatched.append(f"{entry} (a file at the top: expected STUDENT/NOTEBOOK.ipynb or Canvas's "
+                                 "STUDENT_ID_ID_NOTEBOOK.ipynb)")
+                continue
+        else:
+            continue
+        for student, path, name in candidates:
+            matched = _match(path, name, reference)
+            if matched is None:
+                unmatched.append(f"{path} (no reference notebook named like it)")
+            else:
+                found.append(Submission(student, path, matched))
+    if unmatched:
+        raise ClassError("cannot tell which exercise notebook these are: " + "; ".join(unmatched))
+    if not found:
+        raise ClassError(f"{folder}: no submissions found (expected STUDENT/NOTEBOOK.ipynb, Gradescope's export or "
+                         "Canvas's download)")
+    _refuse_duplicates(found)
+    return found
+
+
+def _refuse_duplicates(found: list[Submission]) -> None:
+    seen: dict[tuple[str, str], list[Submission]] = {}
+    for s in found:
+        seen.setdefault((safe_name(s.student).lower(), s.notebook), []).append(s)
+    twice = [group for group in seen.values() if len(group) > 1]
+    if twice:
+        lines = [f"{g[0].student}: {g[0].notebook} ({', '.join(str(s.path) for s in g)})" for g in twice]
+        raise ClassError("the same student submitted the same notebook more than once; keep one of each and run "
+                         "again: " + "; ".join(lines))
+
+
+def _sha256(path: Path) -> str:
+    """The SHA-256 of a regular file of at most the grader's size limit, read without following a link; anything
+    else (a link, a FIFO, a device, a larger file) gets a marker instead, never read, and the grader refuses it
+    with an ERROR result."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        return f"unreadable: {type(err).__name__}"
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
+            return "not a regular file of at most the grader's size"
+        return hashlib.sha256(f.read(MAX_NOTEBOOK_BYTES + 1)).hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class Store:
+    """The output folder: stored results (resumable), feedback, gradebook."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / f".write-probe-{os.getpid()}"
+            probe.write_text("", encoding="utf-8")
+            probe.unlink()
+        except OSError as err:
+            raise ClassError(f"--out {out}: cannot write there ({type(err).__name__}: {err.strerror or err})") from None
+
+    def result_path(self, s: Submission) -> Path:
+        return self.out / "results" / safe_name(s.student) / f"{s.notebook}.json"
+
+    def stored(self, s: Submission, digest: str) -> NotebookResult | None:
+        path = self.result_path(s)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return NotebookResult.from_dict(data["result"]) if data.get("sha256") == digest else None
+
+    def save(self, s: Submission, digest: str, result: NotebookResult, seed: int) -> None:
+        record = {"student": s.student, "notebook": s.notebook, "file": str(s.path), "sha256": digest, "seed": seed,
+                  "result": result.as_dict()}
+        _write_atomic(self.result_path(s), json.dumps(record, indent=1))
+        folder = self.out / "feedback" / safe_name(s.student)
+        _write_atomic(folder / f"{s.notebook}.md", feedback_markdown(result, s.student))
+        _write_atomic(folder / f"{s.notebook}.html", feedback_html(result, s.student))
+
+    def seed(self, asked: int | None, regrade: bool) -> int:
+        """The class's hidden-case seed: the stored one (a resumed run draws the same cases), unless asked for."""
+        path = self.out / "seed.txt"
+        stored = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
+        if stored.isdigit() and asked is not None and int(stored) != asked and not regrade:
+            raise ClassError(f"the results in {self.out} were graded with --seed {stored}: use it, or --regrade")
+        seed = asked if asked is not None else int(stored) if stored.isdigit() else secrets.randbelow(2**31)
+        _write_atomic(path, f"{seed}\n")
+        return seed
+
+
+def summary_table(by_student: dict[str, dict[str, NotebookResult]], notebooks: list[str]) -> str:
+    width = max([len("student"), *(len(printable(s)) for s in by_student)])
+    short = [n.split("_exercises")[0] for n in notebooks]
+    header = f"{'student':<{width}}  " + "  ".join(f"{n:>14}" for n in short) + f"  {'total':>9}"
+    lines = [header, "-" * len(header)]
+    for student in sorted(by_student):
+        row, cells, total, top = by_student[student], [], 0.0, 0.0
+        for n in notebooks:
+            r = row.get(n)
+            if r is None:
+                cells.append(f"{'-':>14}")
+            elif r.error:
+                cells.append(f"{'ERROR':>14}")
+            else:
+                cells.append(f"{points_text(r.score) + '/' + points_text(r.max_score):>14}")
+                total, top = total + r.score, top + r.max_score
+        lines.append(f"{printable(student):<{width}}  " + "  ".join(cells) +
+                     f"  {points_text(total) + '/' + points_text(top):>9}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -P -m attention_course.grade class", description="Grade a folder of submissions named by "
+        "student, resumably, and write each student's feedback, a gradebook CSV and JSON lines.")
+    parser.add_argument("submissions", help="folder: STUDENT/NOTEBOOK.ipynb, Gradescope's export or Canvas's download")
+    parser.add_argument("--out", required=True, help="folder for results, feedback and the gradebook")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
+    parser.add_argument("--regrade", action="store_true", help="grade again what is already graded")
+    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
+    parser.add_argument("--notebook-timeout", type=int, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
+                        help="time limit per notebook, in seconds")
+    parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory limit per notebook")
+    parser.add_argument("--isolation", choices=ISOLATIONS, default="bwrap", help=ISOLATION_HELP)
+    parser.add_argument("--seed", type=int, default=None, help="seed of the hidden cases (default: the one stored "
+                        "in the output folder, else a random one)")
+    parser.add_argument("--solutions", "--reference", dest="reference", metavar="PATH", default=AUTO,
+                        help="folder of solution notebooks (default: the course's solutions/)")
+    add_points_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    shadowing = _without_current_folder()
+    if shadowing:
+        parser.error(f"modules were imported from the current folder: {', '.join(shadowing)}")
+    if args.jobs < 1 or args.timeout < 1 or args.notebook_timeout < 1 or args.memory_mb < 64:
+        parser.error("--jobs, --timeout, --notebook-timeout must be positive and --memory-mb at least 64")
+    if args.seed is not None and args.seed < 0:
+        parser.error("--seed must be a non-negative integer")
+    args.reference = default_reference() if args.reference == AUTO else Path(args.reference).resolve()
+    if args.reference is None or not Path(args.reference).is_dir():
+        parser.error(f"--solutions {args.reference}: no such folder of solution notebooks")
+    if args.isolation == "bwrap" and not bwrap_works():
+        parser.error("bubblewrap is not available here (not installed, or no user namespaces): install it "
+                     "(apt-get install bubblewrap), or ask for the weaker isolation with --isolation=rlimit")
+    points = load_points(parser, args)
+    try:
+        submissions = find_submissions(Path(args.submissions), args.reference)
+        store = Store(Path(args.out))
+        args.seed = store.seed(args.seed, args.regrade)
+    except ClassError as err:
+        parser.error(str(err))
+    adopt_orphans()
+    return _run(submissions, store, args, points)
+
+
+def _run(submissions: list[Submission], store: Store, args, points: Points) -> int:
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    results: dict[tuple[str, str], NotebookResult] = {}
+    todo = []
+    for s in submissions:
+        digest = _sha256(s.path)
+        old = None if args.regrade else store.stored(s, digest)
+        if old is not None:
+            results[(s.student, s.notebook)] = score_result(old, points)  # the points file may have changed
+        else:
+            todo.append((s, digest))
+    print(f"{len(submissions)} submissions of {len({s.student for s in submissions})} students; "
+          f"{len(submissions) - len(todo)} already graded (kept; --regrade grades them again), {len(todo)} to grade "
+          f"with -j {args.jobs}; hidden-case seed {args.seed}", file=sys.stderr, flush=True)
+    start, done = time.monotonic(), 0
+
+    def grade_one(item):
+        s, digest = item
+        child_args = argparse.Namespace(**{**vars(args), "reference": s.reference})
+        t0 = time.monotonic()
+        result = _grade_in_child(str(s.path), child_args)
+        return s, digest, result, time.monotonic() - t0
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for future in as_completed([pool.submit(grade_one, item) for item in todo]):
+            s, digest, result, seconds = future.result()
+            result = score_result(result, points)
+            store.save(s, digest, result, args.seed)
+            results[(s.student, s.notebook)] = result
+            done += 1
+            left = (time.monotonic() - start) / done * (len(todo) - done)
+            verdict = f"ERROR {result.error}" if result.error else \
+                f"{points_text(result.score)}/{points_text(result.max_score)} points"
+            print(f"[{done:>{len(str(len(todo)))}}/{len(todo)}] {printable(s.student)} {s.notebook}: "
+                  f"{printable(verdict)} ({seconds:.1f} s; about {left / 60:.1f} min left)", file=sys.stderr,
+                  flush=True)
+    _write_outputs(store, submissions, results)
+    return 0
+
+
+def _write_outputs(store: Store, submissions: list[Submission], results: dict) -> None:
+    notebooks = sorted({s.notebook for s in submissions})
+    by_student: dict[str, dict[str, NotebookResult]] = {}
+    max_points: dict[str, float] = {}
+    for (student, notebook), r in results.items():
+        by_student.setdefault(student, {})[notebook] = r
+        if not r.error:
+            max_points[notebook] = max(max_points.get(notebook, 0.0), r.max_score)
+    _write_atomic(store.out / "gradebook.csv", gradebook_csv(by_student, notebooks, max_points))
+    lines = [json.dumps({"student": student, **r.as_dict()}) for (student, _), r in sorted(results.items())]
+    _write_atomic(store.out / "results.jsonl", "\n".join(lines) + "\n")
+    table = summary_table(by_student, notebooks)
+    errors = [f"ERROR {printable(student)} {printable(r.notebook)}: {printable(r.error)}"
+              for (student, _), r in sorted(results.items()) if r.error]
+    isolations = sorted({r.isolation for r in results.values() if r.isolation})
+    text = "\n".join([table, *errors, *(f"isolation: {i}" for i in isolations)]) + "\n"
+    _write_atomic(store.out / "summary.txt", text)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+

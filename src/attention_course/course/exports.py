@@ -1,0 +1,190 @@
+"""What the grader's results become for others: Gradescope's ``results.json``, a gradebook CSV for Canvas or Moodle,
+and the feedback a student gets (Markdown and HTML).
+
+Gradescope (:func:`gradescope_results`, the fields of its autograder specification,
+https://gradescope-autograders.readthedocs.io/en/latest/specs/): ``score`` and per exercise a test with ``name``,
+``score``, ``max_score``, ``status``, ``output`` and ``visibility``. An exercise whose check has hidden cases is two
+tests: its public cases (``visible``) and its hidden cases (``after_published``: the student sees them once the
+instructor publishes the grades); ``score`` is the notebooks' total.
+
+What a student is told (feedback, Gradescope's outputs) is built from the exercise's points, status, diagnosis
+code, the catalogue's hint for that code, and the time its check took; never a check's message for a hidden case
+(it may describe the hidden input) and never a value the reference computed. A failure that is not a catalogued
+mistake shows the student's own exception message (their code raised it) or, for a failed public case, tells the
+student to run the check in their notebook, where the same public case fails with its full message.
+
+Every text that could come from a submission is made printable (:func:`.results.printable`) and escaped for its
+format: HTML-escaped in HTML, HTML-escaped and backslash-escaped in Markdown, a CSV cell never a formula.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import re
+from pathlib import Path
+
+from ..mistakes import CODES
+from .results import ExerciseResult, NotebookResult, _csv_cell, points_text, printable, status
+
+GRADESCOPE_VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
+HIDDEN_VISIBILITY = "after_published"
+# exception names raised by the student's own code: their message is the student's text
+_CHECKER_CODES = {"CheckFailed", "wrong-type", "timeout", "not-run", "sandbox-ended", "calls-reference",
+                  "check-missing", "mutates-input"}
+
+
+def student_hint(e: ExerciseResult, hidden_case: bool = False) -> str:
+    """What a failed exercise tells its student (see the module docstring)."""
+    if e.code in CODES:
+        return CODES[e.code]
+    if hidden_case:
+        return "a hidden case failed (the code above names the mistake where the check knows it)"
+    if e.code and e.code not in _CHECKER_CODES and e.code.isidentifier() and e.message:
+        return f"your code raised {e.code}: {e.message}"  # the student's own exception
+    if e.code in ("timeout", "not-run", "sandbox-ended", "check-missing", "calls-reference", "wrong-type"):
+        return e.message or e.code
+    return "run this exercise's check in your notebook: its public cases fail there with the full message"
+
+
+def _line(e: ExerciseResult, part: str) -> str:
+    """One test's output: ``part`` is "public", "hidden" or "all"."""
+    if part == "hidden":
+        if e.passed:
+            return "The hidden cases passed."
+        if not e.public_passed:
+            return "Not counted: the public cases failed first."
+        return printable(f"A hidden case failed [{e.code}]: {student_hint(e, hidden_case=True)}")
+    if e.passed or (part == "public" and e.public_passed):
+        return "The public cases passed." if part == "public" else "Passed."
+    code = f" [{e.code}]" if e.code else ""
+    return printable(f"Failed{code}: {student_hint(e)}")
+
+
+def _tests(r: NotebookResult, prefix: str) -> list[dict]:
+    tests = []
+    for e in r.exercises:
+        name = f"{prefix}Exercise {e.exercise}: {printable(e.title)}".rstrip(": ")
+        max_points = e.max_points or 0.0
+        if e.hidden_share and e.hidden_cases:
+            hidden_max = round(max_points * e.hidden_share, 4)
+            public_max = round(max_points - hidden_max, 4)
+            public_score = public_max if (e.passed or e.public_passed) else 0.0
+            hidden_score = hidden_max if e.passed else 0.0
+            tests.append(_test(f"{name} (public cases)", public_score, public_max, _line(e, "public"), "visible"))
+            tests.append(_test(f"{name} (hidden cases)", hidden_score, hidden_max, _line(e, "hidden"),
+                               HIDDEN_VISIBILITY))
+        else:
+            tests.append(_test(name, e.points or 0.0, max_points, _line(e, "all"), "visible"))
+    return tests
+
+
+def _test(name: str, score: float, max_score: float, output: str, visibility: str) -> dict:
+    return {"name": name, "score": round(score, 4), "max_score": round(max_score, 4),
+            "status": "passed" if score >= max_score else "failed", "output": output, "output_format": "text",
+            "visibility": visibility}
+
+
+def gradescope_results(results: list[NotebookResult], note: str | None = None) -> dict:
+    """Gradescope's ``results.json`` for one submission's notebooks (see the module docstring); ``note``: a line
+    for the whole submission (e.g. that no notebook was found)."""
+    tests, lines, seconds = [], [], 0.0
+    for r in results:
+        prefix = f"{Path(r.reference or r.notebook).stem}, " if len(results) > 1 else ""
+        if r.error:
+            tests.append(_test(f"{prefix}the notebook {Path(r.notebook).name}".strip(", "), 0.0, 0.0,
+                               printable(f"Not graded: {r.error}"), "visible"))
+            lines.append(printable(f"{Path(r.notebook).name}: not graded: {r.error}"))
+            continue
+        tests += _tests(r, prefix)
+        seconds += sum(e.seconds or 0.0 for e in r.exercises)
+        lines.append(printable(f"{Path(r.notebook).name}: {r.passed}/{r.total} exercises, "
+                               f"{points_text(r.score)}/{points_text(r.max_score)} points. Isolation: {r.isolation}"))
+    if note:
+        lines.insert(0, printable(note))
+    return {"score": round(sum(r.score for r in results if not r.error), 4), "output": "\n".join(lines),
+            "output_format": "text", "stdout_visibility": "hidden", "execution_time": int(round(seconds)),
+            "tests": tests}
+
+
+def gradebook_csv(by_student: dict[str, dict[str, NotebookResult]], notebooks: list[str],
+                  max_points: dict[str, float]) -> str:
+    """One row per student, one column per notebook (its points; empty: not submitted), a total column; the
+    second row gives each column's points possible (Canvas's gradebook import reads such a row)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["student", *notebooks, "total"])
+    writer.writerow(["Points Possible", *(points_text(max_points.get(n)) for n in notebooks),
+                     points_text(sum(max_points.get(n, 0.0) for n in notebooks))])
+    for student in sorted(by_student):
+        row = by_student[student]
+        cells = [points_text(0.0 if row[n].error else row[n].score) if n in row else "" for n in notebooks]
+        total = sum(0.0 if row[n].error else row[n].score for n in notebooks if n in row)
+        writer.writerow([_csv_cell(student), *cells, points_text(total)])
+    return buf.getvalue()
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def md(text) -> str:
+    """Text shown as it is in Markdown, inside a line (never at its start): printable (no line break), ``<``,
+    ``>`` and ``&`` HTML-escaped (no tag, no entity, no autolink) and the characters of emphasis, code, links and
+    table cells backslash-escaped."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(printable(text), quote=False))
+
+
+def _feedback_rows(r: NotebookResult) -> list[tuple[str, str, str, str, str]]:
+    """(exercise, points, status, time, what to do) per exercise, as plain text (escaped by each format)."""
+    rows = []
+    for e in r.exercises:
+        if e.passed:
+            todo = ""
+        elif e.partial:
+            todo = f"public cases pass; a hidden case fails [{e.code}]: {student_hint(e, hidden_case=True)}"
+        else:
+            todo = f"[{e.code}] {student_hint(e)}" if e.code else student_hint(e)
+        time_text = "" if e.seconds is None else f"{e.seconds:.1f} s"
+        rows.append((f"{e.exercise}. {e.title}", f"{points_text(e.points)}/{points_text(e.max_points)}",
+                     {"pass": "passed", "PART": "partly", "FAIL": "failed"}[status(e)], time_text, todo))
+    return rows
+
+
+def feedback_markdown(r: NotebookResult, student: str | None = None) -> str:
+    name = Path(r.notebook).name
+    lines = [f"# Feedback: {md(name)}", ""]
+    if student:
+        lines += [f"Student: {md(student)}", ""]
+    if r.error:
+        return "\n".join([*lines, f"Not graded: {md(r.error)}", ""])
+    lines += [f"**{points_text(r.score)} of {points_text(r.max_score)} points**, {r.passed} of {r.total} exercises "
+              "passed.", "", "| Exercise | Points | Result | Time | What to look at |", "|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(md(cell) for cell in row) + " |" for row in _feedback_rows(r)]
+    lines += ["", "Partly: the public cases (the ones your notebook runs) pass and a hidden case fails: the code "
+              "and hint name the mistake. Time: how long the exercise's check took.", "",
+              f"Graded in isolation: {md(r.isolation or 'unknown')}.", ""]
+    return "\n".join(lines)
+
+
+def feedback_html(r: NotebookResult, student: str | None = None) -> str:
+    def esc(text) -> str:
+        return html.escape(printable(text), quote=True)
+
+    name = Path(r.notebook).name
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>Feedback: {esc(name)}</title></head><body>", f"<h1>Feedback: {esc(name)}</h1>"]
+    if student:
+        parts.append(f"<p>Student: {esc(student)}</p>")
+    if r.error:
+        parts.append(f"<p>Not graded: {esc(r.error)}</p>")
+    else:
+        parts.append(f"<p><strong>{points_text(r.score)} of {points_text(r.max_score)} points</strong>, "
+                     f"{r.passed} of {r.total} exercises passed.</p>")
+        parts.append("<table><thead><tr><th>Exercise</th><th>Points</th><th>Result</th><th>Time</th>"
+                     "<th>What to look at</th></tr></thead><tbody>")
+        parts += ["<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in _feedback_rows(r)]
+        parts.append("</tbody></table>")
+        parts.append(f"<p>Graded in isolation: {esc(r.isolation or 'unknown')}.</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
