@@ -5,6 +5,7 @@
 #   make test     lint, unit tests + coverage, nbval over every notebook, browser test of the built book; then how
 #                 long each phase took, the slowest notebooks and the slowest tests
 #   make unit     the library's tests only (no notebooks, no book build): the fast loop, about a minute
+#   make grade-course  the grader on every solution and exercise notebook (`make test` grades one chapter per kind)
 #   make lint     ruff over the Python code, and the notebook lint (outputs that differ between machines)
 #   make portability  nbval over every notebook three times: one thread, default threads, generic CPU kernels
 #   make outputs  re-execute notebooks in place (NB="book/01_soft_lookup.ipynb" for one)
@@ -50,7 +51,16 @@ test: time-start $(STAMP) time-set-up lint time-lint book time-book student-book
 	  $(TIMINGS_REPORT); exit $$status
 
 NBVAL_FLAGS := --nbval --nbval-sanitize-with tools/nbval_sanitize.cfg
-PYTEST_COMMAND := $(BIN)/python -m pytest -p tools.timings -n 2 --dist loadscope --timeout 900 \
+# pytest runs WORKERS processes side by side (pytest-xdist), and each of them, with the notebook kernels it starts,
+# gets CPUS / WORKERS threads (at least 1; OMP_NUM_THREADS=N on the command line wins). With more threads than
+# cores, OpenMP's threads spin-wait for partners that are not running: chapter 8's notebook, 8 s alone, took 200 s
+# next to another notebook with 2 threads each on 2 cores, and 34 s with 1 thread each (`make portability` still
+# runs nbval with the default thread count too).
+WORKERS := 2
+CPUS := $(shell nproc 2>/dev/null || echo 2)
+WORKER_THREADS := $(or $(OMP_NUM_THREADS),$(shell echo $$(( $(CPUS) / $(WORKERS) > 1 ? $(CPUS) / $(WORKERS) : 1 ))))
+XDIST := OMP_NUM_THREADS=$(WORKER_THREADS) $(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
+PYTEST_COMMAND := $(XDIST) -p tools.timings --timeout 900 \
   --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95 \
   $(NBVAL_FLAGS) tests $(NOTEBOOK_DIRS)
 TIMES := _build/times
@@ -66,14 +76,19 @@ time-%:
 BOOK_TESTS := tests/test_browser.py tests/test_links.py tests/test_student_edition.py
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 600 -q $(addprefix --ignore=,$(BOOK_TESTS)) tests
+	$(XDIST) --timeout 600 -q $(addprefix --ignore=,$(BOOK_TESTS)) tests
+
+# tests/test_grade_course.py on every chapter (COURSE_GRADE_ALL=1): after adding or changing an exercise or a checker.
+.PHONY: grade-course
+grade-course: $(STAMP)
+	COURSE_GRADE_ALL=1 $(BIN)/python -m pytest --timeout 1800 -q tests/test_grade_course.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests tools benchmarks
 	$(BIN)/python tools/lint_notebooks.py $(NOTEBOOK_DIRS)
 
 nbval: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadscope --timeout 900 -q $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
+	$(XDIST) --timeout 900 -q $(NBVAL_FLAGS) $(NOTEBOOK_DIRS)
 
 # The same stored outputs must pass on every machine: float rounding changes with the thread count and with the
 # CPU's SIMD kernels (ATEN_CPU_CAPABILITY=default runs PyTorch's generic kernels, a stand-in for another CPU).

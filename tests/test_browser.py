@@ -1,11 +1,12 @@
 """The built book (_build/html) in a real browser: Debian's Chromium, headless, driven by Playwright.
 
-Every page of _toc.yml is opened once (one module-scoped visit; the tests below check what it recorded):
+Every page of _toc.yml is opened once at 1280 px (one module-scoped visit; the tests below check what it recorded):
 no console errors or uncaught exceptions, math typeset by MathJax with no raw `$...$` left, every image loaded,
 no error traceback outside cells tagged `raises-exception`, the sidebar and the "next" buttons reach every page,
 and the search page finds "softmax". Screenshots of the intro and of every chapter go to _build/screenshots/.
 
-Pages read as a reader reads them (a second visit of every page, book/_static/course.css), with these rules:
+Pages read as a reader reads them (book/_static/course.css; the same visit measures the layout at 1280 px, a second
+one every page at 390 px and a third the chapters in dark mode), with these rules:
 - on a 390 px phone no page is wider than the screen;
 - at 1280 px no display equation is wider than its column (long ones are split into aligned lines); at 390 px one
   may scroll inside its own box, up to 1.5 columns wide, but none is cut off;
@@ -153,7 +154,8 @@ class Visit:
     url: str
     status: int | None = None
     errors: list[str] = field(default_factory=list)  # console errors, uncaught exceptions, failed local requests
-    info: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # INSPECT_PAGE's record
+    layout: dict = field(default_factory=dict)  # INSPECT_LAYOUT's record (at 1280 px, light)
 
 
 @dataclass
@@ -227,7 +229,8 @@ def crawl(site, browser):
         external.append(url)
         return route.abort()
 
-    context = browser.new_context(viewport={"width": DESKTOP, "height": 900})
+    context = browser.new_context(viewport={"width": DESKTOP, "height": 900}, color_scheme="light",
+                                  device_scale_factor=1)
     context.route("**/*", route)
     page = context.new_page()
     page.set_default_navigation_timeout(NAVIGATION_TIMEOUT_MS)
@@ -249,6 +252,7 @@ def crawl(site, browser):
         if failed:
             errors.append(f"MathJax failed: {failed}")
         visit.info = page.evaluate(INSPECT_PAGE)
+        visit.layout = page.evaluate(INSPECT_LAYOUT)
         if docname == DOCNAMES[0] or docname.startswith("book/"):
             shot = SCREENSHOTS / f"{Path(docname).name}.png"
             page.screenshot(path=str(shot))
@@ -288,12 +292,12 @@ def _offline(site, blocked):
 
 
 @pytest.fixture(scope="module")
-def layouts(site, browser):
-    """{(viewport width, colour scheme): {docname: INSPECT_LAYOUT's record}}: every page on a phone and on a laptop
-    (light), and the chapters on a laptop in dark mode."""
-    records = {}
+def layouts(site, browser, crawl):
+    """{(viewport width, colour scheme): {docname: INSPECT_LAYOUT's record}}: every page on a laptop (light; recorded
+    by the crawl's visit) and on a phone, and the chapters on a laptop in dark mode."""
+    records = {(DESKTOP, "light"): {docname: visit.layout for docname, visit in crawl.visits.items()}}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for width, scheme, docnames in ((PHONE, "light", DOCNAMES), (DESKTOP, "light", DOCNAMES),
+    for width, scheme, docnames in ((PHONE, "light", DOCNAMES),
                                     (DESKTOP, "dark", [d for d in DOCNAMES if d.startswith("book/")])):
         context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme,
                                       device_scale_factor=1, is_mobile=width == PHONE, has_touch=width == PHONE)
@@ -304,10 +308,9 @@ def layouts(site, browser):
         for docname in docnames:
             page.goto(f"{site}{docname}.html", wait_until="load")
             page.evaluate(MATHJAX_DONE)
+            if width == PHONE and docname == DOCNAMES[1]:
+                page.screenshot(path=str(SCREENSHOTS / f"phone_{Path(docname).name}.png"), full_page=False)
             records[width, scheme][docname] = page.evaluate(INSPECT_LAYOUT)
-        if width == PHONE:
-            page.goto(f"{site}{DOCNAMES[1]}.html", wait_until="load")
-            page.screenshot(path=str(SCREENSHOTS / f"phone_{Path(DOCNAMES[1]).name}.png"), full_page=False)
         context.close()
     return records
 

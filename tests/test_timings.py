@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from timings import phase_table, report, slowest  # noqa: E402
+from timings import cell_times, cells_report, phase_table, report, slowest  # noqa: E402
 
 
 def test_the_plugin_records_each_test_with_its_setup_and_teardown(tmp_path):
@@ -64,3 +64,23 @@ def test_report_prints_the_three_tables(tmp_path):
         "  book      75.0 s = 1 min 15 s",
         "  total     75.0 s = 1 min 15 s",
     ]
+
+
+def test_cell_times_measure_each_code_cell_with_the_kernels_cpu_time(tmp_path):
+    """--cells: a cell that burns CPU is charged its CPU seconds, one that sleeps its wall time but no CPU."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import time"),
+        nbformat.v4.new_markdown_cell("text"),
+        nbformat.v4.new_code_cell("end = time.process_time() + 0.5\nwhile time.process_time() < end:\n    pass"),
+        nbformat.v4.new_code_cell("time.sleep(0.5)"),
+    ])
+    path = tmp_path / "burn.ipynb"
+    nbformat.write(nb, path)
+    rows = cell_times(path)
+    assert [index for index, *_ in rows] == [0, 2, 3]
+    (_, _, burn_cpu, burn_line), (_, sleep_wall, sleep_cpu, _) = rows[1:]
+    assert burn_cpu >= 0.5 and burn_line == "end = time.process_time() + 0.5"
+    assert sleep_wall >= 0.5 and sleep_cpu < 0.25
+    assert "3 code cells" in cells_report(path, rows) and "cell   2" in cells_report(path, rows)

@@ -7,6 +7,10 @@
   call and teardown together (an nbval item is one cell; its notebook's kernel starts in its first cell's setup).
 Then `python tools/timings.py _build/times` prints the phase table, the ten slowest notebooks (their cells summed)
 and the ten slowest tests. `make test` prints it at the end, and also when a phase fails.
+
+`python tools/timings.py --cells NOTEBOOK...` runs each notebook in a fresh kernel (the course's kernel environment,
+the thread count of OMP_NUM_THREADS) and prints its slowest cells with their wall time and the kernel's CPU time:
+on a shared, loaded machine the CPU seconds are the number to hold against a chapter's budget.
 """
 
 import json
@@ -102,7 +106,61 @@ def report(folder):
     return "\n\n".join(sections)
 
 
+# --- one notebook, cell by cell --------------------------------------------------------------------------------------
+
+_CPU = "import os as _os; _t = _os.times(); print(_t.user + _t.system)"  # the kernel's own CPU seconds so far
+
+
+def cell_times(path):
+    """[(cell index, wall s, CPU s of the kernel, first line)] for each code cell of the notebook at `path`, run top
+    to bottom in a fresh kernel started in its folder (the kernel start is not counted)."""
+    import time
+
+    import nbformat
+    from jupyter_client.manager import start_new_kernel
+
+    from attention_course.course.kernel import KERNEL_ARGS, use_kernel_environment
+
+    use_kernel_environment()
+    path = Path(path)
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(path.parent), extra_arguments=KERNEL_ARGS)
+
+    def run(code):
+        printed = []
+        client.execute_interactive(code, timeout=900, output_hook=lambda msg: printed.append(
+            msg["content"].get("text", "") if msg["msg_type"] == "stream" else ""))
+        return "".join(printed)
+
+    rows = []
+    try:
+        cpu = float(run(_CPU))
+        for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if cell.cell_type != "code":
+                continue
+            start = time.perf_counter()
+            run(cell.source)
+            wall = time.perf_counter() - start
+            now = float(run(_CPU))  # the CPU seconds include the probe's own: a millisecond
+            rows.append((index, wall, now - cpu, (cell.source.splitlines() or [""])[0][:60]))
+            cpu = now
+    finally:
+        manager.shutdown_kernel(now=True)
+    return rows
+
+
+def cells_report(path, rows):
+    wall, cpu = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    lines = [f"{path}: {len(rows)} code cells, {wall:.1f} s wall, {cpu:.1f} s CPU (slowest cells by CPU):"]
+    lines += [f"  cell {i:3d}  {w:7.1f} s wall  {c:7.1f} s CPU  {text}" for i, w, c, text in
+              sorted(rows, key=lambda r: -r[2])[:SLOWEST]]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) >= 3 and sys.argv[1] == "--cells":
+        for notebook in sys.argv[2:]:
+            print(cells_report(notebook, cell_times(notebook)))
+    elif len(sys.argv) == 2:
+        print(report(sys.argv[1]))
+    else:
         sys.exit(__doc__)
-    print(report(sys.argv[1]))
