@@ -127,3 +127,24 @@ def test_run_autograder_gives_an_exercise_notebook_nothing(autograded):
 def test_run_autograder_without_a_notebook_still_writes_results(autograded):
     data = autograded["empty"][1]
     assert data["score"] == 0 and data["tests"] == [] and "No .ipynb file" in data["output"]
+
+
+def test_bundle_built_in_process_holds_the_same_files(bundle, tmp_path, capsys):
+    """The bundle command's own function (run here, not in a child process) writes the same files, and refuses a
+    reference notebook that does not exist, naming it."""
+    from attention_course.course import gradescope
+
+    (tmp_path / "points.toml").write_text(POINTS, encoding="utf-8")
+    assert gradescope.main_bundle(["--out", str(tmp_path / "b"), "--solutions", str(DATA / "solutions"),
+                                   "--points", str(tmp_path / "points.toml")]) == 0
+    assert "autograder.zip" in capsys.readouterr().out
+
+    def files(folder):
+        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                      if p.is_file() and "__pycache__" not in p.parts)
+
+    assert files(tmp_path / "b") == files(bundle)
+    with pytest.raises(SystemExit):
+        gradescope.main_bundle(["--out", str(tmp_path / "c"), "--solutions", str(DATA / "solutions"),
+                                "--notebooks", "99_nothing_exercises"])
+    assert "99_nothing_exercises" in capsys.readouterr().err
