@@ -4,6 +4,8 @@ answer is named by the first deviation that reproduces every case."""
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 
@@ -11,6 +13,22 @@ from ..serving.speculative import accept_probability, residual_distribution
 from . import hidden
 from .questions import number_question
 from .runner import DEFAULT_TIMEOUT, as_array, as_number, call, display_name, fail, run_check, type_name
+
+
+def _judge(got, expected, mistakes, success: str, unknown: str, same=operator.eq) -> str:
+    """The verdict of a check that ran the student's function on fixed cases: ``got`` holds (answer, call text) per
+    case, ``expected(variant)`` yields the answers of the right version ("right") or of a known mistake, one per case.
+    All right: ``success``. Otherwise the first mistake whose answers match every case is named; none: ``unknown``,
+    shown with the first case answered wrongly."""
+    wrong = [i for i, ((g, _), want) in enumerate(zip(got, expected("right"), strict=True)) if not same(g, want)]
+    if not wrong:
+        return success
+    case = got[wrong[0]][1]
+    for code, variant in mistakes:
+        if all(same(g, want) for (g, _), want in zip(got, expected(variant), strict=True)):
+            raise fail(code, case=case)
+    raise fail("wrong-value", unknown, case=case)
+
 
 # ---------------------------------------------------------------- block-table arithmetic
 
@@ -56,17 +74,10 @@ def check_block_slot(fn, *, timeout: float = DEFAULT_TIMEOUT):
             if value is None:
                 raise fail("wrong-type", "Your function must return the slot, an int.", case=text)
             got.append((value, text))
-        wrong = [i for i, ((table, b, p), (g, _)) in enumerate(zip(cases, got, strict=True))
-                 if g != _slot_variant(table, p, b, "right")]
-        if not wrong:
-            return f"✓ {label}: {len(cases)} positions in tables with blocks of 1, 3, 4 and 16 slots are right"
-        case = got[wrong[0]][1]
-        for code, variant in _SLOT_MISTAKES:
-            if all(g == _slot_variant(t, p, b, variant) for (t, b, p), (g, _) in zip(cases, got, strict=True)):
-                raise fail(code, case=case)
-        raise fail("wrong-value", "That slot is not where this position lives, and it matches none of the mistakes "
-                   "this checker knows. Which block holds the position, and how far into it is the position?",
-                   case=case)
+        return _judge(got, lambda variant: (_slot_variant(t, p, b, variant) for t, b, p in cases), _SLOT_MISTAKES,
+                      f"✓ {label}: {len(cases)} positions in tables with blocks of 1, 3, 4 and 16 slots are right",
+                      "That slot is not where this position lives, and it matches none of the mistakes this checker "
+                      "knows. Which block holds the position, and how far into it is the position?")
 
     run_check(body, timeout)
 
@@ -115,17 +126,10 @@ def check_copy_on_write(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 raise fail("wrong-type", f"Your function must return (table, refs, free); it returned "
                            f"{type_name(result)}.", case=text)
             got.append(((list(result[0]), list(result[1]), list(result[2])), text))
-        wrong = [i for i, (c, (g, _)) in enumerate(zip(_COW_CASES, got, strict=True))
-                 if g != _cow_variant(*c, "right")]
-        if not wrong:
-            return f"✓ {label}: shared and private blocks, {len(_COW_CASES)} cases, are right"
-        case = got[wrong[0]][1]
-        for code, variant in _COW_MISTAKES:
-            if all(g == _cow_variant(*c, variant) for c, (g, _) in zip(_COW_CASES, got, strict=True)):
-                raise fail(code, case=case)
-        raise fail("wrong-value", "That is not the state after copy-on-write, and it matches none of the mistakes "
-                   "this checker knows. Who else holds the block, and which counts change when you copy it?",
-                   case=case)
+        return _judge(got, lambda variant: (_cow_variant(*c, variant) for c in _COW_CASES), _COW_MISTAKES,
+                      f"✓ {label}: shared and private blocks, {len(_COW_CASES)} cases, are right",
+                      "That is not the state after copy-on-write, and it matches none of the mistakes this checker "
+                      "knows. Who else holds the block, and which counts change when you copy it?")
 
     run_check(body, timeout)
 
@@ -158,17 +162,11 @@ def check_verify_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
             text = f"{label}({cached}, {k})"
             got.append((as_array(call(fn, {"num_cached": cached, "k": k}, label, call_text=text), "mask", text,
                                  kind="bool"), text))
-        wrong = [i for i, ((c, k), (g, _)) in enumerate(zip(_VERIFY_CASES, got, strict=True))
-                 if not _same(g, _verify_variant(c, k, "right"))]
-        if not wrong:
-            return f"✓ {label}: {len(_VERIFY_CASES)} verify masks (k = 1 to 5, with and without a cache) are right"
-        case = got[wrong[0]][1]
-        for code, variant in _VERIFY_MISTAKES:
-            if all(_same(g, _verify_variant(c, k, variant)) for (c, k), (g, _) in zip(_VERIFY_CASES, got,
-                                                                                          strict=True)):
-                raise fail(code, case=case)
-        raise fail("wrong-value", "That is not the verify pass's mask, and it matches none of the mistakes this "
-                   "checker knows. Where in the sequence are the k + 1 queries?", case=case)
+        return _judge(got, lambda variant: (_verify_variant(c, k, variant) for c, k in _VERIFY_CASES),
+                      _VERIFY_MISTAKES,
+                      f"✓ {label}: {len(_VERIFY_CASES)} verify masks (k = 1 to 5, with and without a cache) are right",
+                      "That is not the verify pass's mask, and it matches none of the mistakes this checker knows. "
+                      "Where in the sequence are the k + 1 queries?", same=_same)
 
     run_check(body, timeout)
 
@@ -229,17 +227,11 @@ def check_rejection_rule(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 got.append((int(result), text))
             else:
                 got.append((as_array(result, "distribution", text), text))
-        wrong = [i for i, (c, (g, _)) in enumerate(zip(cases, got, strict=True))
-                 if not _rejection_matches(g, _rejection_variant(*c, "right"))]
-        if not wrong:
-            return f"✓ {label}: {len(cases)} accept/reject decisions on 3 vocabularies keep the target's distribution"
-        case = got[wrong[0]][1]
-        for code, variant in _REJECTION_MISTAKES:
-            if all(_rejection_matches(g, _rejection_variant(*c, variant))
-                   for c, (g, _) in zip(cases, got, strict=True)):
-                raise fail(code, case=case)
-        raise fail("wrong-value", "That decision does not keep the target's distribution, and it matches none of the "
-                   "mistakes this checker knows. When is x kept, and what is drawn otherwise?", case=case)
+        return _judge(got, lambda variant: (_rejection_variant(*c, variant) for c in cases), _REJECTION_MISTAKES,
+                      f"✓ {label}: {len(cases)} accept/reject decisions on 3 vocabularies keep the target's "
+                      "distribution",
+                      "That decision does not keep the target's distribution, and it matches none of the mistakes "
+                      "this checker knows. When is x kept, and what is drawn otherwise?", same=_rejection_matches)
 
     run_check(body, timeout)
 
@@ -280,16 +272,10 @@ def check_retire(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 raise fail("wrong-type", f"Your function must return a list of indices; it returned "
                            f"{type_name(result)}.", case=text)
             got.append(([int(i) for i in result], text))
-        wrong = [i for i, (c, (g, _)) in enumerate(zip(_RETIRE_CASES, got, strict=True))
-                 if g != _retire_variant(*c, "right")]
-        if not wrong:
-            return f"✓ {label}: {len(_RETIRE_CASES)} steps with end-of-sequence tokens and length limits are right"
-        case = got[wrong[0]][1]
-        for code, variant in _RETIRE_MISTAKES:
-            if all(g == _retire_variant(*c, variant) for c, (g, _) in zip(_RETIRE_CASES, got, strict=True)):
-                raise fail(code, case=case)
-        raise fail("wrong-value", "That is not the set of sequences that stay, and it matches none of the mistakes "
-                   "this checker knows. Which two events end a sequence?", case=case)
+        return _judge(got, lambda variant: (_retire_variant(*c, variant) for c in _RETIRE_CASES), _RETIRE_MISTAKES,
+                      f"✓ {label}: {len(_RETIRE_CASES)} steps with end-of-sequence tokens and length limits are right",
+                      "That is not the set of sequences that stay, and it matches none of the mistakes this checker "
+                      "knows. Which two events end a sequence?")
 
     run_check(body, timeout)
 
