@@ -66,6 +66,12 @@ def sequence_layout(seq_len: int, world_size: int, layout: str = "contiguous") -
     return [[(r * size, (r + 1) * size), ((chunks - 1 - r) * size, (chunks - r) * size)] for r in range(world_size)]
 
 
+def kv_source(rank: int, step: int, world_size: int) -> int:
+    """The rank whose key/value block ``rank`` holds at ``step`` of the ring: its own at step 0, then the one
+    its left neighbour held a step earlier, (rank - step) mod P."""
+    return (rank - step) % world_size
+
+
 def shard_sequence(x: Tensor, chunks: list[tuple[int, int]]) -> Tensor:
     """(..., T, F) -> (..., T / P, F): one rank's positions, its chunks side by side."""
     return torch.cat([x[..., start:stop, :] for start, stop in chunks], dim=-2)
@@ -183,7 +189,7 @@ def ring_attention_simulated(q: Tensor, k: Tensor, v: Tensor, world_size: int, c
     rows = [_init(qs[r], chunks[r], v.size(-1)) for r in range(world_size)]
     for step in range(world_size):
         for r in range(world_size):
-            src = (r - step) % world_size  # whose keys and values rank r holds at this step
+            src = kv_source(r, step, world_size)  # whose keys and values rank r holds at this step
             rows[r] = attend_block(rows[r], qs[r], chunks[r], ks[src], vs[src], chunks[src], causal, rank_stats[r])
             if step < world_size - 1:  # pass the block on to rank r + 1
                 rank_stats[r].bytes_sent += ks[src].nbytes + vs[src].nbytes
@@ -254,7 +260,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, layout
     k, v = k.contiguous(), v.contiguous()
     for step in range(world):
         pending = _pass_on(k, v, stats) if step < world - 1 else None  # the transfer overlaps the compute
-        rows = attend_block(rows, q, chunks[rank], k, v, chunks[(rank - step) % world], causal, stats)
+        rows = attend_block(rows, q, chunks[rank], k, v, chunks[kv_source(rank, step, world)], causal, stats)
         if pending is not None:
             requests, k, v = pending
             for request in requests:
