@@ -299,3 +299,21 @@ def test_a_hung_rank_fails_within_the_timeout():
         launch.launch(demos.sleep_on_rank, 2, 1, timeout=10, group_timeout=3)
     assert time.monotonic() - start < 20  # 10 s, plus killing and reporting
 
+
+
+def test_copy_and_sum_runs_under_no_grad():
+    """The grader calls a student's function under torch.no_grad(): the ranks still differentiate."""
+    from attention_course.distributed.tensor_parallel import _CopyToRanks, _SumOverRanks
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, d, generator=gen, dtype=torch.float64) for d in (8, 6, 5))
+    grad_out = torch.randn(1, 4, 8, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        out, gq, gk, gv = demos.run_copy_and_sum(_CopyToRanks, _SumOverRanks, q, k, v, grad_out, 2, 2, seed=1)
+    mha = demos.copy_and_sum_problem(q, k, 2, 1, 5)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    ref = mha(*leaves)
+    ref_grads = torch.autograd.grad((ref * grad_out).sum(), leaves)
+    assert out.shape == (2, 1, 4, 8)
+    for got, want in zip((out, gq, gk, gv), (ref.detach(), *ref_grads), strict=True):
+        torch.testing.assert_close(got, want.expand_as(got), rtol=0, atol=1e-12)

@@ -304,8 +304,8 @@ def check_zigzag_layout(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 continue
             diagnose(out, None, _zigzag_variants(t, p), case, expected, None, what="layout", atol=0, rtol=0)
         work = [w.computed for w in causal_work_per_rank(64, 8, "zigzag")]
-        return (f"✓ {display_name(fn, label)}: {len(_ZIGZAG_CASES)} layouts (P from 1 to 8) hold the right chunks; "
-                f"causal work per rank at T=64, P=8 (score entries): {work}")
+        return (f"✓ {display_name(fn, label)}: {len(_ZIGZAG_CASES)} layouts (P from 1 to 8) are right; causal "
+                f"work per rank, T=64, P=8: {work}")
 
     run_check(body, timeout)
 
@@ -398,8 +398,8 @@ def check_copy_and_sum(fn, *, timeout: float = 60.0):
                 _copy_sum_simulated(mha, (q, k, v), g, p, *flags), None)) for code, flags in _COPY_SUM_MISTAKES]
             diagnose(out, None, candidates, case, expected, None, what="output and gradients",
                      atol=_COPY_SUM_ATOL, rtol=0)
-        return (f"✓ {display_name(fn, label)}: {len(_COPY_SUM_CASES)} problems on real processes: every rank's output "
-                "and gradients of query, key and value equal one process")
+        return (f"✓ {display_name(fn, label)}: {len(_COPY_SUM_CASES)} problems on real processes: every rank's "
+                "output and input gradients equal one process")
 
     run_check(body, timeout)
 

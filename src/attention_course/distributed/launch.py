@@ -36,8 +36,9 @@ import torch.multiprocessing as mp
 
 from ..validation import check_world_size
 
-# Errors a rank raises for bad input keep their type in the caller; anything else becomes a RuntimeError.
-_KEPT_ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
+# Errors a rank raises for bad input (or code not written yet) keep their type in the caller; anything else becomes
+# a RuntimeError.
+_KEPT_ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "NotImplementedError": NotImplementedError}
 
 
 def free_port() -> int:
@@ -118,7 +119,8 @@ def launch(fn: Callable, world_size: int, *args, timeout: float = 60.0, group_ti
 
     Raises:
         TimeoutError: some rank had not finished after ``timeout`` seconds (all ranks are then killed).
-        ValueError, TypeError: a rank raised one (bad input); RuntimeError: a rank raised anything else or died.
+        ValueError, TypeError, NotImplementedError: a rank raised one; RuntimeError: a rank raised anything else
+        or died.
         Each message names the rank.
     """
     group_timeout = timeout if group_timeout is None else group_timeout
