@@ -3,7 +3,8 @@
 ``run_tensor_parallel(P, config)`` and ``run_ring_attention(P, config)`` launch the rank program on P gloo
 processes, rebuild the same inputs and weights in the caller from the same seed, and compare: they return a
 :class:`Report` of verdicts and measured counts. The chapter and the tests call them; so does
-``python -m attention_course.distributed --world-size 4``.
+``python -m attention_course.distributed --world-size 4``. ``run_copy_and_sum`` runs tensor-parallel attention with
+communication operators f and g given by its caller (the chapter's exercise), on ranks forked from the caller.
 """
 
 from __future__ import annotations
