@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 
 from attention_course import checks, online_softmax
 from attention_course.checks import CheckFailed
-from attention_course.distributed import ring_attention
+from attention_course.distributed import demos, ring_attention, tensor_parallel
 from attention_course.masks import causal_mask
 
 # ------------------------------------------------------------------------------------------------------------
@@ -166,18 +169,129 @@ def test_mask_mistakes_are_named(fn, code):
 
 
 def test_questions(capsys):
-    checks.check_choice("13.allreduce-place", "C")
-    checks.check_number("13.ring-bytes", 7 * 32 * 4096 * 2 * 128 * 2)
-    checks.check_number("13.causal-imbalance", 8)
-    assert capsys.readouterr().out.count("✓") == 3
-    with pytest.raises(CheckFailed, match=r"^\[allreduce-before-output-projection\]"):
-        checks.check_choice("13.allreduce-place", "B")
-    with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] .*keys only"):
-        checks.check_number("13.ring-bytes", 7 * 32 * 4096 * 128 * 2)
-    with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] .*last step sends nothing"):
-        checks.check_number("13.ring-bytes", 8 * 32 * 4096 * 2 * 128 * 2)
-    with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] .*zig-zag"):
-        checks.check_number("13.causal-imbalance", 1)
+    checks.check_number("13.hide-block", 400e12 / 50e9)
+    assert capsys.readouterr().out.count("✓") == 1
+    with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] .*AND a value block"):
+        checks.check_number("13.hide-block", 4000)
+    with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] .*only the scores"):
+        checks.check_number("13.hide-block", 16000)
+
+
+def test_hide_block_answer_is_where_compute_equals_transfer():
+    """The question's number, from the chapter's per-step counts: compute time = transfer time at n = 8000,
+    for any H and Dh."""
+    for heads, dh in ((32, 128), (8, 64)):
+        n = 8000
+        compute = 4 * heads * n * n * dh / 400e12
+        transfer = 2 * heads * n * dh * 2 / 50e9
+        assert compute == pytest.approx(transfer)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The zig-zag layout
+# ------------------------------------------------------------------------------------------------------------
+
+
+def zigzag_right(seq_len, world_size):
+    n = seq_len // (2 * world_size)
+    return torch.stack([torch.cat([torch.arange(r * n, (r + 1) * n),
+                                   torch.arange((2 * world_size - 1 - r) * n, (2 * world_size - r) * n)])
+                        for r in range(world_size)])  # (P, T / P)
+
+
+def zigzag_chunks_as_lists(seq_len, world_size):
+    """Another style: nested lists, (P, 2, T / 2P), the late chunk first."""
+    chunks = torch.arange(seq_len).chunk(2 * world_size)
+    return [[chunks[2 * world_size - 1 - r].tolist(), chunks[r].tolist()] for r in range(world_size)]
+
+
+def zigzag_contiguous(seq_len, world_size):
+    return torch.arange(seq_len).reshape(world_size, -1)  # THE BUG: neighbouring chunks
+
+
+def zigzag_shifted(seq_len, world_size):
+    chunks = torch.arange(seq_len).chunk(2 * world_size)
+    return torch.stack([torch.cat([chunks[r], chunks[world_size + r]]) for r in range(world_size)])  # THE BUG
+
+
+def zigzag_striped(seq_len, world_size):
+    return torch.arange(seq_len).reshape(-1, world_size).T  # rank r: r, r + P, ...
+
+
+# ------------------------------------------------------------------------------------------------------------
+# f and g, on real processes (each answer below launches 2 gloo processes per case)
+# ------------------------------------------------------------------------------------------------------------
+
+
+class CopyRight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class SumRight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class CopyIdentityBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad  # THE BUG: each rank keeps its own part of the input's gradient
+
+
+def _tp(copy_op, sum_op):
+    def tp_on_processes(query, key, value, grad_out, num_heads, world_size, seed):
+        return demos.run_copy_and_sum(copy_op, sum_op, query, key, value, grad_out, num_heads, world_size, seed)
+    return tp_on_processes
+
+
+tp_right = _tp(CopyRight, SumRight)
+tp_library_functions = _tp(tensor_parallel.copy_to_ranks, tensor_parallel.sum_over_ranks)  # plain functions
+tp_f_identity_backward = _tp(CopyIdentityBackward, SumRight)
+tp_g_differentiable_all_reduce = _tp(CopyRight, dist_nn.all_reduce)  # sums the gradient backward as well
+tp_swapped = _tp(SumRight, CopyRight)
+tp_f_differentiable_all_reduce = _tp(dist_nn.all_reduce, SumRight)  # f sums the input forward as well
+tp_no_all_reduce = _tp(CopyRight, lambda x: x)
+
+
+def tp_returns_output_only(query, key, value, grad_out, num_heads, world_size, seed):
+    return tp_right(query, key, value, grad_out, num_heads, world_size, seed)[0]
+
+
+def test_simulated_mistakes_are_distinct_and_the_right_flags_give_one_process():
+    """The checker's simulation of f and g in one process: the right flags reproduce one process, and each
+    known mistake gives a different answer (so a code cannot shadow another)."""
+    from attention_course.checks import distributed as d
+
+    rng = np.random.default_rng(0)
+    query, key, value, grad_out = d._copy_sum_inputs(rng, 2, 5, 7, 16, 12, 10)
+    mha = d._copy_sum_module(query, key, value, 4, 3)
+    ref = d._copy_sum_reference(mha, (query, key, value), grad_out, 2)
+    right = d._copy_sum_simulated(mha, (query, key, value), grad_out, 2, False, True, True, False)
+    np.testing.assert_allclose(right, ref, atol=1e-12, rtol=0)
+    wrong = [d._copy_sum_simulated(mha, (query, key, value), grad_out, 2, *flags) for _, flags in
+             d._COPY_SUM_MISTAKES]
+    for i, a in enumerate([ref, *wrong]):
+        for b in [ref, *wrong][i + 1:]:
+            assert not np.allclose(a, b, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -197,6 +311,10 @@ def mask_by_tril_offset(q_rank, k_rank, block):
 
 
 CORRECT = [
+    (checks.check_zigzag_layout, zigzag_right),
+    (checks.check_zigzag_layout, zigzag_chunks_as_lists),
+    (checks.check_copy_and_sum, tp_right),
+    (checks.check_copy_and_sum, tp_library_functions),
     (checks.check_row_parallel_output, row_parallel_right),
     (checks.check_row_parallel_output, row_parallel_einsum),
     (checks.check_ring_merge, merge_right),
@@ -205,6 +323,15 @@ CORRECT = [
     (checks.check_ring_causal_mask, mask_by_tril_offset),
 ]
 PLANTED = [
+    (checks.check_zigzag_layout, zigzag_contiguous, "zigzag-contiguous"),
+    (checks.check_zigzag_layout, zigzag_shifted, "zigzag-not-mirrored"),
+    (checks.check_zigzag_layout, zigzag_striped, "zigzag-striped"),
+    (checks.check_copy_and_sum, tp_f_identity_backward, "f-backward-not-reduced"),
+    (checks.check_copy_and_sum, tp_g_differentiable_all_reduce, "g-backward-reduced"),
+    (checks.check_copy_and_sum, tp_swapped, "f-and-g-swapped"),
+    (checks.check_copy_and_sum, tp_f_differentiable_all_reduce, "f-forward-reduced"),
+    (checks.check_copy_and_sum, tp_no_all_reduce, "g-forward-not-reduced"),
+    (checks.check_copy_and_sum, tp_returns_output_only, "wrong-type"),
     (checks.check_row_parallel_output, row_parallel_sum_heads_first, "allreduce-before-output-projection"),
     (checks.check_row_parallel_output, row_parallel_bias_per_rank, "tp-bias-per-rank"),
     (checks.check_row_parallel_output, row_parallel_rows_of_weight, "row-parallel-wrong-slice"),

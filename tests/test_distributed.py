@@ -15,6 +15,7 @@ from attention_course.distributed import demos, launch
 from attention_course.distributed.ring_attention import (
     block_causal_mask,
     causal_tiles_per_rank,
+    causal_work_per_rank,
     ring_attention_simulated,
     ring_bytes_per_rank,
     sequence_layout,
@@ -75,6 +76,34 @@ def test_causal_tiles_naive_grow_zigzag_balanced(world_size):
     # the same total number of score entries, spread evenly by zig-zag (tiles are 4x smaller)
     zigzag = causal_tiles_per_rank(world_size, "zigzag")
     assert sum(naive) * 4 == sum(zigzag) + world_size and len(set(zigzag)) == 1
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_causal_work_counts_what_the_ring_computes(world_size, layout):
+    t = 8 * world_size
+    q = torch.randn(1, 1, t, 4)
+    stats = []
+    ring_attention_simulated(q, q, q, world_size, causal=True, layout=layout, stats=stats)
+    work = causal_work_per_rank(t, world_size, layout)
+    assert [w.computed for w in work] == [s.score_entries for s in stats]
+    assert sum(w.needed for w in work) == t * (t + 1) // 2  # every causal pair, on exactly one rank
+
+
+def test_striped_balances_needed_entries_but_computes_whole_tiles():
+    """Brandon et al.'s layout: rank r holds r, r + P, ...; no tile lies wholly in the future, so whole-tile
+    work is T^2 / P per rank (nothing skipped: twice zig-zag's), while the entries the mask keeps are balanced
+    to within (T / P) (P - 1) of each other."""
+    t, p = 256, 4
+    striped = causal_work_per_rank(t, p, "striped")
+    zigzag = causal_work_per_rank(t, p, "zigzag")
+    assert [w.computed for w in striped] == [t * t // p] * p
+    needed = [w.needed for w in striped]
+    assert sum(needed) == t * (t + 1) // 2 and max(needed) - min(needed) == (t // p) * (p - 1)
+    assert len({w.computed for w in zigzag}) == 1 and len({w.needed for w in zigzag}) == 1
+    assert striped[0].computed / zigzag[0].computed > 1.7
+    with pytest.raises(ValueError, match=r"layout must be one of \('contiguous', 'zigzag', 'striped'\)"):
+        causal_work_per_rank(t, p, "diagonal")
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
@@ -182,6 +211,12 @@ def test_errors_name_the_argument():
         launch.launch(demos.fail_on_rank, 0, 0)
     with pytest.raises(TypeError, match=r"fn must be a function"):
         launch.launch("fail_on_rank", 2, 0)
+    with pytest.raises(ValueError, match=r"backend='nccl' is not available in this PyTorch build"):
+        launch.launch(demos.sum_of_ranks, 2, backend="nccl")  # CPU-only torch: refused before any process starts
+    with pytest.raises(TypeError, match=r"backend must be a str"):
+        launch.launch(demos.sum_of_ranks, 2, backend=None)
+    with pytest.raises(ValueError, match=r"start_method must be one of \('forkserver', 'fork'\)"):
+        launch.launch(demos.sum_of_ranks, 2, start_method="spawn")
 
 
 @pytest.mark.parametrize("call", [lambda p: launch.launch(demos.fail_on_rank, p, 0),
@@ -232,6 +267,22 @@ def test_both_schemes_on_processes(world_size):
             assert [r["tiles"] for r in report.per_rank] == causal_tiles_per_rank(world_size, cfg.layout)
 
 
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+def test_the_backend_is_a_parameter_tested_on_gloo(start_method):
+    rows = launch.launch(demos.sum_of_ranks, 2, backend="gloo", start_method=start_method, timeout=30)
+    assert rows == [{"rank": r, "world_size": 2, "backend": "gloo", "sum": 1} for r in range(2)]
+
+
+def _defined_here(rank, world_size):
+    """A function the forkserver's fresh processes could import; "fork" does not need to."""
+    return rank * 10
+
+
+def test_fork_runs_a_function_the_ranks_could_not_import():
+    nested = lambda rank, world_size: _defined_here(rank, world_size) + world_size  # noqa: E731 - not importable
+    assert launch.launch(nested, 2, start_method="fork", timeout=30) == [2, 12]
+
+
 def test_mismatched_shapes_across_ranks_are_refused():
     with pytest.raises(ValueError, match=r"mismatched shapes across ranks: rank 1 has \(2, 3, 7, 8\)"):
         demos.run_ring_attention(2, demos.RingConfig(short_rank=1))
@@ -248,3 +299,21 @@ def test_a_hung_rank_fails_within_the_timeout():
         launch.launch(demos.sleep_on_rank, 2, 1, timeout=10, group_timeout=3)
     assert time.monotonic() - start < 20  # 10 s, plus killing and reporting
 
+
+
+def test_copy_and_sum_runs_under_no_grad():
+    """The grader calls a student's function under torch.no_grad(): the ranks still differentiate."""
+    from attention_course.distributed.tensor_parallel import _CopyToRanks, _SumOverRanks
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, d, generator=gen, dtype=torch.float64) for d in (8, 6, 5))
+    grad_out = torch.randn(1, 4, 8, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        out, gq, gk, gv = demos.run_copy_and_sum(_CopyToRanks, _SumOverRanks, q, k, v, grad_out, 2, 2, seed=1)
+    mha = demos.copy_and_sum_problem(q, k, 2, 1, 5)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    ref = mha(*leaves)
+    ref_grads = torch.autograd.grad((ref * grad_out).sum(), leaves)
+    assert out.shape == (2, 1, 4, 8)
+    for got, want in zip((out, gq, gk, gv), (ref.detach(), *ref_grads), strict=True):
+        torch.testing.assert_close(got, want.expand_as(got), rtol=0, atol=1e-12)

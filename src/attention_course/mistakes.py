@@ -533,6 +533,43 @@ mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair
         "position q_rank * block + i, key j of rank k_rank at k_rank * block + j; the query may attend the key iff "
         "key position <= query position.",
         chapter=13, topic="distributed")
+mistake("zigzag-contiguous", "zig-zag layout: each rank holds one contiguous block of T / P positions",
+        "Your layout gives rank r the contiguous positions r*T/P .. (r+1)*T/P - 1: two NEIGHBOURING chunks. With a "
+        "causal mask the last rank then computes P times more than the first. Cut the sequence into 2P chunks and "
+        "give rank r one early and one late chunk: r and 2P - 1 - r.",
+        chapter=13, topic="distributed")
+mistake("zigzag-not-mirrored", "zig-zag layout: rank r's second chunk is P + r instead of 2P - 1 - r",
+        "Your layout gives rank r {detail}: the second chunk is shifted, not mirrored, so a later rank still holds "
+        "two later chunks and does more causal work. Pair the chunks from both ends: r with 2P - 1 - r, so that "
+        "each pair's causal work adds up to the same.",
+        chapter=13, topic="distributed")
+mistake("zigzag-striped", "zig-zag layout replaced by the striped one (positions r, r + P, r + 2P, ...)",
+        "Your layout is the striped one: rank r holds positions r, r + P, r + 2P, .... It balances the entries the "
+        "causal mask keeps, but no tile can then be skipped, so with whole tiles every rank computes all of them "
+        "(chapter 13). The zig-zag layout holds 2 chunks of T / 2P: r and 2P - 1 - r.",
+        chapter=13, topic="distributed")
+mistake("f-backward-not-reduced", "tensor parallelism: f (copy to the ranks) returns the gradient unchanged",
+        "Your gradients of the inputs differ from rank to rank: each rank kept only its own heads' part. The "
+        "input was copied to every rank (f) and each rank's heads used it, so its gradient is the SUM of the "
+        "ranks' parts: f's backward all-reduces the gradient (identity forward, all-reduce backward).",
+        chapter=13, topic="distributed")
+mistake("g-backward-reduced", "tensor parallelism: g (sum over the ranks) all-reduces the gradient backward too",
+        "Your gradients are P times too large: g's backward all-reduces the gradient of the output, which every "
+        "rank already holds whole (the output is the same on every rank). g is an all-reduce forward and the "
+        "identity backward. (torch.distributed.nn.functional.all_reduce sums in both directions.)",
+        chapter=13, topic="distributed")
+mistake("g-forward-not-reduced", "tensor parallelism: g (sum over the ranks) does not all-reduce the output",
+        "Your ranks' outputs differ, each holding only its own heads' partial output: g must all-reduce (sum) "
+        "the partial outputs in the forward pass, so that every rank holds the whole output.",
+        chapter=13, topic="distributed")
+mistake("f-forward-reduced", "tensor parallelism: f (copy to the ranks) all-reduces the input forward",
+        "Your output is that of P times the input: f's forward all-reduced the input, which every rank already "
+        "holds whole. f is the identity forward (and an all-reduce of the gradient backward).",
+        chapter=13, topic="distributed")
+mistake("f-and-g-swapped", "tensor parallelism: f and g swapped (all-reduce of the input, not of the output)",
+        "Your f and g are swapped: f (before the heads) is the identity forward and an all-reduce backward; g "
+        "(after the output projection) is an all-reduce forward and the identity backward.",
+        chapter=13, topic="distributed")
 
 # ==================================================================================================================
 # Chapter 14: attention in today's open models

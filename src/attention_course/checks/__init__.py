@@ -40,7 +40,13 @@ from .core import (
     check_softmax,
     check_streaming_attention,
 )
-from .distributed import check_ring_causal_mask, check_ring_merge, check_row_parallel_output
+from .distributed import (
+    check_copy_and_sum,
+    check_ring_causal_mask,
+    check_ring_merge,
+    check_row_parallel_output,
+    check_zigzag_layout,
+)
 from .field_guide import check_additive_mask, check_layers_created_once
 from .flex import check_alibi_score_mod, check_document_mask, check_prefix_lm_mask
 from .heads import check_merge_heads, check_split_heads
@@ -105,12 +111,14 @@ __all__ = [
     "check_prefix_matching_score",
     "check_qk_norm_rope",
     "check_repeat_kv",
+    "check_copy_and_sum",
     "check_ring_causal_mask",
     "check_ring_merge",
     "check_rope_cached_attention",
     "check_rope",
     "check_rope_decode_step",
     "check_row_parallel_output",
+    "check_zigzag_layout",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
     "check_sink_attention",

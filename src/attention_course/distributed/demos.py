@@ -3,7 +3,8 @@
 ``run_tensor_parallel(P, config)`` and ``run_ring_attention(P, config)`` launch the rank program on P gloo
 processes, rebuild the same inputs and weights in the caller from the same seed, and compare: they return a
 :class:`Report` of verdicts and measured counts. The chapter and the tests call them; so does
-``python -m attention_course.distributed --world-size 4``.
+``python -m attention_course.distributed --world-size 4``. ``run_copy_and_sum`` runs tensor-parallel attention with
+communication operators f and g given by its caller (the chapter's exercise), on ranks forked from the caller.
 """
 
 from __future__ import annotations
@@ -282,3 +283,59 @@ def sum_of_ranks(rank: int, world_size: int) -> dict:
     value = torch.tensor([float(rank)])
     dist.all_reduce(value)  # afterwards every rank holds 0 + 1 + ... + (P - 1)
     return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(), "sum": int(value.item())}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Your own f and g (chapter 13's exercise): tensor-parallel attention with given communication operators
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _apply(op, x: torch.Tensor) -> torch.Tensor:
+    """``op`` is a ``torch.autograd.Function`` (called through ``apply``) or a plain function."""
+    return op.apply(x) if isinstance(op, type) and issubclass(op, torch.autograd.Function) else op(x)
+
+
+def copy_and_sum_problem(query: torch.Tensor, key: torch.Tensor, num_heads: int, seed: int,
+                         value_dim: int) -> MultiHeadAttention:
+    """The float64 module of :func:`run_copy_and_sum`: ``MultiHeadAttention`` built under ``torch.manual_seed(seed)``
+    with d_model = query's width, kdim = key's and vdim = ``value_dim`` (the same weights in every process)."""
+    torch.manual_seed(seed)
+    return MultiHeadAttention(query.size(-1), num_heads, kdim=key.size(-1), vdim=value_dim).double()
+
+
+def copy_and_sum_rank(rank: int, world_size: int, copy_op, sum_op, mha: MultiHeadAttention,
+                      inputs: tuple, grad_out: torch.Tensor) -> dict:
+    """One rank of tensor-parallel attention whose communication is ``copy_op`` (f, on each input) and
+    ``sum_op`` (g, on the partial output): forward, then backward of ``(out * grad_out).sum()``."""
+    with torch.enable_grad():  # even when the caller runs without autograd (a grader calling a function)
+        leaves = [x.detach().clone().requires_grad_(True) for x in inputs]  # this rank's replicated inputs
+        shard = TensorParallelAttention(mha, rank, world_size)
+        query, key, value = (_apply(copy_op, x) for x in leaves)
+        out = _apply(sum_op, shard.partial_output(query, key, value))  # (B, Tq, D)
+        out = out + shard.b_o  # the bias once, after the sum
+        (out * grad_out).sum().backward()
+    return {"out": out.detach(), "grads": [x.grad for x in leaves]}
+
+
+def run_copy_and_sum(copy_op, sum_op, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     grad_out: torch.Tensor, num_heads: int, world_size: int, seed: int = 0,
+                     timeout: float = 60.0) -> tuple[torch.Tensor, ...]:
+    """Tensor-parallel attention on ``world_size`` real gloo processes, with YOUR communication operators.
+
+    ``copy_op`` (f) and ``sum_op`` (g) are ``torch.autograd.Function`` classes (or functions of one tensor);
+    each rank applies f to the query, key and value, computes its heads' partial output, applies g and adds the
+    bias. The module is :func:`copy_and_sum_problem` (float64, from ``seed``). The ranks are forked from this
+    process (``start_method="fork"``), so classes defined in a notebook reach them.
+
+    Returns ``(out, grad_query, grad_key, grad_value)``, each with a leading axis of one entry per rank: (P, B,
+    Tq, D), (P, B, Tq, D), (P, B, Tk, kdim), (P, B, Tk, vdim). A rank that hangs in a collective fails after
+    10 s; a rank that raises makes this raise, naming the rank.
+    """
+    mha = copy_and_sum_problem(query, key, num_heads, seed, value.size(-1))
+    check_shardable(num_heads, world_size)
+    inputs = tuple(x.detach().double() for x in (query, key, value))
+    results = launch(copy_and_sum_rank, world_size, copy_op, sum_op, mha, inputs, grad_out.detach().double(),
+                     timeout=timeout, group_timeout=min(10.0, timeout), start_method="fork")
+    out = torch.stack([r["out"] for r in results])
+    grads = [torch.stack([r["grads"][i] for r in results]) for i in range(3)]
+    return (out, *grads)

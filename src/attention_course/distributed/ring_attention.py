@@ -1,4 +1,7 @@
-"""Ring attention (Liu et al. 2023): sequence parallelism, each of P ranks holding T / P positions.
+"""Ring attention (Liu et al. 2023): context parallelism, each of P ranks holding T / P positions.
+
+(Megatron-LM calls this split of attention over the sequence *context parallelism*; its *sequence parallelism*,
+Korthikanti et al. 2022, splits only the layers outside attention along the sequence.)
 
 Rank r keeps its block of queries for the whole computation. The key/value blocks travel around the ring: at
 step s rank r holds the keys and values of rank (r - s) mod P, attends its queries to them, sends them on to rank
@@ -14,7 +17,8 @@ offset its local indices by where its blocks start (:func:`block_causal_mask`). 
 a query block are skipped. With the contiguous layout (rank r holds positions r*T/P .. (r+1)*T/P - 1) rank r
 then computes r + 1 blocks and rank P - 1 does P times the work of rank 0. The zig-zag layout cuts the sequence
 into 2P chunks and gives rank r chunks r and 2P - 1 - r (one early, one late): every rank computes 2P + 1 of the
-(T / 2P)^2 tiles.
+(T / 2P)^2 tiles. :func:`causal_work_per_rank` counts the work of these layouts and of the striped one (rank r
+holds positions r, r + P, r + 2P, ...), which balances the entries the mask keeps but not whole tiles.
 
 :func:`ring_attention` runs on a real process group (point-to-point sends); :func:`ring_attention_simulated`
 runs the same steps for all ranks in one process (fast, and differentiable with autograd). Lengths must divide
@@ -60,6 +64,12 @@ def sequence_layout(seq_len: int, world_size: int, layout: str = "contiguous") -
     if layout == "contiguous":
         return [[(r * size, (r + 1) * size)] for r in range(world_size)]
     return [[(r * size, (r + 1) * size), ((chunks - 1 - r) * size, (chunks - r) * size)] for r in range(world_size)]
+
+
+def kv_source(rank: int, step: int, world_size: int) -> int:
+    """The rank whose key/value block ``rank`` holds at ``step`` of the ring: its own at step 0, then the one
+    its left neighbour held a step earlier, (rank - step) mod P."""
+    return (rank - step) % world_size
 
 
 def shard_sequence(x: Tensor, chunks: list[tuple[int, int]]) -> Tensor:
@@ -179,7 +189,7 @@ def ring_attention_simulated(q: Tensor, k: Tensor, v: Tensor, world_size: int, c
     rows = [_init(qs[r], chunks[r], v.size(-1)) for r in range(world_size)]
     for step in range(world_size):
         for r in range(world_size):
-            src = (r - step) % world_size  # whose keys and values rank r holds at this step
+            src = kv_source(r, step, world_size)  # whose keys and values rank r holds at this step
             rows[r] = attend_block(rows[r], qs[r], chunks[r], ks[src], vs[src], chunks[src], causal, rank_stats[r])
             if step < world_size - 1:  # pass the block on to rank r + 1
                 rank_stats[r].bytes_sent += ks[src].nbytes + vs[src].nbytes
@@ -250,7 +260,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, layout
     k, v = k.contiguous(), v.contiguous()
     for step in range(world):
         pending = _pass_on(k, v, stats) if step < world - 1 else None  # the transfer overlaps the compute
-        rows = attend_block(rows, q, chunks[rank], k, v, chunks[(rank - step) % world], causal, stats)
+        rows = attend_block(rows, q, chunks[rank], k, v, chunks[kv_source(rank, step, world)], causal, stats)
         if pending is not None:
             requests, k, v = pending
             for request in requests:
@@ -277,6 +287,49 @@ def ring_memory_per_rank(batch_heads: int, seq_len: int, d_k: int, d_v: int, wor
     tile = n if layout == "contiguous" else n // 2
     numbers = n * d_k + n * d_v + 2 * n + 2 * n * (d_k + d_v) + tile * tile
     return batch_heads * numbers * bytes_per_element
+
+
+@dataclass
+class CausalWork:
+    """One rank's causal work over the whole ring, per batch entry and head: ``computed`` score entries when
+    every tile that holds a visible (query, key) pair is computed whole, and ``needed`` entries (those the causal
+    mask keeps)."""
+
+    computed: int
+    needed: int
+
+
+WORK_LAYOUTS = (*LAYOUTS, "striped")
+
+
+def rank_tiles(seq_len: int, world_size: int, layout: str) -> list[list[Tensor]]:
+    """The tiles each rank stores, as 1-D tensors of global positions: one chunk for ``"contiguous"``, chunks r
+    and 2P - 1 - r for ``"zigzag"``, and for ``"striped"`` one strided block r, r + P, r + 2P, ... (counted here
+    only: :func:`ring_attention` runs the first two)."""
+    if layout == "striped":
+        sequence_layout(seq_len, world_size)  # the same size checks as the contiguous layout
+        return [[torch.arange(r, seq_len, world_size)] for r in range(world_size)]
+    return [[torch.arange(start, stop) for start, stop in rank] for rank in sequence_layout(seq_len, world_size,
+                                                                                               layout)]
+
+
+def causal_work_per_rank(seq_len: int, world_size: int, layout: str = "contiguous") -> list[CausalWork]:
+    """What each rank computes in causal ring attention: every (query tile, key tile) pair of the ring that
+    holds at least one visible pair is computed whole (the diagonal ones then masked), the others skipped."""
+    if layout not in WORK_LAYOUTS:
+        raise ValueError(f"layout must be one of {WORK_LAYOUTS}, got {layout!r}")
+    tiles = rank_tiles(seq_len, world_size, layout)
+    key_tiles = [tile for rank in tiles for tile in rank]  # every key tile visits every rank
+    work = []
+    for rank in tiles:
+        computed = needed = 0
+        for q_tile in rank:
+            for k_tile in key_tiles:
+                visible = int((k_tile[None, :] <= q_tile[:, None]).sum())
+                needed += visible
+                computed += len(q_tile) * len(k_tile) if visible else 0
+        work.append(CausalWork(computed, needed))
+    return work
 
 
 def causal_tiles_per_rank(world_size: int, layout: str = "contiguous") -> list[int]:
