@@ -31,7 +31,13 @@ cases) and :mod:`.observe` (what the student's code computes and calls).
 
 from ..mistakes import CODES
 from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block, check_pre_ln_block
-from .capstone import check_rope_cached_attention
+from .capstone import (
+    check_capstone_block,
+    check_capstone_generation,
+    check_capstone_induction_scores,
+    check_capstone_training,
+    check_rope_cached_attention,
+)
 from .core import (
     check_attention_one_query,
     check_float_mask_attention,
@@ -115,6 +121,10 @@ __all__ = [
     "check_ring_causal_mask",
     "check_ring_merge",
     "check_rope_cached_attention",
+    "check_capstone_block",
+    "check_capstone_generation",
+    "check_capstone_training",
+    "check_capstone_induction_scores",
     "check_rope",
     "check_rope_decode_step",
     "check_row_parallel_output",
