@@ -11,6 +11,7 @@ from torch import nn
 from attention_course import causal_mask, checks, merge_heads, scaled_dot_product_attention, split_heads
 from attention_course.checks import hidden
 from attention_course.checks.questions import QUESTIONS
+from attention_course.distributed.launch import launch
 from attention_course.positions import apply_rope
 from attention_course.tasks import repeated_segment_batch
 from attention_course.training import tagging_loss, train
@@ -405,3 +406,68 @@ def test_block_with_the_attention_of_the_capstone_under_hidden_cases(capsys):
 
 def test_the_induction_question_is_registered():
     assert QUESTIONS["19.induction-layer"].answer == "B"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Challenge: the heads sharded over two real processes
+# ----------------------------------------------------------------------------------------------------------
+
+
+def make_shard_rank(variant="ok"):
+    def shard_rank(rank, world_size, module, x):
+        local, width = module.num_heads // world_size, module.w_o.in_features // world_size
+        cols = slice(rank * width, (rank + 1) * width)
+        pos = torch.arange(x.size(1))
+        with torch.no_grad():
+            q, k, v = (split_heads(nn.functional.linear(x, w.weight[cols], w.bias[cols]), local)
+                       for w in (module.w_q, module.w_k, module.w_v))
+            q, k = apply_rope(q, pos), apply_rope(k, pos)
+            heads, _ = scaled_dot_product_attention(q, k, v, causal_mask(x.size(1), x.size(1)))
+            merged = merge_heads(heads)  # (B, T, D / P)
+            if variant == "reduced-heads":
+                torch.distributed.all_reduce(merged)
+            partial = merged @ module.w_o.weight[:, cols].T
+            if variant == "bias-per-rank":
+                partial = partial + module.w_o.bias
+            if variant not in ("not-reduced", "reduced-heads"):
+                torch.distributed.all_reduce(partial)
+            return partial if variant == "bias-per-rank" else partial + module.w_o.bias
+
+    return shard_rank
+
+
+def make_sharded(variant="ok"):
+    def sharded_attention(module, x, world_size):
+        return torch.stack(launch(make_shard_rank(variant), world_size, module, x, start_method="fork"))
+
+    return sharded_attention
+
+
+def gathered_heads_rank(rank, world_size, module, x):
+    """Another style: each rank runs a copy of the module whose w_o keeps only its heads' columns (the bias on
+    rank 0 only), then all_gather and a sum."""
+    width = module.w_o.in_features // world_size
+    local = copy.deepcopy(module)
+    with torch.no_grad():
+        keep = torch.zeros(module.w_o.in_features, dtype=torch.bool)
+        keep[rank * width:(rank + 1) * width] = True
+        local.w_o.weight[:, ~keep] = 0.0
+        if rank:
+            local.w_o.bias.zero_()
+        partial, _ = local(x)
+        parts = [torch.empty_like(partial) for _ in range(world_size)]
+        torch.distributed.all_gather(parts, partial)
+    return sum(parts)
+
+
+def gathered_sharded(module, x, world_size):
+    return torch.stack(launch(gathered_heads_rank, world_size, module, x, start_method="fork"))
+
+
+shard_check = functools.partial(checks.check_capstone_sharding, Attention)
+CORRECT += [(shard_check, make_sharded()), (shard_check, gathered_sharded)]
+PLANTED += [
+    (shard_check, make_sharded("not-reduced"), "g-forward-not-reduced"),
+    (shard_check, make_sharded("bias-per-rank"), "tp-bias-per-rank"),
+    (shard_check, make_sharded("reduced-heads"), "allreduce-before-output-projection"),
+]

@@ -35,6 +35,7 @@ from .capstone import (
     check_capstone_block,
     check_capstone_generation,
     check_capstone_induction_scores,
+    check_capstone_sharding,
     check_capstone_training,
     check_rope_cached_attention,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "check_capstone_generation",
     "check_capstone_training",
     "check_capstone_induction_scores",
+    "check_capstone_sharding",
     "check_rope",
     "check_rope_decode_step",
     "check_row_parallel_output",

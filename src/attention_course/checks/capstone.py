@@ -656,6 +656,69 @@ def check_capstone_induction_scores(cls, train_fn, score_fn, *, timeout: float =
     run_check(body, timeout)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Challenge: the student's attention with its heads sharded over real processes
+# ----------------------------------------------------------------------------------------------------------
+
+# (d_model, num_heads, world_size, T)
+_SHARD_CASES = [(16, 2, 2, 5), (24, 4, 2, 7)]
+
+
+def shard_variant(x, params, h, world_size, variant="ok"):
+    """Every rank's output (P, B, T, D) of tensor-parallel RoPE attention, float64, or one known mistake."""
+    d = params["w_o"].shape[0]
+    heads = chunked_variant(x, params | {"w_o": np.eye(d), "b_o": np.zeros(d)}, h, (x.shape[1],))[0]  # merged
+    rows = [slice(r * d // world_size, (r + 1) * d // world_size) for r in range(world_size)]
+    partial = [heads[..., cols] @ params["w_o"][cols] for cols in rows]  # (B, T, D) per rank
+    b = params["b_o"]
+    if variant == "not-reduced":
+        return np.stack([p + b for p in partial])
+    if variant == "bias-per-rank":
+        return np.stack([sum(partial) + world_size * b] * world_size)
+    if variant == "reduced-heads":
+        summed = sum(heads[..., cols] for cols in rows)  # (B, T, D / P): unrelated heads added
+        return np.stack([summed @ params["w_o"][cols] + b for cols in rows])
+    return np.stack([sum(partial) + b] * world_size)
+
+
+def check_capstone_sharding(cls, fn, *, timeout: float = 60.0):
+    """Check ``fn(module, x, world_size)`` -> (P, B, T, D): each rank's output of ``module`` (a ``cls(d_model,
+    num_heads)``, the capstone's CachedRopeAttention with known weights) run tensor-parallel over its heads on
+    ``world_size`` real processes (each rank computes its heads with its slices of w_q, w_k, w_v and w_o, then
+    an all-reduce sums the partial outputs and the bias is added once). Every rank's output must equal the whole
+    module's causal RoPE attention over x."""
+    label = display_name(fn, "sharded")
+    atol, rtol = 2e-5, 1e-4
+
+    def body():
+        rng = np.random.default_rng(13)
+        for n, (d, h, p, t) in enumerate(_SHARD_CASES, 1):
+            case = f"case {n} of {len(_SHARD_CASES)}: d_model={d}, num_heads={h}, {p} processes, x (2, {t}, {d})"
+            params = numpy_ref.init_mha_params(d, seed=40 + n)
+            torch.manual_seed(0)
+            module = call(cls, {"d_model": d, "num_heads": h}, display_name(cls, "module"), positional=2)
+            module.eval()
+            _load(module, params, case)
+            x = rng.standard_normal((2, t, d))
+            got = as_array(call(fn, {"module": module, "x": torch.tensor(x, dtype=torch.float32),
+                                     "world_size": p}, label, positional=3), "result", case)
+            expected = shard_variant(x, params, h, p)
+            if close(got, expected, atol, rtol):
+                continue
+            candidates = [(code, detail, lambda v=v: (shard_variant(x, params, h, p, v), None))
+                          for code, detail, v in (("g-forward-not-reduced", "", "not-reduced"),
+                                                  ("tp-bias-per-rank", str(p), "bias-per-rank"),
+                                                  ("allreduce-before-output-projection", "the ranks' heads "
+                                                   "added together, then each rank's rows of w_o",
+                                                   "reduced-heads"))]
+            diagnose(got, None, candidates, case, expected, None, what="outputs (P, B, T, D)", atol=atol,
+                     rtol=rtol)
+        return (f"✓ {label}: {len(_SHARD_CASES)} problems on real processes, the heads split between the ranks: "
+                "every rank's output equals the whole module's")
+
+    run_check(body, timeout)
+
+
 choice_question(
     "19.cache-what",
     answer="A",
