@@ -111,10 +111,6 @@ def test_missing_layer_and_wrong_return():
         checks.check_rope_cached_attention(NoCache)
 
 
-def test_capstone_question_is_registered():
-    assert QUESTIONS["19.cache-what"].answer == "A"
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The registry's tables (tests/test_checks_planted.py)
 # ----------------------------------------------------------------------------------------------------------

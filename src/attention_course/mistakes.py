@@ -624,7 +624,7 @@ mistake("cache-keys-unrotated", "the KV cache holds the keys before RoPE, rotate
         "Your outputs are right, but your cache holds the keys as projected, before their rotation: every call "
         "then rotates the whole cache again, work that grows with the cache, and a cache handed to other code "
         "(or to the check) is not what the exercise asks for. A key's rotation depends on its own position only "
-        "(exercise 1 of this notebook).",
+        "(chapter 10).",
         chapter=19, topic="capstone")
 mistake("final-norm-missing", "a pre-LN model without its final LayerNorm before the head",
         "Your logits match the model without its final LayerNorm: in a pre-LN model nothing normalises the "
