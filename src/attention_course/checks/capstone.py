@@ -281,7 +281,10 @@ def _read_block(module, case):
     norm1, norm2, attn, lin1, lin2 = _block_layers(module, case)
     p = {}
     for n in "qkvo":
-        linear = getattr(attn, f"w_{n}")
+        linear = getattr(attn, f"w_{n}", None)
+        if not is_instance(linear, torch.nn.Linear) or linear.bias is None:
+            raise fail("missing-attribute", f"Your block's attn needs w_{n}, an nn.Linear(d_model, d_model) with a "
+                       "bias: your CachedRopeAttention.", case=case)
         p[f"attn_w_{n}"] = as_array(linear.weight, f"attn.w_{n}.weight", case).T
         p[f"attn_b_{n}"] = as_array(linear.bias, f"attn.w_{n}.bias", case)
     for layer, g, s in ((norm1, "g1", "s1"), (norm2, "g2", "s2")):
