@@ -10,9 +10,11 @@ from .cache import HYBRIDS, HybridConfig, bytes_table, hybrid_bytes, state_bytes
 from .gated_attention import Qwen3NextAttention
 from .layer import DeltaNetState, GatedDeltaNet
 from .rules import (
-    chunk_apply,
     chunk_parts,
+    chunk_read,
     chunk_step,
+    chunk_write,
+    chunks_step,
     decay_matrix,
     delta_step,
     elu_feature_map,
@@ -28,6 +30,7 @@ from .rules import (
 )
 
 __all__ = ["HYBRIDS", "HybridConfig", "bytes_table", "hybrid_bytes", "state_bytes", "Qwen3NextAttention",
-           "DeltaNetState", "GatedDeltaNet", "chunk_apply", "chunk_parts", "chunk_step", "decay_matrix", "delta_step",
-           "elu_feature_map", "gated_delta_chunked", "gated_delta_parallel", "gated_delta_recurrent", "l2_normalize",
-           "linear_attention_parallel", "linear_attention_recurrent", "linear_step", "normalize_qk", "read"]
+           "DeltaNetState", "GatedDeltaNet", "chunk_parts", "chunk_read", "chunk_step", "chunk_write", "chunks_step",
+           "decay_matrix", "delta_step", "elu_feature_map", "gated_delta_chunked", "gated_delta_parallel",
+           "gated_delta_recurrent", "l2_normalize", "linear_attention_parallel", "linear_attention_recurrent",
+           "linear_step", "normalize_qk", "read"]

@@ -12,8 +12,8 @@ The forms that compute it:
 
 * recurrent (:func:`gated_delta_recurrent`): token by token, a (Dk, Dv) state, O(T) time, O(1) memory in T;
 * chunked (:func:`gated_delta_chunked`): chunk by chunk, the WY/UT representation of the chunk's updates as
-  matrix products (:func:`chunk_parts`), the state carried between chunks (:func:`chunk_apply`): what training
-  uses;
+  matrix products (:func:`chunk_parts`, all chunks at once), the state carried between chunks
+  (:func:`chunk_write`), the outputs read from it (:func:`chunk_read`, all chunks at once): what training uses;
 * parallel (:func:`gated_delta_parallel`): :func:`chunk_step` on one chunk as long as the sequence, a masked
   (T, T) matrix as softmax attention, no loop at all.
 
@@ -207,70 +207,88 @@ def chunk_parts(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
     K' = (I + A)^-1 beta g K. The outputs mask (q_t . k_s) (g_t / g_s) with s <= t (the diagonal included: a
     query reads its own token's write).
 
-    Returns (W, K', masked scores (.., L, L), g (.., L, 1), g_L / g_s (.., L, 1)).
+    Returns (W, K', masked scores (.., L, L), g (.., L, 1), the keys decayed to the chunk's end (g_L / g_s) k_s).
     """
-    length = v.size(-2)
     decay = decay_matrix(log_decay)  # (.., L, L): g_t / g_s for s <= t, 0 above the diagonal
     g = log_decay.cumsum(-1).exp()[..., None]  # (.., L, 1): g_t
-    below = causal_mask(length, device=v.device).tril(-1)  # strictly lower: s < t
-    a = (beta[..., None] * (k @ k.transpose(-2, -1)) * decay).masked_fill(~below, 0.0)  # (.., L, L)
-    system = torch.eye(length, dtype=v.dtype, device=v.device) + a
+    a = (beta[..., None] * (k @ k.transpose(-2, -1)) * decay).tril(-1)  # (.., L, L): A, strictly lower
     writes, keys = torch.linalg.solve_triangular(  # one solve for [beta V | beta g K]
-        system, beta[..., None] * torch.cat([v, g * k], -1), upper=False, unitriangular=True
+        a, beta[..., None] * torch.cat([v, g * k], -1), upper=False, unitriangular=True  # reads I + A
     ).split([v.size(-1), k.size(-1)], dim=-1)
     scores = (q @ k.transpose(-2, -1)) * decay  # (.., L, L)
-    return writes, keys, scores, g, decay[..., -1, :, None]
+    return writes, keys, scores, g, k * decay[..., -1, :, None]
 
 
-def chunk_apply(state: Tensor, q: Tensor, k: Tensor, parts: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-    """A chunk's outputs (.., L, Dv) and the state after it (.., Dk, Dv), from the state before it and its parts."""
-    writes, keys, scores, g, to_end = parts
-    u = writes - keys @ state  # (.., L, Dv): what each token of the chunk writes
-    out = g * (q @ state) + scores @ u
-    return out, g[..., -1:, :] * state + (k * to_end).transpose(-2, -1) @ u  # (.., Dk, Dv)
+def chunk_write(state: Tensor, parts: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """From the state before a chunk (.., Dk, Dv): what its tokens write, U (.., L, Dv), and the state after it."""
+    writes, keys, _, g, keys_to_end = parts
+    u = writes - keys @ state  # (.., L, Dv): U = W - K' S_0
+    return u, g[..., -1:, :] * state + keys_to_end.transpose(-2, -1) @ u  # (.., Dk, Dv)
+
+
+def chunk_read(state: Tensor, q: Tensor, u: Tensor, parts: tuple[Tensor, ...]) -> Tensor:
+    """A chunk's outputs (.., L, Dv): the decayed start state read by q, plus the masked scores times the writes."""
+    _, _, scores, g, _ = parts
+    return g * (q @ state) + scores @ u
 
 
 def chunk_step(
     state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
 ) -> tuple[Tensor, Tensor]:
     """The L tokens of one chunk at once, from the state before it -> (out (B, H, L, Dv), state after it)."""
-    return chunk_apply(state, q, k, chunk_parts(q, k, v, beta, log_decay))
+    parts = chunk_parts(q, k, v, beta, log_decay)
+    u, after = chunk_write(state, parts)
+    return chunk_read(state, q, u, parts), after
+
+
+def chunks_step(
+    state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Consecutive chunks (chunks, B, H, L, ...) from the state before the first -> (out (chunks, B, H, L, Dv),
+    state after the last).
+
+    Only the state depends on the chunks before: the parts of every chunk (:func:`chunk_parts`) are computed at
+    once, then one short loop carries the state (:func:`chunk_write`: two small products per chunk), then every
+    chunk's outputs at once (:func:`chunk_read`).
+    """
+    parts = chunk_parts(q, k, v, beta, log_decay)
+    starts, writes = [], []
+    for i in range(q.size(0)):  # the one sequential part
+        starts.append(state)
+        u, state = chunk_write(state, [p[i] for p in parts])
+        writes.append(u)
+    return chunk_read(torch.stack(starts), q, torch.stack(writes), parts), state
 
 
 def gated_delta_chunked(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None = None, state: Tensor | None = None,
-    chunk_size: int = 64, group: int = 16,
+    chunk_size: int = 64, group: int = 8,
 ) -> tuple[Tensor, Tensor]:
-    """The gated delta rule chunk by chunk, the state carried between chunks.
+    """The gated delta rule chunk by chunk, the state carried between chunks. Equal to :func:`gated_delta_recurrent`.
 
-    Equal to :func:`gated_delta_recurrent`. The parts of ``group`` full chunks at a time (:func:`chunk_parts`)
-    are computed at once, on a (chunks, B, H, L, ...) copy; only :func:`chunk_apply` runs chunk after chunk; a
-    last, shorter chunk goes through :func:`chunk_step` (no padding). Work grows linearly in T for a fixed L.
+    The sequence is cut into chunks of ``chunk_size`` tokens, taken ``group`` chunks at a time
+    (:func:`chunks_step`), each group copied chunk-major, (chunks, B, H, L, ...), so that every product runs on
+    contiguous blocks and a group's (L, L) matrices stay in the CPU's cache. A ragged end is padded with tokens
+    that change nothing (k = v = 0, beta = 0, alpha = 1). Work grows linearly in T for a fixed L.
     """
     check_rule_inputs(q, k, v, beta, log_decay, state)
     check_int(chunk_size, "chunk_size")
+    check_int(group, "group")
     q, k = _grouped(q, k, v)
     beta, log_decay = _defaults(v, beta, log_decay)
     state = _zero_state(k, v) if state is None else state
-    full = v.size(2) // chunk_size * chunk_size
-
-    def chunks(x: Tensor, start: int, stop: int) -> Tensor:  # (B, H, T, ...) -> (chunks, B, H, L, ...)
-        return x[:, :, start:stop].unflatten(2, (-1, chunk_size)).movedim(2, 0).contiguous()
-
+    length = v.size(2)
+    pad = -length % chunk_size
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        beta, log_decay = (F.pad(x, (0, pad)) for x in (beta, log_decay))
+    inputs = [x.unflatten(2, (-1, chunk_size)) for x in (q, k, v, beta, log_decay)]  # (B, H, chunks, L, ...)
     outs = []
-    for start in range(0, full, group * chunk_size):  # a group of chunks at a time: their parts stay in cache
-        stop = min(start + group * chunk_size, full)
-        qs, ks = chunks(q, start, stop), chunks(k, start, stop)
-        parts = chunk_parts(qs, ks, *(chunks(x, start, stop) for x in (v, beta, log_decay)))
-        for i in range(qs.size(0)):
-            out, state = chunk_apply(state, qs[i], ks[i], [p[i] for p in parts])
-            outs.append(out)
-    if full < v.size(2):
-        rest = slice(full, None)
-        out, state = chunk_step(state, q[:, :, rest], k[:, :, rest], v[:, :, rest], beta[:, :, rest],
-                                log_decay[:, :, rest])
+    for first in range(0, inputs[0].size(2), group):
+        span = (x[:, :, first:first + group].movedim(2, 0).contiguous() for x in inputs)  # (chunks, B, H, L, ..)
+        out, state = chunks_step(state, *span)
         outs.append(out)
-    return torch.cat(outs, dim=2), state
+    return torch.cat(outs).movedim(0, 2).flatten(2, 3)[:, :, :length], state
 
 
 def gated_delta_parallel(
