@@ -315,6 +315,37 @@ def test_recall_experiment():
         memory_answers(torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3), "kv")
 
 
+def test_associative_recall_batch():
+    """Every question's target is the value stored with its key earlier in the sequence (checked pair by pair)."""
+    from attention_course.tasks import associative_recall_batch
+
+    generator = torch.Generator().manual_seed(3)
+    key_ids, value_ids, targets, asked = associative_recall_batch(5, 6, generator, num_keys=10, num_values=4)
+    assert key_ids.shape == value_ids.shape == targets.shape == asked.shape == (5, 12)
+    for b in range(5):
+        stored = {int(key_ids[b, i]): int(value_ids[b, i]) for i in range(6)}
+        assert len(stored) == 6  # distinct keys
+        assert sorted(int(k) for k in key_ids[b, 6:]) == sorted(stored)  # every key asked once
+        for i in range(6, 12):
+            assert bool(asked[b, i]) and int(value_ids[b, i]) == 4  # a question: the blank value id
+            assert int(targets[b, i]) == stored[int(key_ids[b, i])]
+    assert not asked[:, :6].any()
+    with pytest.raises(ValueError, match="num_pairs must be <= num_keys"):
+        associative_recall_batch(2, 11, generator, num_keys=10)
+    with pytest.raises(TypeError, match="generator must be"):
+        associative_recall_batch(2, 3, 0)
+
+
+def test_trained_recall_delta_beats_linear():
+    """Chapter 12's loop on associative recall, 16 pairs, keys of 8 dimensions: the delta rule recalls far more."""
+    from attention_course.linear_attention.recall import RecallModel, trained_recall
+
+    linear, delta = trained_recall("linear")[1], trained_recall("delta")[1]
+    assert linear < 0.4 and delta > 0.6 and delta > 2 * linear
+    with pytest.raises(ValueError, match="memory must be one of"):
+        RecallModel("kv")
+
+
 def test_diagrams_draw():
     import matplotlib
 
