@@ -163,6 +163,7 @@ transformers = pytest.importorskip("transformers")
 from attention_course.linear_attention.hf import (  # noqa: E402
     build_hf_attention,
     build_hf_gated_deltanet,
+    build_hf_kimi_delta,
     hf_deltanet_forward,
     hf_forward,
 )
@@ -282,6 +283,78 @@ def test_gated_attention_refuses_other_modules():
     hf = build_hf_attention("qwen3", hidden_size=16, num_attention_heads=2, num_key_value_heads=2)
     with pytest.raises(TypeError, match="Qwen3NextAttention"):
         la.Qwen3NextAttention.from_hf(hf)
+
+
+def draw_kimi_config(rng: np.random.Generator) -> dict:
+    return dict(hidden_size=int(rng.choice([12, 16, 24])), linear_num_heads=int(rng.choice([1, 2, 3])),
+                linear_head_dim=int(rng.choice([4, 8])), linear_conv_kernel_dim=int(rng.choice([2, 4])))
+
+
+def test_kimi_delta_attention_equals_transformers():
+    """Kimi Linear's layer (a decay per key channel) on configurations drawn at test time: float32, relative error
+    below 2e-5 (transformers' chunked fallback against the course's recurrent form; measured up to about 3e-6)."""
+    rng = np.random.default_rng(171)
+    for case in range(CASES):
+        config = draw_kimi_config(rng)
+        hf = build_hf_kimi_delta(seed=case, **config)
+        ours = la.KimiDeltaAttention.from_hf(hf)
+        b, t = int(rng.integers(1, 3)), int(rng.choice([1, 7, 64, 100]))
+        x = torch.from_numpy(rng.standard_normal((b, t, config["hidden_size"]))).float()
+        with torch.no_grad():
+            err = relative_error(ours(x), hf_deltanet_forward(hf, x))
+        assert err < 2e-5, (config, t, err)
+
+
+def test_kimi_decay_is_per_channel():
+    """Permuting dt_bias within each head (the same decays, on other channels) breaks the equality by far."""
+    hf = build_hf_kimi_delta(hidden_size=16, linear_num_heads=2, linear_head_dim=8)
+    x = torch.randn(1, 20, 16, generator=torch.Generator().manual_seed(1))
+    ours = la.KimiDeltaAttention.from_hf(hf)
+    ref = hf_deltanet_forward(hf, x)
+    with torch.no_grad():
+        assert relative_error(ours(x), ref) < 2e-5
+        ours.dt_bias.copy_(ours.dt_bias.view(2, 8).flip(-1).reshape(-1))
+        assert relative_error(ours(x), ref) > 1e-2
+
+
+def test_per_channel_rule_reduces_to_per_head():
+    """The same decay on every key channel is the per-head rule: recurrent per-channel == chunked per-head
+    (float64); the chunked form refuses a per-channel decay."""
+    rng = np.random.default_rng(4)
+    q, k, v, beta, log_decay = draw_inputs(rng, t=37)
+    channels = log_decay[..., None].expand(*log_decay.shape, k.size(-1))  # (B, H, T, Dk)
+    out_c, state_c = la.gated_delta_recurrent(q, k, v, beta, channels)
+    out_h, state_h = la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=16)
+    assert (out_c - out_h).abs().max() < 1e-12 and (state_c - state_h).abs().max() < 1e-12
+    with pytest.raises(ValueError, match="recurrent form only"):
+        la.gated_delta_chunked(q, k, v, beta, channels)
+    with pytest.raises(ValueError, match="log_decay must be"):
+        la.gated_delta_recurrent(q, k, v, beta, channels[..., :1])
+
+
+def test_kimi_step_equals_full_sequence():
+    """float64: decoding token by token from the fixed state equals the whole sequence."""
+    hf = build_hf_kimi_delta(hidden_size=12, linear_num_heads=3, linear_head_dim=4, linear_conv_kernel_dim=3)
+    ours = la.KimiDeltaAttention.from_hf(hf).double()
+    x = torch.randn(2, 9, 12, generator=torch.Generator().manual_seed(2), **F64)
+    with torch.no_grad():
+        whole, final = ours(x, return_state=True)
+        state, steps = None, []
+        for t in range(9):
+            y, state = ours.step(x[:, t], state)
+            steps.append(y)
+    assert (torch.stack(steps, 1) - whole).abs().max() < 1e-12
+    assert (state.recurrent - final.recurrent).abs().max() < 1e-12
+
+
+def test_kimi_refuses():
+    with pytest.raises(TypeError, match="KimiLinearDeltaAttention"):
+        la.KimiDeltaAttention.from_hf(build_hf_gated_deltanet(hidden_size=8, linear_num_key_heads=1,
+                                                              linear_num_value_heads=1, linear_key_head_dim=4,
+                                                              linear_value_head_dim=4))
+    with pytest.raises(ValueError, match="silu"):
+        la.KimiDeltaAttention.from_hf(build_hf_kimi_delta(hidden_size=8, linear_num_heads=1, linear_head_dim=4,
+                                                          hidden_act="gelu"))
 
 
 # ---------------------------------------------------------------- bytes

@@ -5,7 +5,8 @@ S (B, H, Dk, Dv): a key k predicts the value ``k @ S``, a query q reads ``q @ S`
 
 * ``beta`` (B, H, T) in [0, 1], the writing strength of the delta rule (a learning rate);
 * ``log_decay`` (B, H, T) <= 0, the log of the gate alpha = exp(log_decay) that scales the state before each
-  write (Gated DeltaNet, Mamba-2); None means alpha = 1 (no forgetting).
+  write (Gated DeltaNet, Mamba-2); None means alpha = 1 (no forgetting). Kimi Linear's gate is a vector per
+  token, one alpha per key channel: log_decay (B, H, T, Dk) scales each row of the state (the recurrent form).
 
 The update is defined once, per token, in :func:`delta_step` (and :func:`linear_step` for plain linear attention).
 The forms that compute it:
@@ -36,7 +37,8 @@ from ..validation import check_floating, check_int, check_rank
 
 
 def check_rule_inputs(q, k, v, beta=None, log_decay=None, state=None) -> None:
-    """Raise unless q, k (B, H_k, T, Dk), v (B, H, T, Dv), beta and log_decay (B, H, T), state (B, H, Dk, Dv).
+    """Raise unless q, k (B, H_k, T, Dk), v (B, H, T, Dv), beta (B, H, T), log_decay (B, H, T) or (B, H, T, Dk)
+    (a decay per key channel), state (B, H, Dk, Dv).
 
     H must be a multiple of H_k (grouped heads); log_decay must be <= 0 (alpha = exp(log_decay) <= 1).
     """
@@ -55,11 +57,12 @@ def check_rule_inputs(q, k, v, beta=None, log_decay=None, state=None) -> None:
         raise ValueError(f"value heads H={h} must be a multiple of query/key heads H_k={h_k}")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    for name, x in (("beta", beta), ("log_decay", log_decay)):
+    for name, x, shapes in (("beta", beta, [(b, h, t)]), ("log_decay", log_decay, [(b, h, t), (b, h, t, dk)])):
         if x is not None:
             check_floating(x, name)
-            if tuple(x.shape) != (b, h, t):
-                raise ValueError(f"{name} must be (B, H, T) = {(b, h, t)}, got {tuple(x.shape)}")
+            if tuple(x.shape) not in shapes:
+                allowed = " or ".join(map(str, shapes))
+                raise ValueError(f"{name} must be {allowed} (B, H, T[, Dk]), got {tuple(x.shape)}")
     if log_decay is not None and bool((log_decay > 0).any()):
         raise ValueError("log_decay must be <= 0: the gate alpha = exp(log_decay) may shrink the state, not grow it")
     if state is not None:
@@ -108,6 +111,19 @@ def normalize_qk(q: Tensor, k: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tenso
 # ---------------------------------------------------------------- the update, per token
 
 
+def check_per_head(log_decay) -> None:
+    """The chunked and parallel forms take one gate per head and token; a gate per channel runs token by token."""
+    if log_decay is not None and log_decay.dim() == 4:
+        raise ValueError("a decay per key channel, log_decay (B, H, T, Dk), runs in the recurrent form only "
+                         "(gated_delta_recurrent, linear_attention_recurrent)")
+
+
+def decay_state(state: Tensor, log_decay: Tensor) -> Tensor:
+    """alpha S: log_decay (B, H) scales the whole state of a head, (B, H, Dk) each of its rows (key channels)."""
+    alpha = log_decay.exp()
+    return state * (alpha[..., None, None] if alpha.dim() == state.dim() - 2 else alpha[..., None])
+
+
 def read(state: Tensor, q: Tensor) -> Tensor:
     """state (B, H, Dk, Dv), q (B, H, Dk) -> q @ S (B, H, Dv): what the memory returns for the query."""
     return (q.unsqueeze(-2) @ state).squeeze(-2)
@@ -115,17 +131,18 @@ def read(state: Tensor, q: Tensor) -> Tensor:
 
 def linear_step(state: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
     """Linear attention's update: S <- alpha S + k v^T (it adds, it never erases)."""
-    return state * log_decay.exp()[..., None, None] + k.unsqueeze(-1) * v.unsqueeze(-2)
+    return decay_state(state, log_decay) + k.unsqueeze(-1) * v.unsqueeze(-2)
 
 
 def delta_step(state: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor) -> Tensor:
     """The gated delta rule, one token: S <- alpha S, then S <- S + beta k (v - k @ S)^T.
 
-    state (B, H, Dk, Dv); k (B, H, Dk); v (B, H, Dv); beta, log_decay (B, H). First the gate forgets (alpha =
-    exp(log_decay)); then the state's prediction for k is moved a fraction beta towards v: one step of online
-    least squares on the loss |k @ S - v|^2 / 2, learning rate beta. With alpha = 1 it is DeltaNet's rule.
+    state (B, H, Dk, Dv); k (B, H, Dk); v (B, H, Dv); beta (B, H); log_decay (B, H), or (B, H, Dk) for a gate
+    per key channel (Kimi Linear). First the gate forgets (alpha = exp(log_decay)); then the state's prediction
+    for k is moved a fraction beta towards v: one step of online least squares on the loss |k @ S - v|^2 / 2,
+    learning rate beta. With alpha = 1 it is DeltaNet's rule.
     """
-    state = state * log_decay.exp()[..., None, None]
+    state = decay_state(state, log_decay)
     error = v - read(state, k)  # (B, H, Dv): what the memory gets wrong about this key
     return state + k.unsqueeze(-1) * (beta.unsqueeze(-1) * error).unsqueeze(-2)
 
@@ -151,6 +168,7 @@ def linear_attention_parallel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor
     q, k (B, H_k, T, Dk), v (B, H, T, Dv) -> (B, H, T, Dv). No softmax: the scores are used as they are.
     """
     check_rule_inputs(q, k, v, log_decay=log_decay)
+    check_per_head(log_decay)
     q, k = _grouped(q, k, v)
     _, log_decay = _defaults(v, None, log_decay)
     return ((q @ k.transpose(-2, -1)) * decay_matrix(log_decay)) @ v  # (B, H, T, T) @ (B, H, T, Dv)
@@ -272,6 +290,7 @@ def gated_delta_chunked(
     that change nothing (k = v = 0, beta = 0, alpha = 1). Work grows linearly in T for a fixed L.
     """
     check_rule_inputs(q, k, v, beta, log_decay, state)
+    check_per_head(log_decay)
     check_int(chunk_size, "chunk_size")
     check_int(group, "group")
     q, k = _grouped(q, k, v)
@@ -296,6 +315,7 @@ def gated_delta_parallel(
 ) -> tuple[Tensor, Tensor]:
     """The gated delta rule with no loop: one chunk as long as the sequence (a (T, T) system, like softmax's)."""
     check_rule_inputs(q, k, v, beta, log_decay, state)
+    check_per_head(log_decay)
     q, k = _grouped(q, k, v)
     beta, log_decay = _defaults(v, beta, log_decay)
     return chunk_step(_zero_state(k, v) if state is None else state, q, k, v, beta, log_decay)
