@@ -372,6 +372,34 @@ def test_state_bytes_of_published_hybrids():
         hybrid_bytes(qwen, 1.5)
 
 
+def test_published_rows_match_transformers_modules():
+    """The MiniMax-Text-01 and Mamba-2-2.7B rows hold what transformers' own layers keep per token of state when
+    built (on the meta device: no memory) from the published sizes: lightning attention 64 heads of (128, 128), no
+    convolution; Mamba-2 80 heads of (state 128, head 64) and a convolution over 2 * 2560 + 2 * 128 channels."""
+    from transformers import Mamba2Config, MiniMaxConfig
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+    from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
+
+    rows = {row.name: row for row in HYBRIDS}
+    seven_to_one = (["linear_attention"] * 7 + ["full_attention"]) * 10
+    minimax_config = MiniMaxConfig(hidden_size=6144, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                                   num_hidden_layers=80, layer_types=seven_to_one)
+    mamba_config = Mamba2Config(hidden_size=2560, num_hidden_layers=64, num_heads=80, head_dim=64, state_size=128,
+                                n_groups=1, expand=2, conv_kernel=4)
+    with torch.device("meta"):
+        lightning, mixer = MiniMaxLightningAttention(minimax_config, 0), Mamba2Mixer(mamba_config, 0)
+    minimax, mamba = rows["MiniMax-Text-01"], rows["Mamba-2-2.7B"]
+    assert minimax.linear_layers == minimax_config.layer_types.count("linear_attention") == 70
+    assert minimax.attention.num_layers == 10 and minimax.attention.num_kv_heads == 8
+    assert (minimax.heads, minimax.k_dim, minimax.v_dim) == (lightning.num_attention_heads, lightning.head_dim,
+                                                             lightning.head_dim)
+    assert minimax.conv_channels == 0
+    assert (mamba.linear_layers, mamba.heads) == (mamba_config.num_hidden_layers, mixer.num_heads)
+    assert (mamba.k_dim, mamba.v_dim) == (mixer.ssm_state_size, mixer.head_dim)
+    assert (mamba.conv_channels, mamba.conv_kernel) == (mixer.conv_dim, mixer.conv_kernel_size)
+    assert mamba.attention is None
+
+
 # ---------------------------------------------------------------- the recall experiment and the figures
 
 
