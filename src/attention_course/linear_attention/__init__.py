@@ -18,6 +18,7 @@ from .rules import (
     chunk_write,
     chunks_step,
     decay_matrix,
+    decay_state,
     delta_step,
     elu_feature_map,
     gated_delta_chunked,
@@ -33,6 +34,6 @@ from .rules import (
 
 __all__ = ["HYBRIDS", "HybridConfig", "bytes_table", "hybrid_bytes", "state_bytes", "Qwen3NextAttention",
            "DeltaNetState", "GatedDeltaNet", "KimiDeltaAttention", "chunk_parts", "chunk_read", "chunk_step",
-           "chunk_write", "chunks_step", "decay_matrix", "delta_step", "elu_feature_map", "gated_delta_chunked",
-           "gated_delta_parallel", "gated_delta_recurrent", "l2_normalize", "linear_attention_parallel",
-           "linear_attention_recurrent", "linear_step", "normalize_qk", "read"]
+           "chunk_write", "chunks_step", "decay_matrix", "decay_state", "delta_step", "elu_feature_map",
+           "gated_delta_chunked", "gated_delta_parallel", "gated_delta_recurrent", "l2_normalize",
+           "linear_attention_parallel", "linear_attention_recurrent", "linear_step", "normalize_qk", "read"]

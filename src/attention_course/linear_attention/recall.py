@@ -148,6 +148,12 @@ def trained_recall(memory: str, num_pairs: int = 16, key_dim: int = 8, steps: in
         key_ids, value_ids, targets, asked = batch
         return tagging_loss(m(key_ids, value_ids), targets, asked)
 
-    train(model, lambda g: associative_recall_batch(batch_size, num_pairs, g), loss_fn, steps, lr=1e-2, seed=seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tensors of a few thousand numbers: a second thread only waits at every operation
+    try:
+        train(model, lambda g: associative_recall_batch(batch_size, num_pairs, g), loss_fn, steps, lr=1e-2,
+              seed=seed)
+    finally:
+        torch.set_num_threads(threads)
     held_out = associative_recall_batch(512, num_pairs, torch.Generator().manual_seed(seed + 1))
     return model, recall_accuracy(model, held_out)
