@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from attention_course.numpy_ref import causal_mask, softmax
 from attention_course import plotting
+from attention_course.numpy_ref import causal_mask, softmax
 from attention_course.plotting import plot_attention, plot_heads
 
 
