@@ -85,8 +85,12 @@ def use_course_style() -> None:
     except ImportError:  # pragma: no cover - IPython is installed with the course
         return
     shell = get_ipython()
-    if shell is not None and hasattr(shell, "display_formatter"):
-        shell.display_formatter.formatters["image/png"].for_type(Figure, _png_with_smallest_text)
+    if shell is None or not hasattr(shell, "display_formatter"):
+        return
+    if "inline" in mpl.get_backend():
+        # The inline backend registers its own PNG formatter when first imported: import it now, so ours stays.
+        import matplotlib_inline.backend_inline  # noqa: F401
+    shell.display_formatter.formatters["image/png"].for_type(Figure, _png_with_smallest_text)
 
 
 use_course_style()
