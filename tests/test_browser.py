@@ -11,7 +11,9 @@ one every page at 390 px and a third the chapters in dark mode), with these rule
 - at 1280 px no display equation is wider than its column (long ones are split into aligned lines); at 390 px one
   may scroll inside its own box, up to 1.5 columns wide, but none is cut off;
 - at 1280 px no line of a code cell is longer than the code column holds (measured in characters of its font; the
-  notebook lint keeps code within 79) and no code block needs a scroll bar;
+  notebook lint keeps code within 79) and no code block needs a scroll bar, and no printed table or verdict line is
+  longer than the output column holds (messages that read as sentences may wrap);
+- listings of library code (show_source, lines up to 120 characters) never wrap: they scroll in their own box;
 - every cell shows each of its output streams in one box (`nb_merge_streams`), however the kernel chunked it;
 - exercise pages show a failing check's message, not its traceback; solution pages show no BEGIN/END SOLUTION
   markers; the install cell's toggle says what it hides;
@@ -113,8 +115,14 @@ INSPECT_LAYOUT = """() => {
     .filter(e => e.getBoundingClientRect().right > width + 1 && !scrollsItself(e)).slice(0, 5)
     .map(e => `${name(e)} (right edge ${Math.round(e.getBoundingClientRect().right)} px): `
       + e.textContent.trim().slice(0, 60));
+  // A listing of library source (show_source: a Markdown code block in a cell's output) scrolls in its own box.
+  const isListing = pre => !!pre.closest("div.cell_output > div[class*='highlight-']:not(.output)");
+  const listings = Array.from(document.querySelectorAll("main div.cell_output pre")).filter(isListing)
+    .map(pre => { const style = getComputedStyle(pre);
+      return {whiteSpace: style.whiteSpace, overflow: style.overflowX, wide: pre.scrollWidth > pre.clientWidth + 1,
+              text: pre.textContent.trim().slice(0, 60)}; });
   const clipped = Array.from(document.querySelectorAll("main pre"))
-    .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+    .filter(pre => !isListing(pre) && pre.scrollWidth > pre.clientWidth + 1)
     .map(pre => `${pre.scrollWidth} px of text in ${pre.clientWidth} px: ` + pre.textContent.trim().slice(0, 60));
   const tex = e => { try { const items = MathJax.startup.document.getMathItemsWithin(e);
       return items.length ? items[0].math : e.textContent; } catch (error) { return e.textContent; } };
@@ -135,6 +143,14 @@ INSPECT_LAYOUT = """() => {
     const holds = columnChars(pre);
     pre.textContent.split("\\n").forEach(line => { if (line.trimEnd().length > holds)
       codeLines.push({holds, length: line.trimEnd().length, line: line.trim().slice(0, 70)}); }); });
+  // Printed output (stdout, and the text of a cell's value): every line longer than the output column holds.
+  const outputLines = [];
+  document.querySelectorAll("main div.cell_output div.output.stream pre, "
+                             + "main div.cell_output div.output.text_plain pre").forEach(pre => {
+    if (pre.offsetParent === null || pre.closest(".traceback")) return;
+    const holds = columnChars(pre);
+    pre.textContent.split("\\n").forEach(line => { if (line.trimEnd().length > holds)
+      outputLines.push({holds, length: line.trimEnd().length, line: line.trimEnd()}); }); });
   const streams = Array.from(document.querySelectorAll("main div.cell_output")).map(out => {
     const counts = {};
     for (const box of out.children) {
@@ -149,7 +165,7 @@ INSPECT_LAYOUT = """() => {
   const licence = Array.from(document.querySelectorAll("footer a"))
     .filter(a => a.href.startsWith("https://creativecommons.org/licenses/by/4.0") && a.offsetParent !== null);
   return {pageWidth: document.documentElement.scrollWidth, width, wide, clipped, panel, equations, codeLines,
-          streams,
+          streams, outputLines, listings,
           theme: document.documentElement.dataset.theme, licence: licence.length};
 }"""
 
@@ -361,6 +377,35 @@ def test_no_code_line_wraps_on_a_laptop(layouts):
     assert not problems, f"lines that wrap at {DESKTOP} px:\n" + _report(problems)
 
 
+# A printed line may wrap only where it reads as a sentence: a check's verdict or message ("✓ ...", "[code] ...",
+# "Failing case ...") or an exception's message, after an optional short label ("head size 48: ValueError: ...").
+# Tables, verdict lines, lists and arrays must fit the column: wrapped, their columns land at the left margin.
+PROSE_OUTPUT = re.compile(r"^(✓ |\s*\[[a-z0-9-]+\] |\s*Failing case|([^:]{1,40}: )?"
+                          r"([A-Za-z_][\w.]*(Error|Exception|Failed|Warning): |\[[a-z0-9-]+\] ))")
+
+
+def test_no_printed_table_or_verdict_wraps_on_a_laptop(layouts):
+    """At 1280 px no printed line (stdout, a cell's value) is longer than the output column holds, in characters of
+    its font, except messages that read as sentences (PROSE_OUTPUT): the notebooks print tables and verdicts in
+    lines of at most 81 characters."""
+    problems = [f"{docname}: a line of {o['length']} characters, the column holds {o['holds']}: {o['line'][:90]}"
+                for docname, r in layouts[DESKTOP, "light"].items() for o in r["outputLines"]
+                if not PROSE_OUTPUT.match(o["line"])]
+    assert not problems, f"printed lines that wrap at {DESKTOP} px ({len(problems)}):\n" + _report(problems)
+
+
+def test_library_listings_scroll_instead_of_wrapping(layouts):
+    """show_source's listings of library code (lines up to 120 characters) keep their lines: a wrapped line would
+    land at the left margin and read as a new statement. A long one scrolls inside its own box, at any width."""
+    listings = [(docname, width, listing) for (width, scheme), records in layouts.items() if scheme == "light"
+                for docname, r in records.items() for listing in r["listings"]]
+    assert listings, "no show_source listing on any page: expected the chapters' library code"
+    problems = [f"{docname} at {width} px: white-space {x['whiteSpace']}, overflow-x {x['overflow']}: {x['text']}"
+                for docname, width, x in listings
+                if x["whiteSpace"] != "pre" or (x["wide"] and x["overflow"] not in ("auto", "scroll"))]
+    assert not problems, "listings that wrap or overflow their box:\n" + _report(problems)
+
+
 def test_one_output_box_per_stream(layouts):
     """A cell's printed output is one box per stream, however the kernel chunked it (`nb_merge_streams`)."""
     problems = [f"{docname}: {s['counts']} boxes in the cell {s['cell']!r}"
@@ -441,7 +486,7 @@ def _smallest_text_px(path, shown_px, natural_px):
 
     if path.suffix == ".svg":
         svg = path.read_text(encoding="utf-8")
-        view_box = re.search(r'viewBox="[\d.\s-]+? [\d.-]+ ([\d.]+) [\d.]+"', svg)
+        view_box = re.search(r'viewBox="\s*[\d.-]+\s+[\d.-]+\s+([\d.]+)\s+[\d.]+\s*"', svg)
         sizes = [float(v) for v in re.findall(r"<text[^>]*font-size:\s*([\d.]+)px", svg)]
         if not view_box or not sizes:
             return None, "an SVG without a viewBox or without text elements (text drawn as paths?)"
@@ -546,6 +591,7 @@ def test_figure_measurement_on_files(tmp_path):
     import base64
 
     import matplotlib.pyplot as plt
+
     from attention_course import plotting
 
     for svg in sorted((ROOT / "book" / "figures").glob("*.svg")):
