@@ -11,11 +11,14 @@ one every page at 390 px and a third the chapters in dark mode), with these rule
 - at 1280 px no display equation is wider than its column (long ones are split into aligned lines); at 390 px one
   may scroll inside its own box, up to 1.5 columns wide, but none is cut off;
 - at 1280 px no line of a code cell is longer than the code column holds (measured in characters of its font; the
-  notebook lint keeps code within 79) and no code block needs a scroll bar;
+  notebook lint keeps code within 79) and no code block needs a scroll bar, and no printed table or verdict line is
+  longer than the output column holds (messages that read as sentences may wrap);
+- listings of library code (show_source, lines up to 120 characters) never wrap: they scroll in their own box;
 - every cell shows each of its output streams in one box (`nb_merge_streams`), however the kernel chunked it;
 - exercise pages show a failing check's message, not its traceback; solution pages show no BEGIN/END SOLUTION
   markers; the install cell's toggle says what it hides;
-- in dark mode the plots sit on a light panel, and every page shows the licence in its footer.
+- in dark mode the plots sit on a light panel, and every page shows the licence in its footer;
+- at 1280 px the smallest text of every figure is at least 12 px tall as shown (attention_course.plotting's rule).
 
 Offline by design: the pages are served from 127.0.0.1 by a thread of this process; the requests the pages make for
 MathJax 3 (from its CDN, as published) are answered from the pinned copy that `make browser`
@@ -75,6 +78,11 @@ INSPECT_PAGE = """() => {
     mathErrors: Array.from(main.querySelectorAll("mjx-merror")).map(e => e.textContent.slice(0, 80)),
     prose: prose.textContent,
     brokenImages: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+    figures: Array.from(main.querySelectorAll("img")).filter(i => i.offsetParent !== null).map(i => {
+      const style = getComputedStyle(i);
+      const shown = i.getBoundingClientRect().width - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)
+        - parseFloat(style.borderLeftWidth) - parseFloat(style.borderRightWidth);
+      return {src: i.src, shown, natural: i.naturalWidth}; }),
     images: document.images.length,
     tracebacks: Array.from(document.querySelectorAll(".cell:not(.tag_raises-exception) .output.traceback"))
       .map(e => e.textContent.slice(0, 300)),
@@ -107,8 +115,14 @@ INSPECT_LAYOUT = """() => {
     .filter(e => e.getBoundingClientRect().right > width + 1 && !scrollsItself(e)).slice(0, 5)
     .map(e => `${name(e)} (right edge ${Math.round(e.getBoundingClientRect().right)} px): `
       + e.textContent.trim().slice(0, 60));
+  // A listing of library source (show_source: a Markdown code block in a cell's output) scrolls in its own box.
+  const isListing = pre => !!pre.closest("div.cell_output > div[class*='highlight-']:not(.output)");
+  const listings = Array.from(document.querySelectorAll("main div.cell_output pre")).filter(isListing)
+    .map(pre => { const style = getComputedStyle(pre);
+      return {whiteSpace: style.whiteSpace, overflow: style.overflowX, wide: pre.scrollWidth > pre.clientWidth + 1,
+              text: pre.textContent.trim().slice(0, 60)}; });
   const clipped = Array.from(document.querySelectorAll("main pre"))
-    .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+    .filter(pre => !isListing(pre) && pre.scrollWidth > pre.clientWidth + 1)
     .map(pre => `${pre.scrollWidth} px of text in ${pre.clientWidth} px: ` + pre.textContent.trim().slice(0, 60));
   const tex = e => { try { const items = MathJax.startup.document.getMathItemsWithin(e);
       return items.length ? items[0].math : e.textContent; } catch (error) { return e.textContent; } };
@@ -129,6 +143,14 @@ INSPECT_LAYOUT = """() => {
     const holds = columnChars(pre);
     pre.textContent.split("\\n").forEach(line => { if (line.trimEnd().length > holds)
       codeLines.push({holds, length: line.trimEnd().length, line: line.trim().slice(0, 70)}); }); });
+  // Printed output (stdout, and the text of a cell's value): every line longer than the output column holds.
+  const outputLines = [];
+  document.querySelectorAll("main div.cell_output div.output.stream pre, "
+                             + "main div.cell_output div.output.text_plain pre").forEach(pre => {
+    if (pre.offsetParent === null || pre.closest(".traceback")) return;
+    const holds = columnChars(pre);
+    pre.textContent.split("\\n").forEach(line => { if (line.trimEnd().length > holds)
+      outputLines.push({holds, length: line.trimEnd().length, line: line.trimEnd()}); }); });
   const streams = Array.from(document.querySelectorAll("main div.cell_output")).map(out => {
     const counts = {};
     for (const box of out.children) {
@@ -143,7 +165,7 @@ INSPECT_LAYOUT = """() => {
   const licence = Array.from(document.querySelectorAll("footer a"))
     .filter(a => a.href.startsWith("https://creativecommons.org/licenses/by/4.0") && a.offsetParent !== null);
   return {pageWidth: document.documentElement.scrollWidth, width, wide, clipped, panel, equations, codeLines,
-          streams,
+          streams, outputLines, listings,
           theme: document.documentElement.dataset.theme, licence: licence.length};
 }"""
 
@@ -355,6 +377,35 @@ def test_no_code_line_wraps_on_a_laptop(layouts):
     assert not problems, f"lines that wrap at {DESKTOP} px:\n" + _report(problems)
 
 
+# A printed line may wrap only where it reads as a sentence: a check's verdict or message ("✓ ...", "[code] ...",
+# "Failing case ...") or an exception's message, after an optional short label ("head size 48: ValueError: ...").
+# Tables, verdict lines, lists and arrays must fit the column: wrapped, their columns land at the left margin.
+PROSE_OUTPUT = re.compile(r"^(✓ |\s*\[[a-z0-9-]+\] |\s*Failing case|([^:]{1,40}: )?"
+                          r"([A-Za-z_][\w.]*(Error|Exception|Failed|Warning): |\[[a-z0-9-]+\] ))")
+
+
+def test_no_printed_table_or_verdict_wraps_on_a_laptop(layouts):
+    """At 1280 px no printed line (stdout, a cell's value) is longer than the output column holds, in characters of
+    its font, except messages that read as sentences (PROSE_OUTPUT): the notebooks print tables and verdicts in
+    lines of at most 81 characters."""
+    problems = [f"{docname}: a line of {o['length']} characters, the column holds {o['holds']}: {o['line'][:90]}"
+                for docname, r in layouts[DESKTOP, "light"].items() for o in r["outputLines"]
+                if not PROSE_OUTPUT.match(o["line"])]
+    assert not problems, f"printed lines that wrap at {DESKTOP} px ({len(problems)}):\n" + _report(problems)
+
+
+def test_library_listings_scroll_instead_of_wrapping(layouts):
+    """show_source's listings of library code (lines up to 120 characters) keep their lines: a wrapped line would
+    land at the left margin and read as a new statement. A long one scrolls inside its own box, at any width."""
+    listings = [(docname, width, listing) for (width, scheme), records in layouts.items() if scheme == "light"
+                for docname, r in records.items() for listing in r["listings"]]
+    assert listings, "no show_source listing on any page: expected the chapters' library code"
+    problems = [f"{docname} at {width} px: white-space {x['whiteSpace']}, overflow-x {x['overflow']}: {x['text']}"
+                for docname, width, x in listings
+                if x["whiteSpace"] != "pre" or (x["wide"] and x["overflow"] not in ("auto", "scroll"))]
+    assert not problems, "listings that wrap or overflow their box:\n" + _report(problems)
+
+
 def test_one_output_box_per_stream(layouts):
     """A cell's printed output is one box per stream, however the kernel chunked it (`nb_merge_streams`)."""
     problems = [f"{docname}: {s['counts']} boxes in the cell {s['cell']!r}"
@@ -423,6 +474,60 @@ def test_math_is_typeset(crawl):
     assert not problems, _report(problems)
 
 
+def _smallest_text_px(path, shown_px, natural_px):
+    """How tall the smallest text of the image file ``path`` is on the page, in CSS px, where it is shown
+    ``shown_px`` wide (``natural_px`` is its own width in CSS px): (px, None), or (None, why it cannot be known).
+
+    SVG (the diagrams, text kept as text): the smallest `font-size` of its <text> elements, in the units of its
+    viewBox, times shown width / viewBox width. PNG (the notebooks' plots): attention_course.plotting records the
+    smallest text drawn, in points, in the image (a text chunk), with the image's dpi: points * dpi / 72 is its size
+    in the image's pixels, times shown width / natural width."""
+    from attention_course import plotting
+
+    if path.suffix == ".svg":
+        svg = path.read_text(encoding="utf-8")
+        view_box = re.search(r'viewBox="\s*[\d.-]+\s+[\d.-]+\s+([\d.]+)\s+[\d.]+\s*"', svg)
+        sizes = [float(v) for v in re.findall(r"<text[^>]*font-size:\s*([\d.]+)px", svg)]
+        if not view_box or not sizes:
+            return None, "an SVG without a viewBox or without text elements (text drawn as paths?)"
+        return min(sizes) * shown_px / float(view_box.group(1)), None
+    from PIL import Image
+
+    with Image.open(path) as image:
+        recorded = getattr(image, "text", {}).get(plotting.SMALLEST_TEXT_KEY)
+        dpi = image.info.get("dpi", (plotting.FIGURE_DPI,))[0]
+    if recorded is None:
+        return None, (f"no record of its smallest text ({plotting.SMALLEST_TEXT_KEY!r}): drawn before the course "
+                      "style; re-execute the notebook (attention_course.plotting sets the style and records it)")
+    if recorded == "none":
+        return float("inf"), None  # a figure without text
+    return float(recorded) * dpi / 72 * shown_px / natural_px, None
+
+
+def test_figure_labels_are_readable_on_a_laptop(crawl):
+    """At 1280 px the smallest text of every figure (plots and diagrams) is at least MIN_LABEL_PX (12) px tall, as
+    shown on the page: attention_course.plotting's style (text >= 11 pt, figures up to about 7 inches wide) meets
+    it. Measured from the image files the pages show, scaled as the page scales them."""
+    from attention_course import plotting
+
+    measured, problems = [], []
+    for v in crawl.visits.values():
+        for figure in v.info["figures"]:
+            path = HTML / urldefrag(figure["src"]).url.removeprefix(crawl.base)
+            if not path.is_file() or path.suffix not in (".svg", ".png"):
+                continue  # logos and other images outside the book's own figures
+            px, why = _smallest_text_px(path, figure["shown"], figure["natural"])
+            name = f"{v.docname}: {path.name} (shown {figure['shown']:.0f} px wide)"
+            if px is None:
+                problems.append(f"{name}: {why}")
+            elif px < plotting.MIN_LABEL_PX:
+                problems.append(f"{name}: smallest text {px:.1f} px")
+            measured.append(px)
+    assert measured, "no figure measured: expected the chapters' plots and diagrams"
+    assert not problems, (f"figures with labels under {plotting.MIN_LABEL_PX} px at {DESKTOP} px "
+                          f"({len(problems)} of {len(measured)}):\n" + _report(problems))
+
+
 def test_every_image_loads(crawl):
     problems = [f"{v.docname}: {src}" for v in crawl.visits.values() for src in v.info["brokenImages"]]
     assert not problems, "images that did not load:\n" + _report(problems)
@@ -478,3 +583,28 @@ def test_screenshots_of_intro_and_chapters(crawl):
     assert len(crawl.screenshots) == len(expected)
     for shot in crawl.screenshots:
         assert shot.is_file() and shot.stat().st_size > 10_000, f"{shot} missing or blank"
+
+
+def test_figure_measurement_on_files(tmp_path):
+    """The measurement itself, without a browser: the committed diagrams pass at the column's width, a wide PNG
+    with 8 pt text fails, and a PNG drawn without the course style cannot be measured."""
+    import base64
+
+    import matplotlib.pyplot as plt
+
+    from attention_course import plotting
+
+    for svg in sorted((ROOT / "book" / "figures").glob("*.svg")):
+        px, why = _smallest_text_px(svg, 688, 691)
+        assert why is None and px >= plotting.MIN_LABEL_PX, (svg.name, px)
+    fig, ax = plt.subplots(figsize=(12, 3.4))
+    ax.text(0.5, 0.5, "0.25", fontsize=8)
+    recorded = tmp_path / "wide.png"
+    recorded.write_bytes(base64.b64decode(plotting._png_with_smallest_text(fig)))
+    plain = tmp_path / "plain.png"
+    fig.savefig(plain, bbox_inches="tight")
+    plt.close(fig)
+    px, why = _smallest_text_px(recorded, 688, 1200)
+    assert why is None and 6 < px < 7  # 8 pt * 100 / 72 * 688 / 1200
+    px, why = _smallest_text_px(plain, 688, 1200)
+    assert px is None and "re-execute" in why
