@@ -30,9 +30,14 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: book test unit lint nbval portability browser outputs exercises bench clean time-start
 
+# The maintainers' set is installed by uv (pinned in requirements.txt): the same pins, from the sources pip is
+# configured with (tools/uv_install.py hands them to uv), bytecode compiled as pip does; a set in uv's cache installs
+# into a fresh .venv in about 20 s, where pip took 85 s. Where uv cannot be installed or fails: pip, as before.
+UV_PIN = $$(grep -oE '^uv==[0-9.]+' requirements.txt)
 $(STAMP): requirements.txt requirements-reader.txt pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	@$(BIN)/python -m pip install --quiet $(UV_PIN) && $(BIN)/python tools/uv_install.py -r requirements.txt || { \
+	  echo "uv did not install requirements.txt: installing with pip"; \
+	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -r requirements.txt; }
 	touch $(STAMP)
 
 book: $(STAMP)
