@@ -44,13 +44,18 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "Book built: open file://$(CURDIR)/_build/html/index.html"
 
+# The book and the student edition side by side (`make test`): each build is one process, and renders only (no
+# notebook runs), so two cores build both in the time of one. Each build's output is printed when it ends (-O).
+.PHONY: books
+books: $(STAMP)
+	@$(MAKE) --no-print-directory -j 2 -O book student-book
+
 browser: $(STAMP)
 	@bash tools/install_browser.sh
 
 # `make test` times its phases (tools/timings.py): a `time-NAME` prerequisite after each phase notes the clock, and
 # at the end, or where pytest fails, it prints the phase table, the ten slowest notebooks and the ten slowest tests.
-test: time-start $(STAMP) time-set-up lint time-lint book time-book student-book time-student-edition \
-      browser time-browser-set-up
+test: time-start $(STAMP) time-set-up lint time-lint books time-books browser time-browser-set-up
 	@echo '$(PYTEST_COMMAND)'
 	@$(PYTEST_COMMAND); status=$$?; $(call note_time,pytest,$$status); \
 	  $(TIMINGS_REPORT); exit $$status
