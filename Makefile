@@ -45,10 +45,11 @@ book: $(STAMP)
 	@echo "Book built: open file://$(CURDIR)/_build/html/index.html"
 
 # The book and the student edition side by side (`make test`): each build is one process, and renders only (no
-# notebook runs), so two cores build both in the time of one. Each build's output is printed when it ends (-O).
+# notebook runs), so two cores build both in the time of one. Each build's output is printed when it ends (-O, where
+# make has it: GNU make 4; macOS's make 3.81 interleaves them).
 .PHONY: books
 books: $(STAMP)
-	@$(MAKE) --no-print-directory -j 2 -O book student-book
+	@$(MAKE) --no-print-directory -j 2 $(if $(filter output-sync,$(.FEATURES)),-O) book student-book
 
 browser: $(STAMP)
 	@bash tools/install_browser.sh
