@@ -5,8 +5,9 @@ no console errors or uncaught exceptions, math typeset by MathJax with no raw `$
 no error traceback outside cells tagged `raises-exception`, the sidebar and the "next" buttons reach every page,
 and the search page finds "softmax". Screenshots of the intro and of every chapter go to _build/screenshots/.
 
-Pages read as a reader reads them (book/_static/course.css; the same visit measures the layout at 1280 px, a second
-one every page at 390 px and a third the chapters in dark mode), with these rules:
+Pages read as a reader reads them (book/_static/course.css; each page is loaded once, at 1280 px, and the same visit
+measures its layout there, then resized to a 390 px phone's width and, for a chapter, reloaded in dark mode), with
+these rules:
 - on a 390 px phone no page is wider than the screen;
 - at 1280 px no display equation is wider than its column (long ones are split into aligned lines); at 390 px one
   may scroll inside its own box, up to 1.5 columns wide, but none is cut off;
@@ -49,6 +50,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]
 DESKTOP, PHONE = 1280, 390  # CSS pixels: a laptop, and a phone held upright
+HEIGHT = 900
 NAVIGATION_TIMEOUT_MS = 120_000  # a loaded CI machine (or a shared one) can take more than Playwright's 30 s
 PHONE_EQUATION_SWIPES = 1.5  # at 390 px a display equation may scroll in its box, up to 1.5 columns wide
 MATHJAX_REQUEST = re.compile(r"/mathjax@3[^/]*/es5/(?P<path>[^?#]+)")
@@ -170,6 +172,20 @@ INSPECT_LAYOUT = """() => {
 }"""
 
 
+# Run once a page has loaded: waits for MathJax, then INSPECT_PAGE and INSPECT_LAYOUT, in one round trip.
+MEASURE_LOADED = f"""async () => {{
+  const failed = await ({MATHJAX_DONE})();
+  return {{failed, info: ({INSPECT_PAGE})(), layout: ({INSPECT_LAYOUT})()}};
+}}"""
+# Run after the window was resized: waits until the transitions it started (the theme's sliding sidebars) have ended,
+# so the layout is the one the page has when loaded at that width, then INSPECT_LAYOUT.
+MEASURE_RESIZED = f"""async () => {{
+  await Promise.all(document.getAnimations()
+    .filter(a => a.effect && a.effect.getComputedTiming().endTime !== Infinity).map(a => a.finished.catch(() => null)));
+  return ({INSPECT_LAYOUT})();
+}}"""
+
+
 @dataclass
 class Visit:
     docname: str
@@ -178,6 +194,8 @@ class Visit:
     errors: list[str] = field(default_factory=list)  # console errors, uncaught exceptions, failed local requests
     info: dict = field(default_factory=dict)  # INSPECT_PAGE's record
     layout: dict = field(default_factory=dict)  # INSPECT_LAYOUT's record (at 1280 px, light)
+    phone: dict = field(default_factory=dict)  # INSPECT_LAYOUT's record on a 390 px phone (light)
+    dark: dict = field(default_factory=dict)  # INSPECT_LAYOUT's record at 1280 px in dark mode (chapters only)
 
 
 @dataclass
@@ -251,7 +269,7 @@ def crawl(site, browser):
         external.append(url)
         return route.abort()
 
-    context = browser.new_context(viewport={"width": DESKTOP, "height": 900}, color_scheme="light",
+    context = browser.new_context(viewport={"width": DESKTOP, "height": HEIGHT}, color_scheme="light",
                                   device_scale_factor=1)
     context.route("**/*", route)
     page = context.new_page()
@@ -270,15 +288,25 @@ def crawl(site, browser):
         errors.clear()
         response = page.goto(visit.url, wait_until="load")
         visit.status = response.status if response else None
-        failed = page.evaluate(MATHJAX_DONE)
-        if failed:
-            errors.append(f"MathJax failed: {failed}")
-        visit.info = page.evaluate(INSPECT_PAGE)
-        visit.layout = page.evaluate(INSPECT_LAYOUT)
-        if docname == DOCNAMES[0] or docname.startswith("book/"):
+        measured = page.evaluate(MEASURE_LOADED)
+        if measured["failed"]:
+            errors.append(f"MathJax failed: {measured['failed']}")
+        visit.info, visit.layout = measured["info"], measured["layout"]
+        chapter = docname.startswith("book/")
+        if docname == DOCNAMES[0] or chapter:
             shot = SCREENSHOTS / f"{Path(docname).name}.png"
             page.screenshot(path=str(shot))
             screenshots.append(shot)
+        page.set_viewport_size({"width": PHONE, "height": HEIGHT})
+        visit.phone = page.evaluate(MEASURE_RESIZED)
+        if docname == DOCNAMES[1]:
+            page.screenshot(path=str(SCREENSHOTS / f"phone_{Path(docname).name}.png"), full_page=False)
+        page.set_viewport_size({"width": DESKTOP, "height": HEIGHT})
+        if chapter:
+            page.emulate_media(color_scheme="dark")
+            page.reload(wait_until="load")
+            visit.dark = page.evaluate(MEASURE_LOADED)["layout"]
+            page.emulate_media(color_scheme="light")
         visit.errors = list(dict.fromkeys(errors))
         visits[docname] = visit
 
@@ -294,47 +322,20 @@ def crawl(site, browser):
     return crawl
 
 
-def _offline(site, blocked):
-    """A route handler: the book from `site`, MathJax from the local copy, nothing else (appended to `blocked`)."""
-
-    def route(route):
-        url = route.request.url
-        if url.startswith(site):
-            return route.continue_()
-        found = MATHJAX_REQUEST.search(url)
-        if found:
-            path = MATHJAX / found["path"]
-            if path.is_file():
-                return route.fulfill(path=str(path))
-            return route.fulfill(status=200, content_type="text/javascript", body="")
-        blocked.append(url)
-        return route.abort()
-
-    return route
-
-
 @pytest.fixture(scope="module")
-def layouts(site, browser, crawl):
-    """{(viewport width, colour scheme): {docname: INSPECT_LAYOUT's record}}: every page on a laptop (light; recorded
-    by the crawl's visit) and on a phone, and the chapters on a laptop in dark mode."""
-    records = {(DESKTOP, "light"): {docname: visit.layout for docname, visit in crawl.visits.items()}}
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for width, scheme, docnames in ((PHONE, "light", DOCNAMES),
-                                    (DESKTOP, "dark", [d for d in DOCNAMES if d.startswith("book/")])):
-        context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme,
-                                      device_scale_factor=1, is_mobile=width == PHONE, has_touch=width == PHONE)
-        context.route("**/*", _offline(site, []))
-        page = context.new_page()
-        page.set_default_navigation_timeout(NAVIGATION_TIMEOUT_MS)
-        records[width, scheme] = {}
-        for docname in docnames:
-            page.goto(f"{site}{docname}.html", wait_until="load")
-            page.evaluate(MATHJAX_DONE)
-            if width == PHONE and docname == DOCNAMES[1]:
-                page.screenshot(path=str(SCREENSHOTS / f"phone_{Path(docname).name}.png"), full_page=False)
-            records[width, scheme][docname] = page.evaluate(INSPECT_LAYOUT)
-        context.close()
-    return records
+def layouts(crawl):
+    """{(viewport width, colour scheme): {docname: INSPECT_LAYOUT's record}}: every page on a laptop and on a phone
+    (light), and the chapters on a laptop in dark mode; all measured in the crawl's one visit of each page.
+
+    The phone is the loaded page's window resized to 390 px, once the transitions that started have ended: the pages
+    set their width to the device's (viewport meta tag), and no style depends on touch, so a phone's browser lays
+    them out alike (on 2026-11-26 every record on every page equalled that of a separate `is_mobile`, `has_touch`
+    context loading each page at 390 px). Dark mode is a reload with the system's colour scheme dark: the theme
+    reads it when the page loads."""
+    visits = crawl.visits.values()
+    return {(DESKTOP, "light"): {v.docname: v.layout for v in visits},
+            (PHONE, "light"): {v.docname: v.phone for v in visits},
+            (DESKTOP, "dark"): {v.docname: v.dark for v in visits if v.docname.startswith("book/")}}
 
 
 def test_no_page_is_wider_than_a_phone(layouts):
