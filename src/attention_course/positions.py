@@ -191,9 +191,18 @@ def apply_rope(
         check_frequencies(inv_freq, x.size(-1))
         angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    if pairing == "interleaved":
-        x1, x2 = rotate_pairs(x[..., 0::2], x[..., 1::2], cos, sin)
-        return torch.stack([x1, x2], dim=-1).flatten(-2)  # (..., T, Dh/2, 2) -> (..., T, Dh)
+    rotate = rotate_interleaved if pairing == "interleaved" else rotate_halves
+    return rotate(x, cos, sin)
+
+
+def rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (..., T, Dh) with pair i = features (2i, 2i + 1) rotated by the angles of cos, sin (..., T, Dh/2)."""
+    x1, x2 = rotate_pairs(x[..., 0::2], x[..., 1::2], cos, sin)
+    return torch.stack([x1, x2], dim=-1).flatten(-2)  # (..., T, Dh/2, 2) -> (..., T, Dh)
+
+
+def rotate_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (..., T, Dh) with pair i = features (i, i + Dh/2) rotated by the angles of cos, sin (..., T, Dh/2)."""
     x1, x2 = rotate_pairs(*x.chunk(2, dim=-1), cos, sin)
     return torch.cat([x1, x2], dim=-1)  # (..., T, Dh)
 
