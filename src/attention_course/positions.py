@@ -138,6 +138,25 @@ class LearnedPositions(nn.Module):
         return self.table(positions)
 
 
+class SinusoidalPositions(nn.Module):
+    """The sinusoids of :func:`sinusoidal_positions` as a module with no parameters, called like
+    :class:`LearnedPositions`: integer positions (...,) -> encodings (..., D), for any position (no max_len)."""
+
+    def __init__(self, dim: int, base: float = 10000.0):
+        super().__init__()
+        check_int(dim, "dim", even=True)
+        check_base(base)
+        self.dim, self.base = dim, base
+
+    def forward(self, positions: Tensor) -> Tensor:
+        """Integer positions (...,) -> float32 encodings (..., D): sin(p theta_i) at 2i, cos(p theta_i) at 2i + 1."""
+        if not isinstance(positions, Tensor) or positions.dtype not in INTEGER_DTYPES:
+            got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
+            raise TypeError(f"positions must be an integer tensor, got {got}")
+        angles = rope_angles(positions, self.dim, self.base)  # (..., D/2), float64
+        return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2).float()  # (..., D)
+
+
 # ---------------------------------------------------------------- rotary position embedding (RoPE)
 
 
