@@ -19,8 +19,8 @@ from attention_course.kv_cache import CausalSelfAttention, KVCache
 from attention_course.masks import causal_mask
 from attention_course.multi_head import MultiHeadAttention
 from attention_course.positions import (
-    SinusoidalPositions,
     LearnedPositions,
+    SinusoidalPositions,
     alibi_bias,
     alibi_slopes,
     apply_rope,
@@ -566,7 +566,7 @@ def test_errors(call, error, match):
         call()
 
 
-# ---------------------------------------------------------------- sinusoids and ALiBi in the GPT (chapter 10's experiment)
+# ------------------------------------------------ sinusoids and ALiBi in the GPT (chapter 10's experiment)
 
 
 def test_sinusoidal_module_gives_the_table_rows_at_any_position():
