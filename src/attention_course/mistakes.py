@@ -404,6 +404,40 @@ mistake("rope-cache-rotated-twice", "cached keys, already rotated, rotated again
         "Your cached keys are rotated a second time. The cache stores keys already rotated at their own "
         "positions: rotate only the new key (at position T) and append it.",
         chapter=10, topic="positions")
+mistake("rope-angle-layout", "halves RoPE with its angles laid out for neighbour pairs (repeat_interleave)",
+        "Your features i and i + Dh/2 turn by different angles: {detail}. In the halves form the two features of "
+        "pair i share the angle m * theta_i, so the tables of cos and sin repeat the Dh/2 angles as a whole "
+        "(theta_0, ..., theta_{{Dh/2-1}}, theta_0, ...), not each angle twice in a row.",
+        chapter=10, topic="positions")
+mistake("alibi-query-offset", "ALiBi distances measured from query positions 0..Tq-1 when the queries are the last Tq",
+        "Your bias puts query i at position i{detail}. With Tq new queries after a cache, the queries are the LAST Tq "
+        "of the Tk positions: query i sits at i + Tk - Tq, and its distance to key j is i + Tk - Tq - j.",
+        chapter=10, topic="positions")
+mistake("alibi-bias-sign", "the ALiBi bias added with the wrong sign: distant keys rewarded",
+        "Your bias has the wrong sign{detail}: distant keys get MORE weight. ALiBi subtracts slope_h * distance "
+        "from the score.", chapter=10, topic="positions")
+mistake("alibi-bias-scaled", "the ALiBi bias divided by sqrt(Dh) along with the scores",
+        "Your bias is divided by sqrt(Dh) together with q . k: you add it before scaling. The bias is added to the "
+        "scaled scores, q . k / sqrt(Dh) - slope_h * distance, so that the slope means the same at every width.",
+        chapter=10, topic="positions")
+mistake("rope-padding-ignored", "a left-padded row rotated as if its first real token sat at its first slot",
+        "Your positions do not start at each row's first real token: {detail}. A row with p padding slots in front "
+        "holds its first real token at slot p, and that token is at position 0: slot t is position t - p.",
+        chapter=10, topic="positions")
+mistake("rope-offset-one-row", "one row's padding used for every row of a batch",
+        "Every row of your batch is rotated with the positions of row {detail}. Each row has its own number of "
+        "padding slots, so each row has its own positions.", chapter=10, topic="positions")
+mistake("rope-permutation-inverted", "weights converted between RoPE pairings with the permutation the wrong way round",
+        "Your rows are reordered by p = [0, 2, 4, ..., 1, 3, 5, ...] itself{detail}. That is the conversion the "
+        "other way. Write down where row j of one layout has to go in the other, for Dh = 6, and compare.",
+        chapter=10, topic="positions")
+mistake("rope-permutation-not-per-head", "the rows of all heads permuted as if they were one head",
+        "Your permutation mixes the heads: {detail}. The output rows of W_q and W_k are H blocks of Dh rows, one per "
+        "head, and RoPE pairs features inside a head: reorder each block of Dh rows on its own.",
+        chapter=10, topic="positions")
+mistake("rope-permutation-on-columns", "the input columns of a projection permuted instead of its output rows",
+        "You reorder the columns of the weight (its inputs). RoPE rotates the projection's OUTPUT features, the "
+        "rows of a (H * Dh, D) weight: permute rows, per head.", chapter=10, topic="positions")
 
 # ==================================================================================================================
 # Chapter 11: the transformer block (append this chapter's mistakes here)

@@ -64,7 +64,16 @@ from .modules import (
     check_single_head_attention,
 )
 from .porting import check_keras_weights_from_torch
-from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
+from .positions import (
+    check_alibi_attention,
+    check_alibi_slopes,
+    check_rope,
+    check_rope_decode_step,
+    check_rope_halves,
+    check_rope_left_padded,
+    check_rope_to_interleaved,
+    check_sinusoidal_positions,
+)
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
 from .serving import check_block_slot, check_copy_on_write, check_rejection_rule, check_retire, check_verify_mask
@@ -75,6 +84,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "CheckFailed",
     "check_absorbed_scores",
+    "check_alibi_attention",
     "check_additive_mask",
     "check_alibi_score_mod",
     "check_alibi_slopes",
@@ -117,6 +127,9 @@ __all__ = [
     "check_rope_cached_attention",
     "check_rope",
     "check_rope_decode_step",
+    "check_rope_halves",
+    "check_rope_left_padded",
+    "check_rope_to_interleaved",
     "check_row_parallel_output",
     "check_zigzag_layout",
     "check_scaled_dot_product_attention",
