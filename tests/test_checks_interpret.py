@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from attention_course import checks
 from attention_course.checks import CheckFailed
+from attention_course.gpt import GPT, GPTConfig
 from attention_course.heads import merge_heads, split_heads
 from attention_course.interpret import ablation_mask, induction_targets, path_ablated_forward, prefix_matching_score
 
@@ -92,7 +93,7 @@ def test_query_path_question(capsys):
 
 
 def test_key_path_solution_passes(capsys):
-    checks.check_key_path_ablation(key_path_by_hook)
+    checks.check_key_path_ablation(from_state(key_path_by_hook))
     assert "✓ key_path_by_hook: 3 models" in capsys.readouterr().out
 
 
@@ -110,6 +111,18 @@ def score_by_einsum(weights, ids, query_mask=None):
     on_target = torch.einsum("lbhqk,bqk->lbhq", weights, targets.to(weights.dtype))
     queries = targets.any(-1) if query_mask is None else targets.any(-1) & query_mask
     return (on_target * queries[None, :, None]).sum((1, 3)) / queries.sum()
+
+
+def from_state(fn):
+    """fn(model, ids, heads) as the check calls it: fn(state, config, ids, heads)."""
+
+    def run(state, config, ids, heads):
+        model = GPT(GPTConfig(**config))
+        model.load_state_dict(state)
+        return fn(model.eval(), ids, heads)
+
+    run.__name__ = fn.__name__
+    return run
 
 
 def key_path_by_hook(model, ids, heads):
@@ -170,8 +183,8 @@ def key_path_hook_removed_too_early(model, ids, heads):
 CORRECT = [
     (checks.check_prefix_matching_score, prefix_matching_score),
     (checks.check_prefix_matching_score, score_by_einsum),
-    (checks.check_key_path_ablation, key_path_by_hook),
-    (checks.check_key_path_ablation, key_path_by_hand),
+    (checks.check_key_path_ablation, from_state(key_path_by_hook)),
+    (checks.check_key_path_ablation, from_state(key_path_by_hand)),
 ]
 PLANTED = [
     (checks.check_prefix_matching_score, score_with(earlier_occurrence), "induction-off-by-one"),
@@ -181,13 +194,13 @@ PLANTED = [
     (checks.check_prefix_matching_score, score_with(use_mask=False), "induction-ignores-query-mask"),
     (checks.check_prefix_matching_score,
      lambda weights, ids, query_mask=None: prefix_matching_score(weights, ids, query_mask).T, "wrong-shape"),
-    (checks.check_key_path_ablation, key_path_everywhere, "ablation-every-path"),
-    (checks.check_key_path_ablation, key_path_on_queries, "ablation-query-path"),
-    (checks.check_key_path_ablation, key_path_on_values, "ablation-value-path"),
-    (checks.check_key_path_ablation, key_path_without_norm, "key-path-skips-layernorm"),
-    (checks.check_key_path_ablation, key_path_hook_removed_too_early, "ablation-not-applied"),
-    (checks.check_key_path_ablation, lambda model, ids, heads: key_path_by_hook(model, ids, heads)[:, :-1],
+    (checks.check_key_path_ablation, from_state(key_path_everywhere), "ablation-every-path"),
+    (checks.check_key_path_ablation, from_state(key_path_on_queries), "ablation-query-path"),
+    (checks.check_key_path_ablation, from_state(key_path_on_values), "ablation-value-path"),
+    (checks.check_key_path_ablation, from_state(key_path_without_norm), "key-path-skips-layernorm"),
+    (checks.check_key_path_ablation, from_state(key_path_hook_removed_too_early), "ablation-not-applied"),
+    (checks.check_key_path_ablation, from_state(lambda model, ids, heads: key_path_by_hook(model, ids, heads)[:, :-1]),
      "wrong-shape"),
-    (checks.check_key_path_ablation, lambda model, ids, heads: 1.01 * key_path_by_hook(model, ids, heads),
+    (checks.check_key_path_ablation, from_state(lambda model, ids, heads: 1.01 * key_path_by_hook(model, ids, heads)),
      "wrong-output"),
 ]

@@ -131,20 +131,20 @@ def check_prefix_matching_score(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
 
 def _path_models():
-    """(model, ids, heads, description): 2-layer attention-only GPTs with sharp, loud heads (so that every path
-    matters), several head counts and vocabularies, and the layer-1 heads to remove."""
+    """(model, its GPTConfig arguments, ids, heads, description): 2-layer attention-only GPTs with sharp, loud
+    heads (so that every path matters), several head counts and vocabularies, and the layer-1 heads to remove."""
     out = []
     for i, (vocab, heads_per_layer, t, removed) in enumerate(
             [(20, 4, 11, [(0, 1), (0, 2)]), (16, 2, 9, [(0, 0)]), (24, 8, 12, [(0, 3), (0, 5), (0, 6)])]):
-        config = GPTConfig(vocab, d_model=32, num_heads=heads_per_layer, num_layers=2, max_len=16,
-                           attention_only=True, tie_embeddings=False, embedding_std=1.0)
-        model = GPT(config, seed=200 + i).eval()
+        sizes = {"vocab_size": vocab, "d_model": 32, "num_heads": heads_per_layer, "num_layers": 2, "max_len": 16,
+                 "attention_only": True, "tie_embeddings": False}
+        model = GPT(GPTConfig(**sizes, embedding_std=1.0), seed=200 + i).eval()
         with torch.no_grad():
             for name, p in model.named_parameters():  # std 0.02 at init: attention would be almost uniform
                 p.mul_({"w_q": 25.0, "w_k": 25.0, "w_v": 10.0, "w_o": 100.0}.get(name.split(".")[-2], 1.0))
         ids = torch.randint(0, vocab, (3, t), generator=torch.Generator().manual_seed(300 + i))
         text = f"GPT with 2 layers of {heads_per_layer} heads, vocab {vocab}, ids (3, {t}), heads {removed}"
-        out.append((model, ids, removed, text))
+        out.append((model, sizes, ids, removed, text))
     return out
 
 
@@ -170,7 +170,9 @@ def _key_path_variants(model, ids, heads):
 
 
 def check_key_path_ablation(fn, *, timeout: float = DEFAULT_TIMEOUT):
-    """Check ``fn(model, ids, heads)`` -> logits (B, T, V) of a 2-layer GPT whose layer-2 KEYS are computed from the
+    """Check ``fn(state, config, ids, heads)`` -> logits (B, T, V) of the 2-layer GPT ``GPT(GPTConfig(**config))``
+    with weights ``state`` (its ``state_dict()``; a model does not travel into the grader's sandbox, its weights
+    do), whose layer-2 KEYS are computed from the
     residual stream without the layer-1 ``heads`` (the stream the model has with them switched off), while its
     queries, values and the rest of the model read the whole stream. Compared with
     :func:`attention_course.interpret.path_ablated_forward` (``path="k"``) on random models with several head counts.
@@ -180,9 +182,10 @@ def check_key_path_ablation(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
     def body():
         cases = _path_models()
-        for i, (model, ids, heads, text) in enumerate(cases, 1):
+        for i, (model, config, ids, heads, text) in enumerate(cases, 1):
             case = f"case {i} of {len(cases)}: {text}"
-            got = call(fn, {"model": model, "ids": ids.clone(), "heads": list(heads)}, label, positional=3)
+            args = {"state": model.state_dict(), "config": dict(config), "ids": ids.clone(), "heads": list(heads)}
+            got = call(fn, args, label, positional=4)
             got = as_array(got.detach() if isinstance(got, torch.Tensor) else got, "result", case)
             expected = path_ablated_forward(model, ids, heads, "k")[0].numpy()
             if got.shape != expected.shape:
