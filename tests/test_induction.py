@@ -1,7 +1,7 @@
 """Induction heads (chapter 12): the chapter's recipe forms them, the head scores find both halves of the circuit,
 ablation breaks the copying, and GPT-2's initialisation forms none within the same budget.
 
-The recipe is trained once per model for the module. Every threshold is the one the chapter (or exercise 4) prints a
+The recipe is trained once per model for the module. Every threshold is the one the chapter (or its exercises) prints a
 verdict against; seeds 0-5 measured copy accuracy 0.87-0.89 at step 600, 0.08-0.09 at step 200, prefix-matching
 scores of 0.73-0.93 for every layer-2 head against at most 0.09 in layer 1. The models train through PyTorch's
 fused attention (`use_sdpa`: 1.5 times faster per step on one CPU thread than the course's attention, which the
@@ -97,7 +97,7 @@ def test_ablating_layer_2_breaks_copying_one_head_does_not(inductor):
 
 
 def test_ablating_the_previous_token_heads_breaks_copying(inductor):
-    """Exercise 4: layer 1's previous-token heads (score > 0.3) off breaks copying; its other heads off does not."""
+    """Layer 1's previous-token heads (score > 0.3) off everywhere breaks copying; its other heads off do not."""
     scores = inductor["previous"][0]
     previous_heads = [(0, h) for h in range(4) if scores[h] > 0.3]
     other_heads = [(0, h) for h in range(4) if scores[h] <= 0.3]
