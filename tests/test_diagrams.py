@@ -95,3 +95,15 @@ def test_committed_svgs_are_up_to_date(name):
     assert path.is_file(), f"{path} missing: run python tools/make_diagrams.py"
     assert path.read_bytes() == make_diagrams.render(name), f"{path.name} is stale: run python tools/make_diagrams.py"
     assert b"<dc:date>" not in path.read_bytes()
+
+
+def test_induction_circuit_names_both_heads_and_the_key_path():
+    """Chapter 12's figure: the previous-token head feeds the KEY the induction head matches; labels >= 11 pt."""
+    fig = diagrams.induction_circuit()
+    drawn = "\n".join(texts(fig))
+    for part in ("layer 1: previous-token", "key at j:\n\"before me: A\"", "query at t:\n\"I am A\"", "match",
+                 "value at j: B", "OV copies", "logit of B ↑", "K-composition"):
+        assert part in drawn, part
+    shown = [*fig.axes[0].texts, fig.axes[0].title]  # the axis itself is off: its tick labels are not drawn
+    assert min(t.get_fontsize() for t in shown) >= 11
+    assert fig.get_size_inches()[0] <= 7

@@ -172,3 +172,44 @@ def mask_conventions(size: int = 4) -> Figure:
 #: file stem in book/figures/ -> the function that draws it (read by tools/make_diagrams.py and the tests)
 FIGURES = {"qkv_data_flow": qkv_data_flow, "multi_head_split_merge": multi_head_split_merge,
            "mask_conventions": mask_conventions}
+
+
+def induction_circuit() -> Figure:
+    """Chapter 12's circuit on "... A B ... A": a layer-1 previous-token head writes "the token before me was A"
+    into position j (token B); the layer-2 induction head at the later A matches that in j's KEY (K-composition),
+    attends to j and its OV circuit copies B into the logits. Drawn directly in the chapter (no SVG file)."""
+    fig, ax = _canvas(7.0, 4.4, 10.0, 6.3)
+
+    def box(x, y, text, colour, width, height=0.8):
+        ax.add_patch(FancyBboxPatch((x - width / 2, y - height / 2), width, height, boxstyle="round,pad=0.05",
+                                    facecolor=colour, edgecolor="black", linewidth=1.0))
+        ax.text(x, y, text, ha="center", va="center", fontsize=11)
+
+    def arrow(start, end, colour="black", style="-|>"):
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=14, linewidth=1.4, color=colour,
+                                     shrinkA=0, shrinkB=0))
+
+    columns = {"j - 1": 1.2, "j": 3.7, "t": 8.3}
+    for (label, x), token in zip(columns.items(), ("A", "B", "A"), strict=True):
+        box(x, 0.55, f"{token}   (position {label})", COLOURS["input"], 2.1, 0.7)
+        ax.plot([x, x], [0.95, 5.5], color="grey", linewidth=1.0, linestyle=":", zorder=0)  # its residual stream
+    ax.text(6.0, 0.55, "...", ha="center", va="center", fontsize=11)
+    # Layer 1: the previous-token head at j reads position j - 1.
+    box(3.7, 2.0, "layer 1: previous-token\nhead writes \"before\nme: A\" into j", COLOURS["weights"], 2.5, 1.15)
+    arrow((1.2, 1.4), (2.4, 2.0))
+    # Layer 2: the induction head at t matches its query against j's key, then copies j's value.
+    box(3.7, 3.85, "key at j:\n\"before me: A\"", COLOURS["key"], 2.3, 0.85)
+    box(8.3, 3.85, "query at t:\n\"I am A\"", COLOURS["query"], 2.1, 0.85)
+    arrow((3.7, 2.6), (3.7, 3.4))
+    arrow((7.2, 3.85), (4.9, 3.85), colour="tab:green", style="<|-|>")
+    ax.text(6.05, 4.15, "match", ha="center", va="bottom", fontsize=11, color="tab:green")
+    box(3.7, 5.45, "value at j: B", COLOURS["value"], 2.3, 0.7)
+    box(8.3, 5.45, "logit of B ↑", COLOURS["output"], 2.1, 0.7)
+    arrow((4.9, 5.45), (7.2, 5.45))
+    ax.text(6.05, 5.7, "OV copies", ha="center", va="bottom", fontsize=11)
+    ax.text(0.05, 4.65, "layer 2:\ninduction\nhead at t", ha="left", va="center", fontsize=11, style="italic")
+    ax.text(9.95, 2.0, "K-composition:\nlayer 1 feeds\nlayer 2's KEYS", ha="right", va="center", fontsize=11,
+            style="italic")
+    ax.set_title("The induction circuit on \"... A B ... A\" → B", fontsize=12)
+    fig.tight_layout()
+    return fig

@@ -511,19 +511,36 @@ mistake("induction-includes-self", "prefix-matching score counts the query's own
 mistake("induction-ignores-query-mask", "prefix-matching score ignores query_mask",
         "Your score ignores query_mask: average only over the queries where it is True (and that have a target).",
         chapter=12, topic="interpret")
-mistake("found-previous-token-head", "the previous-token head taken for the induction head",
-        "You picked the previous-token head (it attends from t to t - 1). It is half of the circuit; the induction "
-        "head is the one with the highest prefix-matching score.",
-        chapter=12, topic="interpret")
-mistake("found-duplicate-token-head", "a duplicate-token head taken for the induction head",
-        "You picked a head that attends to the earlier occurrence of the current token itself, a duplicate-token "
-        "head. The induction head attends one position further, to the token that followed it.",
-        chapter=12, topic="interpret")
 mistake("predicted-reversal-pattern", "predicted the anti-diagonal for a task that is not reversal",
         chapter=12, topic="interpret")
 mistake("predicted-identity-pattern", "predicted the main diagonal for a shifted copy",
         chapter=12, topic="interpret")
 mistake("predicted-uniform-pattern", "predicted uniform attention for a task that needs one key per query",
+        chapter=12, topic="interpret")
+mistake("query-path-needs-previous-token", "predicted that the induction heads' queries need the previous token",
+        chapter=12, topic="interpret")
+mistake("query-path-shares-work", "predicted that queries and keys share the previous-token information",
+        chapter=12, topic="interpret")
+mistake("ablation-every-path", "the heads switched off everywhere instead of in layer 2's keys only",
+        "Your logits are those of the model with the heads switched off everywhere (head_mask): then layer 2's "
+        "queries and values and the logits lose them too. Only the KEY projection of layer 2 may read the stream "
+        "without them; everything else reads the whole stream.",
+        chapter=12, topic="interpret")
+mistake("ablation-query-path", "the heads removed from layer 2's queries instead of its keys",
+        "Your layer 2 computes its QUERIES from the stream without the heads, and its keys from the whole stream: "
+        "swap them. The key projection (w_k) reads the ablated stream; w_q and w_v read the whole one.",
+        chapter=12, topic="interpret")
+mistake("ablation-value-path", "the heads removed from layer 2's values instead of its keys",
+        "Your layer 2 computes its VALUES from the stream without the heads. The key projection (w_k) reads the "
+        "ablated stream; w_q and w_v read the whole one.",
+        chapter=12, topic="interpret")
+mistake("key-path-skips-layernorm", "the ablated stream fed to the key projection without layer 2's LayerNorm",
+        "Your key projection reads the ablated residual stream as it is; in a pre-LN block every projection reads "
+        "the stream through the block's norm1. Apply model.blocks[1].norm1 to the ablated stream first.",
+        chapter=12, topic="interpret")
+mistake("ablation-not-applied", "the logits of the whole model: no head was removed",
+        "Your logits are the whole model's: the heads were removed nowhere (a hook not registered, or removed "
+        "before the forward pass, or a head_mask of ones).",
         chapter=12, topic="interpret")
 
 # ==================================================================================================================

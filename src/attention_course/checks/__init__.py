@@ -50,7 +50,7 @@ from .distributed import (
 from .field_guide import check_additive_mask, check_layers_created_once
 from .flex import check_alibi_score_mod, check_document_mask, check_prefix_lm_mask
 from .heads import check_merge_heads, check_split_heads
-from .interpret import check_find_induction_head, check_prefix_matching_score
+from .interpret import check_key_path_ablation, check_prefix_matching_score
 from .kernels import check_causal_tiles, check_dk, check_lse, check_tile_loop
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .linear import check_delta_chunk, check_delta_update, check_gated_delta_rule, check_linear_recurrent
@@ -97,11 +97,11 @@ __all__ = [
     "check_dk",
     "check_einsum_attention",
     "check_feed_forward",
-    "check_find_induction_head",
     "check_float_mask_attention",
     "check_grouped_query_attention",
     "check_keras_attention",
     "check_keras_weights_from_torch",
+    "check_key_path_ablation",
     "check_kv_cache_bytes",
     "check_linear_recurrent",
     "check_delta_update",
