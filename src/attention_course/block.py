@@ -144,8 +144,10 @@ class EncoderBlock(nn.Module):
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderBlock:
         """An EncoderBlock with the sizes, options and (copied) weights of an ``nn.TransformerEncoderLayer``.
 
-        Ours is batch-first whatever ``layer.batch_first`` is.
+        Ours is batch-first whatever ``layer.batch_first`` is. Any other layer (a decoder layer's cross-attention
+        has no place here) raises TypeError.
         """
+        _require_layer(layer, nn.TransformerEncoderLayer, "EncoderBlock", "DecoderBlock.from_torch")
         block = cls(**_torch_layer_options(layer)).to(layer.linear1.weight)
         _copy_torch_layer(block, layer, {"attn": "self_attn", "norm1": "norm1", "norm2": "norm2"})
         return block
@@ -155,8 +157,10 @@ class DecoderBlock(nn.Module):
     """Causal self-attention, cross-attention to an encoder's output (the memory), then a feed-forward network.
 
     The same function as ``nn.TransformerDecoderLayer(..., batch_first=True)``. Queries of the cross-attention
-    come from the decoder, its keys and values from the memory; the self-attention is causal by default,
-    since the decoder predicts each target token from the ones before it.
+    come from the decoder, its keys and values from the memory. Every call says whether the self-attention is
+    causal (``is_causal`` has no default): a decoder that predicts each target token from the ones before it needs
+    ``is_causal=True``, while torch's layer is causal only when given a ``tgt_mask``; with a default, the same call
+    of a copied layer and of ours could compute different functions.
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
@@ -173,12 +177,16 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None = None, memory_mask: Tensor | None = None,
-                is_causal: bool = True) -> Tensor:
+                *, is_causal: bool) -> Tensor:
         """x (B, Tq, D) decoder stream, memory (B, Tk, D) encoder output -> (B, Tq, D).
 
-        ``mask`` (broadcasts to (B, H, Tq, Tq)) restricts the self-attention, ``memory_mask`` (to (B, H, Tq, Tk),
-        e.g. the encoder's padding mask) the cross-attention; True = may attend.
+        ``is_causal`` (required): True hides future target positions from the self-attention, as torch's layer
+        with ``tgt_mask=causal, tgt_is_causal=True``; False is torch's default call. ``mask`` (broadcasts to
+        (B, H, Tq, Tq)) further restricts the self-attention, ``memory_mask`` (to (B, H, Tq, Tk), e.g. the
+        encoder's padding mask) the cross-attention; True = may attend.
         """
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         x = residual(x, lambda h: self.self_attn(h, mask=mask, is_causal=is_causal), self.norm1, self.dropout,
                      self.norm_first)
         # queries from the decoder stream, keys and values from the memory (never normalised here)
@@ -188,12 +196,25 @@ class DecoderBlock(nn.Module):
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderBlock:
-        """A DecoderBlock with the sizes, options and (copied) weights of an ``nn.TransformerDecoderLayer``."""
+        """A DecoderBlock with the sizes, options and (copied) weights of an ``nn.TransformerDecoderLayer``.
+
+        Call it with ``is_causal`` as torch's layer is called: ``is_causal=False`` for ``layer(x, memory)``,
+        ``is_causal=True`` for ``layer(x, memory, tgt_mask=causal, tgt_is_causal=True)``.
+        """
+        _require_layer(layer, nn.TransformerDecoderLayer, "DecoderBlock", "EncoderBlock.from_torch")
         block = cls(**_torch_layer_options(layer)).to(layer.linear1.weight)
         names = {"self_attn": "self_attn", "cross_attn": "multihead_attn", "norm1": "norm1", "norm2": "norm2",
                  "norm3": "norm3"}
         _copy_torch_layer(block, layer, names)
         return block
+
+
+def _require_layer(layer, expected: type, ours: str, other: str) -> None:
+    """Raise TypeError unless ``layer`` is an ``expected`` torch layer (exactly what ``ours`` mirrors)."""
+    if not isinstance(layer, expected):
+        raise TypeError(f"{ours}.from_torch copies an nn.{expected.__name__}, got {type(layer).__name__}"
+                        + (f"; use {other} for it" if isinstance(layer, (nn.TransformerEncoderLayer,
+                                                                          nn.TransformerDecoderLayer)) else ""))
 
 
 def _torch_layer_options(layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> dict:

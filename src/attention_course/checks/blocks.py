@@ -404,7 +404,7 @@ def _check_decoder_body(cls, label, test_dropout):
         args = {"x": x, "memory": memory, "memory_mask": memory_mask}
         out = _run(module, args, label, case, positional=2)
         with torch.no_grad():
-            expected = ref(x, memory, memory_mask=memory_mask).numpy()
+            expected = ref(x, memory, memory_mask=memory_mask, is_causal=True).numpy()
         if not close(out, expected, ATOL, RTOL):
             _diagnose(out, _decoder_candidates(ref, x, memory, memory_mask), case, expected, "decoder")
         if test_dropout and i == len(_CONFIGS):
