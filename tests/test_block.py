@@ -276,12 +276,15 @@ def test_depth_experiment_shows_the_difference():
 def test_depth_statistics_averages_over_stacks():
     post = depth_statistics(norm_first=False, depth=3, d_model=16, num_seeds=2, seq_len=4)
     pre = depth_statistics(norm_first=True, depth=3, d_model=16, num_seeds=2, seq_len=4)
-    assert sorted(post) == ["gradient", "stream"] and all(len(v) == 3 for v in post.values())
+    assert sorted(post) == ["ffn_gradient", "gradient", "stream"] and all(len(v) == 3 for v in post.values())
+    assert all(f < g for f, g in zip(post["ffn_gradient"], post["gradient"], strict=True))  # one of the parameters
     assert max(abs(n - 4.0) for n in post["stream"]) < 0.05  # LayerNorm output: norm sqrt(16)
     assert pre["stream"][-1] > pre["stream"][0]
     stack = block_stack(3, 16, 4, 64, norm_first=False, seed=1)
     x, target = torch.randn(2, 2, 4, 16, generator=torch.Generator().manual_seed(1))
     single = layer_gradient_norms(stack, x, target)
+    ffn_only = layer_gradient_norms(stack, x, target, parameter="ff.linear2.weight")
+    assert ffn_only == pytest.approx([b.ff.linear2.weight.grad.norm().item() for b in stack], rel=1e-5)
     one_seed = depth_statistics(norm_first=False, depth=3, d_model=16, num_seeds=1, seq_len=4)
     assert one_seed["gradient"] != single  # seed 0 differs from seed 1: the seeds are used
     with pytest.raises(ValueError, match="num_seeds must be >= 1"):

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .multi_head import MultiHeadAttention
+from .tasks import reversal_batch
+from .training import tagging_loss, train
 from .validation import check_dropout, check_heads, check_int
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
@@ -289,31 +291,83 @@ def residual_stream_norms(stack: nn.Sequential, x: Tensor) -> list[float]:
     return norms
 
 
-def layer_gradient_norms(stack: nn.Sequential, x: Tensor, target: Tensor) -> list[float]:
+def layer_gradient_norms(stack: nn.Sequential, x: Tensor, target: Tensor,
+                         parameter: str | None = None) -> list[float]:
     """The gradient norm of each block's parameters for a mean-squared-error loss of the stack's output.
 
-    x (B, T, D) input, target (B, T, D); one number per :class:`EncoderBlock`, input side first.
+    x (B, T, D) input, target (B, T, D); one number per :class:`EncoderBlock`, input side first. ``parameter``
+    (e.g. ``"ff.linear2.weight"``, the matrix Xiong et al. follow) restricts each number to that parameter.
     """
     stack.zero_grad()
     F.mse_loss(stack(x), target).backward()
+    return _gradient_norms(stack, parameter)
+
+
+def _gradient_norms(stack: nn.Sequential, parameter: str | None) -> list[float]:
+    """The norm of each block's gradients after a backward pass, of ``parameter`` only if given."""
     norms = []
     for block in stack:
         if isinstance(block, EncoderBlock):
-            squares = sum(p.grad.pow(2).sum() for p in block.parameters())
-            norms.append(squares.sqrt().item())
+            params = [block.get_parameter(parameter)] if parameter else list(block.parameters())
+            norms.append(sum(p.grad.pow(2).sum() for p in params).sqrt().item())
     return norms
 
 
 def depth_statistics(norm_first: bool, depth: int = 12, d_model: int = 64, num_heads: int = 4, num_seeds: int = 4,
                      batch: int = 2, seq_len: int = 16) -> dict[str, list[float]]:
-    """Per-block gradient norms and residual-stream norms at initialisation, averaged over ``num_seeds`` stacks
-    (each with its own weights, input and target): ``{"gradient": [...], "stream": [...]}``, input side first."""
+    """Per-block measurements at initialisation, averaged over ``num_seeds`` stacks (each with its own weights,
+    input and target), input side first: ``"gradient"`` (all the block's parameters), ``"ffn_gradient"`` (the
+    feed-forward network's second matrix only) and ``"stream"`` (the residual stream's size after the block)."""
     check_int(num_seeds, "num_seeds")
-    totals = {"gradient": torch.zeros(depth, dtype=torch.float64), "stream": torch.zeros(depth, dtype=torch.float64)}
+    names = ("gradient", "ffn_gradient", "stream")
+    totals = {name: torch.zeros(depth, dtype=torch.float64) for name in names}
     for seed in range(num_seeds):
         stack = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed)
         generator = torch.Generator().manual_seed(seed)
         x, target = torch.randn(2, batch, seq_len, d_model, generator=generator)  # (B, T, D) each
         totals["gradient"] += torch.tensor(layer_gradient_norms(stack, x, target), dtype=torch.float64)
+        ffn = _gradient_norms(stack, "ff.linear2.weight")  # from the same backward pass
+        totals["ffn_gradient"] += torch.tensor(ffn, dtype=torch.float64)
         totals["stream"] += torch.tensor(residual_stream_norms(stack, x), dtype=torch.float64)
     return {name: (total / num_seeds).tolist() for name, total in totals.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Why the order matters in training: a deep stack on a toy task, at a high learning rate
+# ----------------------------------------------------------------------------------------------------------
+
+
+class StackTagger(nn.Module):
+    """Tokens (B, T) -> scores (B, T, V): token and learned position embeddings, a :func:`block_stack` of
+    ``depth`` encoder blocks (post-LN, or pre-LN with its final norm; Xavier-initialised, no mask: every
+    position sees the whole sequence), a linear head. Small enough to train on a CPU in seconds."""
+
+    def __init__(self, vocab_size: int, length: int, depth: int, d_model: int, num_heads: int, norm_first: bool,
+                 seed: int = 0):
+        super().__init__()
+        check_int(vocab_size, "vocab_size")
+        check_int(length, "length")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.tok_emb = nn.Embedding(vocab_size, d_model)
+            self.pos_emb = nn.Parameter(torch.randn(length, d_model))
+            self.head = nn.Linear(d_model, vocab_size)
+        self.blocks = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """ids (B, T) -> logits (B, T, V)."""
+        x = self.tok_emb(ids) + self.pos_emb[: ids.size(1)]  # (B, T, D)
+        return self.head(self.blocks(x))
+
+
+def train_on_reversal(norm_first: bool, warmup_steps: int, depth: int = 6, d_model: int = 32, num_heads: int = 4,
+                      length: int = 8, steps: int = 150, lr: float = 1e-2, batch_size: int = 32,
+                      seed: int = 0) -> list[float]:
+    """Train a :class:`StackTagger` to reverse ``length`` digits (:func:`~attention_course.tasks.reversal_batch`)
+    with AdamW at ``lr``, its learning rate warmed up linearly over ``warmup_steps``; return the loss of every
+    step (chance: ln 10 = 2.30)."""
+    model = StackTagger(10, length, depth, d_model, num_heads, norm_first, seed=seed)
+    history = train(model, lambda g: reversal_batch(batch_size, length, g),
+                    lambda m, batch: tagging_loss(m(batch[0]), batch[1]), steps, lr=lr,
+                    warmup_steps=warmup_steps, seed=seed)
+    return history.losses
