@@ -695,3 +695,19 @@ def test_checks_leave_the_notebooks_random_stream_as_it_was():
     after = torch.rand(3)
     torch.manual_seed(0)
     assert torch.equal(after, torch.rand(3))
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_parts_under_hidden_cases(seed, capsys):
+    """The grader's hidden case (Topic.BLOCK's sizes, another depth for the initialisation): right answers pass,
+    and a mistake is named as on the public cases."""
+    from attention_course.checks import hidden
+
+    with hidden.drawn_from(seed):
+        checks.check_rms_norm(RMS)
+        checks.check_swiglu(Swi)
+        checks.check_residual_init(make_init())
+        assert "4 random cases" in capsys.readouterr().out
+        assert code_of(checks.check_rms_norm, RMSCentred)[0] == "rmsnorm-mean-subtracted"
+        assert code_of(checks.check_residual_init, make_init(residual_std=lambda L: 0.02 / L ** 0.5))[0] == \
+            "residual-init-depth"
