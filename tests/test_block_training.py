@@ -24,7 +24,9 @@ def test_top_gradient_against_depth():
 
 @pytest.fixture(scope="module")
 def runs():
-    return {(nf, warmup): train_on_reversal(nf, warmup, steps=150) for nf in (False, True) for warmup in (0, 100)}
+    runs = {(nf, warmup): train_on_reversal(nf, warmup, steps=150) for nf in (False, True) for warmup in (0, 100)}
+    runs["no residual"] = train_on_reversal(False, 100, residual=False)
+    return runs
 
 
 def test_warmup_and_order(runs):
@@ -32,6 +34,7 @@ def test_warmup_and_order(runs):
     assert tail(runs[False, 0]) > 2.0  # post-LN without warm-up: stuck near chance
     assert tail(runs[False, 100]) < 1.0  # ... with a warm-up it learns
     assert tail(runs[True, 0]) < 0.1 and tail(runs[True, 100]) < 0.1  # pre-LN learns either way
+    assert tail(runs["no residual"]) > 2.0  # post-LN with warm-up, without residual connections: stuck
     assert all(len(losses) == 150 for losses in runs.values())
     assert all(abs(losses[0] - CHANCE) < 0.5 for losses in runs.values())
 
@@ -71,3 +74,17 @@ def test_stack_tagger_shapes_and_seed():
     assert not torch.allclose(a(ids), StackTagger(10, 8, 2, 16, 2, True, seed=2)(ids))
     with pytest.raises(ValueError, match="vocab_size must be >= 1"):
         StackTagger(0, 8, 2, 16, 2, True)
+    with pytest.raises(ValueError, match="residual=False builds post-LN blocks"):
+        StackTagger(10, 8, 2, 16, 2, True, residual=False)
+
+
+def test_branch_only_block_has_no_residual():
+    """BranchOnlyBlock is the EncoderBlock's post-LN sub-layers without the x + : norm(branch(x)), twice."""
+    from attention_course.block import BranchOnlyBlock
+
+    torch.manual_seed(0)
+    blk = BranchOnlyBlock(8, 2, 16).eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        expected = blk.norm2(blk.ff(blk.norm1(blk.attn(x))))
+    torch.testing.assert_close(blk(x), expected)

@@ -261,16 +261,31 @@ def _copy_torch_layer(block: nn.Module, layer: nn.Module, names: dict[str, str])
 # ----------------------------------------------------------------------------------------------------------
 
 
-def block_stack(depth: int, d_model: int, num_heads: int, d_ff: int, norm_first: bool, seed: int = 0) -> nn.Sequential:
+class BranchOnlyBlock(EncoderBlock):
+    """An encoder block WITHOUT its residual connections, for chapter 11's training run: each sub-layer computes
+    ``norm(drop(branch(x)))``, post-LN's norm after a branch that nothing is added to."""
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        x = self.norm1(self.dropout(self.attn(x, mask=mask, is_causal=is_causal)))  # no x + ...
+        return self.norm2(self.dropout(self.ff(x)))
+
+
+def block_stack(depth: int, d_model: int, num_heads: int, d_ff: int, norm_first: bool, seed: int = 0,
+                residual: bool = True) -> nn.Sequential:
     """``depth`` freshly initialised encoder blocks (no dropout); pre-LN stacks end with the final LayerNorm
-    that pre-LN models need (their stream is never normalised inside the blocks).
+    that pre-LN models need (their stream is never normalised inside the blocks). ``residual=False``: post-LN
+    blocks without their residual connections (:class:`BranchOnlyBlock`).
 
     Every weight matrix is drawn Xavier-uniform, as ``nn.Transformer`` and the original paper initialise them.
     """
     check_int(depth, "depth")
+    if not residual and norm_first:
+        raise ValueError("residual=False builds post-LN blocks without residuals: pass norm_first=False")
+    kind = EncoderBlock if residual else BranchOnlyBlock
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        blocks = [EncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first) for _ in range(depth)]
+        blocks = [kind(d_model, num_heads, d_ff, norm_first=norm_first) for _ in range(depth)]
         final = [nn.LayerNorm(d_model)] if norm_first else []
         stack = nn.Sequential(*blocks, *final)
         for p in stack.parameters():
@@ -339,11 +354,12 @@ def depth_statistics(norm_first: bool, depth: int = 12, d_model: int = 64, num_h
 
 class StackTagger(nn.Module):
     """Tokens (B, T) -> scores (B, T, V): token and learned position embeddings, a :func:`block_stack` of
-    ``depth`` encoder blocks (post-LN, or pre-LN with its final norm; Xavier-initialised, no mask: every
-    position sees the whole sequence), a linear head. Small enough to train on a CPU in seconds."""
+    ``depth`` encoder blocks (post-LN, or pre-LN with its final norm, or with ``residual=False`` post-LN blocks
+    without residual connections; Xavier-initialised, no mask: every position sees the whole sequence), a linear
+    head. Small enough to train on a CPU in seconds."""
 
     def __init__(self, vocab_size: int, length: int, depth: int, d_model: int, num_heads: int, norm_first: bool,
-                 seed: int = 0):
+                 seed: int = 0, residual: bool = True):
         super().__init__()
         check_int(vocab_size, "vocab_size")
         check_int(length, "length")
@@ -352,7 +368,7 @@ class StackTagger(nn.Module):
             self.tok_emb = nn.Embedding(vocab_size, d_model)
             self.pos_emb = nn.Parameter(torch.randn(length, d_model))
             self.head = nn.Linear(d_model, vocab_size)
-        self.blocks = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed)
+        self.blocks = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed, residual=residual)
 
     def forward(self, ids: Tensor) -> Tensor:
         """ids (B, T) -> logits (B, T, V)."""
@@ -362,11 +378,11 @@ class StackTagger(nn.Module):
 
 def train_on_reversal(norm_first: bool, warmup_steps: int, depth: int = 6, d_model: int = 32, num_heads: int = 4,
                       length: int = 8, steps: int = 150, lr: float = 1e-2, batch_size: int = 32,
-                      seed: int = 0) -> list[float]:
+                      seed: int = 0, residual: bool = True) -> list[float]:
     """Train a :class:`StackTagger` to reverse ``length`` digits (:func:`~attention_course.tasks.reversal_batch`)
     with AdamW at ``lr``, its learning rate warmed up linearly over ``warmup_steps``; return the loss of every
-    step (chance: ln 10 = 2.30)."""
-    model = StackTagger(10, length, depth, d_model, num_heads, norm_first, seed=seed)
+    step (chance: ln 10 = 2.30). ``residual=False``: post-LN blocks without their residual connections."""
+    model = StackTagger(10, length, depth, d_model, num_heads, norm_first, seed=seed, residual=residual)
     history = train(model, lambda g: reversal_batch(batch_size, length, g),
                     lambda m, batch: tagging_loss(m(batch[0]), batch[1]), steps, lr=lr,
                     warmup_steps=warmup_steps, seed=seed)
