@@ -1,4 +1,9 @@
-"""Checks of chapter 11: the feed-forward network, pre-LN and post-LN blocks, the decoder block; its questions.
+"""Checks of chapter 11: the feed-forward network, pre-LN and post-LN blocks, the decoder block, RMSNorm and SwiGLU
+from their equations, GPT-2's initialisation; its questions.
+
+RMSNorm and SwiGLU are compared with the library's on inputs where each known mistake shows (a mean far from 0, a
+position of tiny features for eps; different weights in SwiGLU's gate and up). The initialisation is judged by the
+standard deviation measured on every tensor the student returns, which tells 1/sqrt(2L) from 1/sqrt(L) at any depth.
 
 The student completes the ``forward`` of a module whose ``__init__`` the exercise gives (attribute names as in
 :mod:`attention_course.block`). The checker builds it, loads random weights from the matching reference block
