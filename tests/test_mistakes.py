@@ -51,7 +51,10 @@ def test_topics_and_chapters():
         "rope-permutation-on-columns"]
     assert [m.code for m in mistakes.in_chapter(11)] == [
         "residual-missing", "residual-twice", "norm-wrong-place", "norm-on-residual-stream", "ffn-activation-missing",
-        "decoder-not-causal", "cross-attention-keys-from-decoder", "branch-dropout-off", "dropout-not-on-branch"]
+        "decoder-not-causal", "cross-attention-keys-from-decoder", "branch-dropout-off", "dropout-not-on-branch",
+        "rmsnorm-mean-subtracted", "rmsnorm-eps-misplaced", "rmsnorm-not-mean", "rmsnorm-scale-missing",
+        "norm-wrong-axis", "swiglu-gate-swapped", "swiglu-wrong-activation", "swiglu-not-gated", "residual-init-depth",
+        "residual-init-wrong-layers", "init-norm-or-bias"]
     assert [m.code for m in mistakes.in_chapter(14)] == [
         "cap-on-probabilities", "cap-after-mask", "norm-after-rope", "sink-given-value", "sink-ignored",
         "absorption-transposed", "keys-formed"]

@@ -484,6 +484,51 @@ mistake("dropout-not-on-branch", "dropout on the residual stream or a branch's i
         "the feed-forward network, its hidden features) is dropped; the residual stream carries the input through "
         "untouched (chapter 11, 'Residual connections and LayerNorm: two orders').",
         chapter=11, topic="blocks")
+mistake("rmsnorm-mean-subtracted", "RMSNorm that subtracts the mean (a LayerNorm without bias)",
+        "Your RMSNorm subtracts each vector's mean{detail}: that is LayerNorm. RMSNorm divides x itself by its root "
+        "mean square; the check's inputs have a mean far from 0, where the two differ (chapter 11, 'Modern "
+        "variants: RMSNorm and SwiGLU').",
+        chapter=11, topic="blocks")
+mistake("rmsnorm-eps-misplaced", "RMSNorm's epsilon added outside the square root, or left out",
+        "Your RMSNorm puts epsilon in another place ({detail}). It sits inside the square root, added to the mean of "
+        "the squares; the check's vectors include tiny ones, where its place decides the result.",
+        chapter=11, topic="blocks")
+mistake("rmsnorm-not-mean", "RMSNorm divides by the norm (a sum of squares), not by the root MEAN square",
+        "Your RMSNorm divides by the square root of the SUM of the squares{detail}: the result is sqrt(D) times "
+        "too small. The root mean square averages the squares over the D features.",
+        chapter=11, topic="blocks")
+mistake("rmsnorm-scale-missing", "RMSNorm's learned scale (weight) is not applied",
+        "Your RMSNorm leaves out its learned scale: the normalised vector is multiplied feature by feature by "
+        "self.weight (D numbers); the check loads random values into it.",
+        chapter=11, topic="blocks")
+mistake("norm-wrong-axis", "the norm is computed over another axis than the features (the last one)",
+        "Your norm averages over {detail} instead of each position's D features (the last axis): every position "
+        "is normalised on its own.",
+        chapter=11, topic="blocks")
+mistake("swiglu-gate-swapped", "SwiGLU with the SiLU on the 'up' projection instead of the 'gate'",
+        "Your SwiGLU passes the wrong projection through the SiLU: in the equation the gate projection goes through "
+        "it, and the up projection is multiplied in as it is. The check loads different weights into the two.",
+        chapter=11, topic="blocks")
+mistake("swiglu-wrong-activation", "SwiGLU with another activation than SiLU on the gate",
+        "Your gate goes through {detail} instead of SiLU(z) = z sigmoid(z) (Swish with beta = 1): that is another "
+        "member of the GLU family (chapter 11, 'Modern variants: RMSNorm and SwiGLU').",
+        chapter=11, topic="blocks")
+mistake("swiglu-not-gated", "SwiGLU without its gate: the two projections are not multiplied",
+        "Your SwiGLU does not multiply the two projections ({detail}): the gate's SiLU multiplies the up "
+        "projection feature by feature before down maps back to D.",
+        chapter=11, topic="blocks")
+mistake("residual-init-depth", "residual layers scaled by 1/sqrt of the wrong count (blocks, not residual layers)",
+        "Your residual layers are scaled by another factor: {detail}. GPT-2 scales them by 1 / sqrt(N), N the "
+        "number of residual layers: count the additions to the stream in one block.",
+        chapter=11, topic="blocks")
+mistake("residual-init-wrong-layers", "the depth scaling applied to other layers than those that write into the stream",
+        "Your initialisation scales the wrong matrices: {detail}. Only the layers whose output is added to the "
+        "residual stream are scaled; every other matrix keeps standard deviation 0.02.",
+        chapter=11, topic="blocks")
+mistake("init-norm-or-bias", "a LayerNorm's scale or shift, or a bias, drawn at random or not reset",
+        "Your initialisation gives {detail}. Biases and LayerNorm shifts start at 0, LayerNorm scales at 1: only "
+        "the weight matrices and the embedding are drawn.",
+        chapter=11, topic="blocks")
 
 # ==================================================================================================================
 # Chapter 12: watch attention learn (induction heads)

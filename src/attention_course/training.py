@@ -53,6 +53,7 @@ def train(
     seed: int = 0,
     eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
     eval_every: int = 50,
+    warmup_steps: int = 0,
     progress: bool = False,
     loss_below: float | None = None,
 ) -> History:
@@ -63,6 +64,8 @@ def train(
         loss_fn: (model, batch) -> scalar loss.
         eval_fn: model -> {name: value}, run in eval mode without gradients at step 0, every ``eval_every``
             steps and after the last step.
+        warmup_steps: the learning rate rises linearly from lr / warmup_steps at step 0 to lr at step
+            warmup_steps - 1, then stays (0: lr from the first step).
         progress: show a tqdm progress bar (rendered as a widget in Jupyter; it writes to stderr, and stores
             elapsed times: for interactive use, not for a stored notebook).
         loss_below: if given, print one line when done: the steps run and whether the mean loss of the last
@@ -71,6 +74,7 @@ def train(
     """
     check_int(steps, "steps")
     check_int(eval_every, "eval_every")
+    check_int(warmup_steps, "warmup_steps", minimum=0)
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got lr={lr}")
     if loss_below is not None and not loss_below > 0:
@@ -78,6 +82,7 @@ def train(
     torch.manual_seed(seed)  # dropout, if any
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(warmup_steps, 1)))
     history = History()
     bar = _progress_bar(steps) if progress else None
     for step in range(steps):
@@ -88,6 +93,7 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        schedule.step()
         history.losses.append(loss.item())
         if bar is not None:
             bar.update(1)

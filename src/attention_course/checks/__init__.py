@@ -30,7 +30,15 @@ cases) and :mod:`.observe` (what the student's code computes and calls).
 """
 
 from ..mistakes import CODES
-from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block, check_pre_ln_block
+from .blocks import (
+    check_decoder_block,
+    check_feed_forward,
+    check_post_ln_block,
+    check_pre_ln_block,
+    check_residual_init,
+    check_rms_norm,
+    check_swiglu,
+)
 from .capstone import check_rope_cached_attention
 from .core import (
     check_attention_one_query,
@@ -97,6 +105,9 @@ __all__ = [
     "check_dk",
     "check_einsum_attention",
     "check_feed_forward",
+    "check_residual_init",
+    "check_rms_norm",
+    "check_swiglu",
     "check_float_mask_attention",
     "check_grouped_query_attention",
     "check_keras_attention",
