@@ -44,10 +44,9 @@ def test_topics_and_chapters():
                       "tiles", "flex", "kernels", "linear", "serving"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
     assert [m.code for m in mistakes.in_chapter(10)] == [
-        "sinusoid-wrong-exponent", "sin-cos-swapped", "rope-wrong-pairing", "rope-wrong-frequencies",
-        "alibi-wrong-slopes", "rope-position-not-offset", "rope-rotates-values", "rope-cache-rotated-twice",
-        "rope-angle-layout", "alibi-query-offset", "alibi-bias-sign", "alibi-bias-scaled", "rope-padding-ignored",
-        "rope-offset-one-row", "rope-permutation-inverted", "rope-permutation-not-per-head",
+        "rope-wrong-pairing", "rope-wrong-frequencies", "rope-position-not-offset", "rope-rotates-values",
+        "rope-cache-rotated-twice", "rope-angle-layout", "alibi-query-offset", "alibi-bias-sign", "alibi-bias-scaled",
+        "rope-padding-ignored", "rope-offset-one-row", "rope-permutation-inverted", "rope-permutation-not-per-head",
         "rope-permutation-on-columns"]
     assert [m.code for m in mistakes.in_chapter(11)] == [
         "residual-missing", "residual-twice", "norm-wrong-place", "norm-on-residual-stream", "ffn-activation-missing",

@@ -374,14 +374,6 @@ mistake("tiles-not-skipped", "blockwise attention that computes tiles holding no
 # Chapter 10: positions (append this chapter's mistakes here)
 # ==================================================================================================================
 
-mistake("sinusoid-wrong-exponent", "sinusoidal encodings with the wrong frequencies: not 10000^(-2i/D) for pair i",
-        "Your encodings turn at the wrong speeds: {detail}. Pair i (features 2i and 2i + 1) uses the frequency "
-        "theta_i = 10000^(-2i/D): both features of a pair share it, and it falls from 1 to about 1/10000.",
-        chapter=10, topic="positions")
-mistake("sin-cos-swapped", "sinusoidal encodings with cos on the even features and sin on the odd ones",
-        "Your sines and cosines are swapped: PE[p, 2i] = sin(p theta_i) goes on the even features and "
-        "PE[p, 2i + 1] = cos(p theta_i) on the odd ones (position 0 is then 0, 1, 0, 1, ...).",
-        chapter=10, topic="positions")
 mistake("rope-wrong-pairing", "RoPE rotating the pairs (x_i, x_i+D/2) where (x_2i, x_2i+1) were asked (or back)",
         "Your rotation pairs the wrong features: {detail}. Both pairings exist (LLaMA's reference code uses "
         "neighbours, GPT-NeoX and Hugging Face use halves), but weights trained with one are wrong with the other.",
@@ -390,8 +382,6 @@ mistake("rope-wrong-frequencies", "RoPE with the wrong angles: not m * base^(-2i
         "Your rotation angles are wrong: {detail}. Pair i at position m turns by m * theta_i, with "
         "theta_i = base^(-2i/Dh) and i counting pairs (0 .. Dh/2 - 1), not features.",
         chapter=10, topic="positions")
-mistake("alibi-wrong-slopes", "ALiBi head slopes that are not the paper's geometric sequence",
-        "Your slopes are not those of Press et al.: {detail}.", chapter=10, topic="positions")
 mistake("rope-position-not-offset", "a decoded token rotated by the wrong position (0, not the cache length)",
         "Your new token is rotated as if it were at position {detail}. With a cache of T tokens (positions "
         "0 .. T-1) the new token is at position T: rotate its query and key by T.",
@@ -608,26 +598,6 @@ mistake("row-parallel-wrong-slice",
         "Your ranks slice w_o along the wrong axis: w_o[rows] are OUTPUT features in nn.Linear's (d_out, d_in) "
         "layout. Rank r's heads are the INPUT features r*D/P .. (r+1)*D/P - 1 of the output projection: "
         "w_o[:, r*D/P:(r+1)*D/P].",
-        chapter=13, topic="distributed")
-mistake("merge-without-rescale", "online-softmax merge of a new block without rescaling what was accumulated",
-        "Your merged result matches a merge in which {detail}. When a block raises the running maximum from m_old "
-        "to m_new, the sum l and the accumulator acc were computed relative to m_old: multiply both by "
-        "alpha = exp(m_old - m_new) before adding the new block's exp(scores - m_new) terms.",
-        chapter=13, topic="distributed")
-mistake("merge-without-max", "online-softmax merge that exponentiates the raw scores, with no running maximum",
-        "Your merge overflows when the scores are large: {detail} on scores of hundreds to thousands, where exp of a "
-        "score past 709 is infinite in float64 (in float16, past 11). The running maximum m is there so that no "
-        "exponent is ever positive; what you accumulate is relative to it (chapter 13, 'Ring attention').",
-        chapter=13, topic="distributed")
-mistake("merge-nan-on-empty-row", "online-softmax merge that turns a row with no visible key yet into NaN",
-        "Your merge breaks on a block in which a query sees no key: {detail} when the first block's scores are all "
-        "-inf. The running maximum is then still -inf, and -inf - (-inf) is NaN; such a row has nothing to add yet, "
-        "and later blocks must still count (chapter 13, 'Ring attention').",
-        chapter=13, topic="distributed")
-mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair built from local positions",
-        "Your causal mask is wrong for blocks of different ranks: {detail}. Query i of rank q_rank is at global "
-        "position q_rank * block + i, key j of rank k_rank at k_rank * block + j; the query may attend the key iff "
-        "key position <= query position.",
         chapter=13, topic="distributed")
 mistake("zigzag-contiguous", "zig-zag layout: each rank holds one contiguous block of T / P positions",
         "Your layout gives rank r the contiguous positions r*T/P .. (r+1)*T/P - 1: two NEIGHBOURING chunks. With a "

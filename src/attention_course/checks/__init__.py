@@ -48,13 +48,7 @@ from .core import (
     check_softmax,
     check_streaming_attention,
 )
-from .distributed import (
-    check_copy_and_sum,
-    check_ring_causal_mask,
-    check_ring_merge,
-    check_row_parallel_output,
-    check_zigzag_layout,
-)
+from .distributed import check_copy_and_sum, check_row_parallel_output, check_zigzag_layout
 from .field_guide import check_additive_mask, check_layers_created_once
 from .flex import check_alibi_score_mod, check_document_mask, check_prefix_lm_mask
 from .heads import check_merge_heads, check_split_heads
@@ -72,16 +66,7 @@ from .modules import (
     check_single_head_attention,
 )
 from .porting import check_keras_weights_from_torch
-from .positions import (
-    check_alibi_attention,
-    check_alibi_slopes,
-    check_rope,
-    check_rope_decode_step,
-    check_rope_halves,
-    check_rope_left_padded,
-    check_rope_to_interleaved,
-    check_sinusoidal_positions,
-)
+from .positions import check_alibi_attention, check_rope_halves, check_rope_left_padded, check_rope_to_interleaved
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
 from .serving import check_block_slot, check_copy_on_write, check_rejection_rule, check_retire, check_verify_mask
@@ -95,7 +80,6 @@ __all__ = [
     "check_alibi_attention",
     "check_additive_mask",
     "check_alibi_score_mod",
-    "check_alibi_slopes",
     "check_attention_one_query",
     "check_causal_mask",
     "check_causal_tiles",
@@ -133,11 +117,7 @@ __all__ = [
     "check_qk_norm_rope",
     "check_repeat_kv",
     "check_copy_and_sum",
-    "check_ring_causal_mask",
-    "check_ring_merge",
     "check_rope_cached_attention",
-    "check_rope",
-    "check_rope_decode_step",
     "check_rope_halves",
     "check_rope_left_padded",
     "check_rope_to_interleaved",
@@ -147,7 +127,6 @@ __all__ = [
     "check_single_head_attention",
     "check_sink_attention",
     "check_sliding_window_attention",
-    "check_sinusoidal_positions",
     "check_softcap_attention",
     "check_softmax",
     "check_split_heads",
