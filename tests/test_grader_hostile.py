@@ -619,39 +619,61 @@ def fill(folder, limit):
         pass
     return total
 
+def files_made(folder, limit):
+    """How many empty files could be made in folder, up to limit."""
+    n = 0
+    try:
+        while n < limit:
+            open(os.path.join(folder, f"e{n}"), "w").close()
+            n += 1
+    except OSError:
+        pass
+    return n
+
 def children_that_got(mb, n):
     """How many of n child processes, together, could each fill mb of memory (each under the per-process limit)."""
     code = f"b = bytearray(b'x') * ({mb} * 2**20); import time; time.sleep(3)"
     return sum(p.wait() == 0 for p in [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)])
 '''
+TOTAL_LIMITS = sandbox.Limits(cell_s=60, notebook_s=240, memory_mb=2048, disk_mb=64, tmp_mb=32, files=500)
 
 
-def _totals_notebook():
-    """Its own check cells (no reference), run in the sandbox: each passes when the limit held."""
-    checks_ = {1: "assert fill('.', 700 * 2**20) <= 512 * 2**20", 2: "assert fill('/tmp', 400 * 2**20) <= 256 * 2**20",
-               3: "assert children_that_got(700, 3) < 3"}
+def _totals_notebook(backend: str):
+    """Its own check cells (no reference), run in the sandbox: each passes when the limit held (its own /tmp only
+    under bwrap: under rlimit /tmp is the machine's)."""
+    sizes = {"'.'": TOTAL_LIMITS.disk_mb, "'/tmp'": TOTAL_LIMITS.tmp_mb}
+    if backend != "bwrap":
+        del sizes["'/tmp'"]
+    checks_ = {1: " and ".join(f"fill({f}, {mb + 32} * 2**20) <= {mb} * 2**20" for f, mb in sizes.items()),
+               2: " and ".join(f"files_made({f}, 2000) <= {TOTAL_LIMITS.files}" for f in sizes),
+               3: "children_that_got(700, 3) < 3"}
     cells = [new_markdown_cell("# Exercises: totals"), new_code_cell(TOTALS)]
     for number, source in checks_.items():
-        check = new_code_cell(source)
+        check = new_code_cell(f"assert {source}")
         check.metadata["tags"] = ["check", f"exercise-{number}"]
         cells += [new_markdown_cell(f"## Exercise {number} (core): limit {number}"), check]
     return new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                               "language": "python"}})
 
 
-def test_the_sandbox_is_limited_in_total(tmp_path):
-    """Under bubblewrap: its folder and /tmp are tmpfs of fixed sizes (before: 700 MB written to the host's disk,
-    a /tmp in RAM that no limit counted), and its processes share one memory limit (a cgroup, as root; before,
-    three children each under the per-process limit used 2.1 GB under a 2 GB limit). The rlimit mode bounds
-    neither the disk in total nor, without a cgroup, memory across processes, and its reports say so."""
-    nbformat.write(_totals_notebook(), tmp_path / "totals.ipynb")
-    limits = sandbox.Limits(cell_s=60, notebook_s=240, memory_mb=2048)
+def test_the_sandbox_is_limited_in_total(tmp_path, backend):
+    """Its folder (and under bwrap its /tmp) are tmpfs limited in bytes and in files (before: 700 MB and 200,000
+    files written to the host's disk, a /tmp in RAM that no limit counted; bubblewrap's own tmpfs limits bytes,
+    not files), and its processes share one memory limit (a cgroup, as root; before, three children each under
+    the per-process limit used 2.1 GB under a 2 GB limit). Where the machine allows no mount namespace, or no
+    cgroup, the report says what is unlimited instead."""
+    nbformat.write(_totals_notebook(backend), tmp_path / "totals.ipynb")
+    limits = dataclasses.replace(TOTAL_LIMITS, isolation=backend)
     result = grade.grade_notebook(tmp_path / "totals.ipynb", reference=None, limits=limits)
-    assert [(e.exercise, e.passed) for e in result.exercises[:2]] == [(1, True), (2, True)], result
+    described = sandbox.describe(limits)
+    if sandbox.private_tmpfs(backend):
+        assert [(e.exercise, e.passed) for e in result.exercises[:2]] == [(1, True), (2, True)], result
+        assert f"at most {limits.files} files" in described
+    else:
+        assert ("files unlimited" if backend == "bwrap" else "disk in total unlimited") in described
     if sandbox._cgroup_parents("memory"):
         assert result.exercises[2].passed, result
-    weaker = sandbox.describe(dataclasses.replace(limits, isolation="rlimit"))
-    assert "disk in total unlimited" in weaker
+    assert ("in total (cgroup)" in described) == bool(sandbox._cgroup_parents("memory"))
 
 
 def _leftovers(tmp: Path) -> list[str]:
