@@ -16,13 +16,17 @@ Backends (:func:`backend`):
 * ``bwrap`` (bubblewrap, Debian package ``bubblewrap``; the default: without it the grader refuses): new user,
   mount, PID, network, IPC and UTS namespaces; the file system holds only the system folders, the Python
   installation and the package read-only (the course's ``solutions/``, the repository and other submissions are
-  not there), and two size-limited tmpfs, ``/tmp`` and the submission's folder, gone with the sandbox; no network;
+  not there), and two tmpfs, ``/tmp`` and the submission's folder, limited in bytes and in files (mounted by the
+  grader: :func:`private_tmpfs`; where it cannot, bubblewrap's own, limited in bytes only, and the report says
+  so), gone with the sandbox; no network;
   an unprivileged user with no capabilities; killing the sandbox kills every process in it (PID namespace,
   ``--die-with-parent``).
 * ``rlimit`` (weaker, only when the instructor asks for it): the same worker, resource limits and scrubbed
   environment in a folder of its own, but it can read every file of the user it runs as (``nobody`` when the
   grader runs as root and that user can run this Python: :func:`unprivileged_user`), use the network and signal
-  that user's processes; its folder is limited per file, not in total. A killed grader process takes its worker
+  that user's processes; its folder is a tmpfs limited in bytes and files where a mount namespace can be made
+  (:func:`private_tmpfs`; else a folder on the disk, limited per file only), what it writes elsewhere per file
+  only. A killed grader process takes its worker
   with it (``PR_SET_PDEATHSIG``), and the command line's processes adopt and kill what a submission started in a
   new session (:func:`adopt_orphans`); only when the instructor kills the whole command line does such a process
   live on.
