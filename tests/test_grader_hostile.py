@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -711,20 +712,74 @@ def _leftovers(tmp: Path) -> list[str]:
     return found
 
 
+def _kill_the_grader_of(path: Path, tmp: Path) -> bool:
+    """SIGKILL the command line's child process that grades ``path`` once its sandbox's folder exists in ``tmp``
+    (named after that process), as the out-of-memory killer or an instructor's kill would."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            try:
+                command = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--one" in command and str(path).encode() in command and \
+                    list(tmp.glob(f"{sandbox.CGROUP_PREFIX}{proc.name}-*")):
+                os.kill(int(proc.name), signal.SIGKILL)
+                return True
+        time.sleep(0.1)
+    return False
+
+
 def test_nothing_is_left_behind(tmp_path, backend):
-    """After a batch with a submission that kills its grader process and an honest one: no sandbox folder, no
-    cgroup (before: an empty pids cgroup for every notebook graded, and under rlimit the folder of a killed
-    grader)."""
+    """After a batch with an honest submission and one whose grader process is killed while its sandbox runs: no
+    sandbox folder, no cgroup (before: an empty pids cgroup for every notebook graded, and the folder and cgroups
+    of a killed grader). The submission cannot kill its grader itself (bwrap: its own PID namespace; rlimit as
+    root: it runs as nobody), so the test does, from outside."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    # Only its own grader process: under rlimit there is no PID namespace, and as root the batch's kill_grader attack
-    # (kill(-1)) would kill every process on the machine, the test run included.
-    nbformat.write(_with_cell("import os\nos.kill(os.getppid(), 9)"), tmp_path / f"kill_{NAME}")
+    killed = tmp_path / f"kill_{NAME}"
+    nbformat.write(_with_cell("import time\ntime.sleep(25)"), killed)
     shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
     before = set(_leftovers(tmp))  # what earlier runs on this machine left (a grader killed from outside)
-    done = _run(["--jsonl", "-j", "2", "--isolation", backend, "--timeout", str(CELL_S), "--notebook-timeout", "120",
-                 "--solutions", str(FIXTURES / "solutions"), str(tmp_path / f"kill_{NAME}"),
-                 str(tmp_path / f"solved_{NAME}")], timeout=600, TMPDIR=str(tmp))
+    args = ["--jsonl", "-j", "2", "--isolation", backend, "--timeout", str(CELL_S), "--notebook-timeout", "120",
+            "--solutions", str(FIXTURES / "solutions"), str(killed), str(tmp_path / f"solved_{NAME}")]
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_run, args, 600, TMPDIR=str(tmp))
+        assert _kill_the_grader_of(killed, tmp)
+        done = running.result()
     results = {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
-    assert results[f"solved_{NAME}"]["passed"] == 5 and results[f"kill_{NAME}"]["passed"] == 0, results
+    assert results[f"solved_{NAME}"]["passed"] == 5, results
+    assert "failed (exit -9)" in results[killed.name]["error"], results
     assert set(_leftovers(tmp)) - before == set()
+
+
+def _as_whom_notebook(secret: Path):
+    """Its own check cells (no reference): the submission runs as nobody, and a file that only root may read (as
+    the instructor guide asks of solutions and submissions) stays closed to it."""
+    sources = {1: "import os\nassert os.getuid() == 65534",
+               2: f"try:\n    open({str(secret)!r}).read()\nexcept PermissionError:\n    pass\nelse:\n"
+                  "    raise AssertionError('read')"}
+    cells = [new_markdown_cell("# Exercises: as whom")]
+    for number, source in sources.items():
+        check = new_code_cell(source)
+        check.metadata["tags"] = ["check", f"exercise-{number}"]
+        cells += [new_markdown_cell(f"## Exercise {number} (core): as whom {number}"), check]
+    return new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                              "language": "python"}})
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the weak mode switches users only when the grader runs as root")
+def test_the_weak_mode_as_root_runs_the_submission_as_nobody(tmp_path):
+    """Run as root, --isolation=rlimit runs the submission as nobody, even with a Python under /root (mode 0700,
+    where pyenv installs it): in the submission's own mount namespace /root is covered by a tmpfs holding only
+    the interpreter (before: the grader kept root, and the submission could read everything)."""
+    if not sandbox.private_tmpfs("rlimit"):
+        pytest.skip("no mount namespace here: the report says the grader's user")
+    secret = tmp_path / "solutions.ipynb"
+    secret.write_text("{}")
+    secret.chmod(0o600)
+    nbformat.write(_as_whom_notebook(secret), tmp_path / "whom.ipynb")
+    limits = dataclasses.replace(ROUND_LIMITS, isolation="rlimit")
+    result = grade.grade_notebook(tmp_path / "whom.ipynb", reference=None, limits=limits)
+    assert [(e.exercise, e.passed) for e in result.exercises] == [(1, True), (2, True)], result
+    assert result.isolation.startswith("rlimit (weaker: as nobody")

@@ -49,6 +49,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -109,20 +110,66 @@ def _drop_privileges() -> None:  # pragma: no cover - runs in a child between fo
 @functools.cache
 def unprivileged_user() -> int | None:
     """The user the rlimit mode runs a submission as: ``nobody`` when the grader runs as root and ``nobody`` can
-    run this Python and import the package (an interpreter under ``/root`` it cannot), else None (the grader's)."""
+    run this Python and import the package, else None (the grader's). Where a mount namespace can be made, a
+    Python under a folder others may not enter (``/root``, where pyenv installs it) is made reachable in the
+    submission's namespace only (:func:`_open_the_way`); elsewhere such an interpreter keeps the grader's user."""
     if os.getuid() != 0:
         return None
+    paths, mountable = _readonly_paths(), private_tmpfs("rlimit")
+
+    def drop():  # pragma: no cover - runs in the child between fork and exec
+        if mountable:
+            _mount_tmpfs([], None)
+            _open_the_way(paths)
+        _drop_privileges()
+
     try:
         probe = subprocess.run([sys.executable, "-P", "-c", "import attention_course.course.worker"], check=False,
                                env={"PYTHONPATH": str(_package_root())}, capture_output=True, timeout=120, cwd="/",
-                               preexec_fn=_drop_privileges)  # noqa: PLW1509 - the grader's process: one thread
-    except OSError:  # e.g. PermissionError: the interpreter is out of its reach
+                               preexec_fn=drop)  # noqa: PLW1509 - the grader's process: one thread
+    except (OSError, subprocess.SubprocessError):  # e.g. PermissionError: the interpreter is out of its reach
         return None
     return UNPRIVILEGED if probe.returncode == 0 else None
 
 
+def _closed_folder(path: Path) -> Path | None:
+    """The outermost folder above ``path`` that others may not enter (no ``o+x``), or None."""
+    for folder in reversed(path.parents):
+        try:
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return folder
+        except OSError:
+            return None
+    return None
+
+
+def _open_the_way(paths: list[str]) -> None:  # pragma: no cover - runs in a child between fork and exec
+    """As root, in the sandbox's own mount namespace (:func:`_mount_tmpfs`), before it becomes ``nobody``: each
+    folder on the way to ``paths`` that others may not enter is covered by a small tmpfs they may enter, which
+    holds only those of ``paths`` below it, bound back from where they were (through a handle opened before the
+    cover hid them), with their own owners and modes. Outside the namespace nothing changes; inside it the rest of
+    that folder (root's home, say) is gone."""
+    closed: dict[Path, list[Path]] = {}
+    for path in map(Path, paths):
+        folder = _closed_folder(path)
+        if folder is not None:
+            closed.setdefault(folder, []).append(path)
+    for folder, below in closed.items():
+        handles = [(path, os.open(path, os.O_PATH)) for path in below]
+        _libc("mount", b"tmpfs", str(folder).encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+              b"size=1m,nr_inodes=1000,mode=0755")
+        for path, handle in handles:
+            if os.path.isdir(f"/proc/self/fd/{handle}"):
+                os.makedirs(path, exist_ok=True)
+            else:
+                os.makedirs(path.parent, exist_ok=True)
+                open(path, "w").close()
+            _libc("mount", f"/proc/self/fd/{handle}".encode(), str(path).encode(), None, MS_BIND | MS_REC, None)
+            os.close(handle)
+
+
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000  # unshare(2)
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000  # mount(2)
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000  # mount(2)
 
 
 def _libc(name: str, *args) -> None:
@@ -410,7 +457,8 @@ def kill_adopted(keep=frozenset()) -> None:
                 pass
 
 
-def _preexec(limits: Limits, cgroups: list[Path], user: int | None = None, mounts=(), folder: Path | None = None):
+def _preexec(limits: Limits, cgroups: list[Path], user: int | None = None, mounts=(), folder: Path | None = None,
+             way=()):
     parent = os.getpid()
 
     def apply():  # pragma: no cover - runs in the child between fork and exec
@@ -430,6 +478,8 @@ def _preexec(limits: Limits, cgroups: list[Path], user: int | None = None, mount
             if limits.isolation == "rlimit" and grader[0] != 0:
                 _lock_mounts(grader)
         if user is not None:  # rlimit as root: drop to an unprivileged user for good (no capabilities: no unmount)
+            if mounts:
+                _open_the_way(list(way))
             _drop_privileges()
         if folder is not None:
             os.chdir(folder)  # the tmpfs now mounted there, not the folder under it
@@ -492,7 +542,8 @@ class Sandbox:
         workdir = self.folder if self.limits.isolation == "rlimit" else None
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      cwd="/", env=env, start_new_session=True, close_fds=True,
-                                     preexec_fn=_preexec(self.limits, self.cgroups, user, mounts, workdir))  # noqa: PLW1509
+                                     preexec_fn=_preexec(self.limits, self.cgroups, user, mounts, workdir,
+                                                         [*_readonly_paths(), str(self.folder)]))  # noqa: PLW1509
         job = json.dumps({"cells": self.cells, "cell_s": self.limits.cell_s}).encode()
         self._send({"op": wire.JOB}, {"job": np.frombuffer(job, dtype=np.uint8)})
 
