@@ -23,7 +23,8 @@ Backends (:func:`backend`):
   ``--die-with-parent``).
 * ``rlimit`` (weaker, only when the instructor asks for it): the same worker, resource limits and scrubbed
   environment in a folder of its own, but it can read every file of the user it runs as (``nobody`` when the
-  grader runs as root and that user can run this Python: :func:`unprivileged_user`), use the network and signal
+  grader runs as root and that user can run this Python, if need be through :func:`_open_the_way`:
+  :func:`unprivileged_user`), use the network and signal
   that user's processes; its folder is a tmpfs limited in bytes and files where a mount namespace can be made
   (:func:`private_tmpfs`; else a folder on the disk, limited per file only), what it writes elsewhere per file
   only. A killed grader process takes its worker
