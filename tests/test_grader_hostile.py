@@ -713,8 +713,9 @@ def _leftovers(tmp: Path) -> list[str]:
 
 
 def _kill_the_grader_of(path: Path, tmp: Path) -> bool:
-    """SIGKILL the command line's child process that grades ``path`` once its sandbox's folder exists in ``tmp``
-    (named after that process), as the out-of-memory killer or an instructor's kill would."""
+    """SIGKILL the command line's child process that grades ``path`` once its sandbox runs (its folder in ``tmp``
+    and its cgroups, named after that process, exist), as the out-of-memory killer or an instructor's kill would."""
+    parents = [p for c in ("pids", "memory") for p in sandbox._cgroup_parents(c)]
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         for proc in Path("/proc").iterdir():
@@ -722,8 +723,10 @@ def _kill_the_grader_of(path: Path, tmp: Path) -> bool:
                 command = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"--one" in command and str(path).encode() in command and \
-                    list(tmp.glob(f"{sandbox.CGROUP_PREFIX}{proc.name}-*")):
+            made = [*tmp.glob(f"{sandbox.CGROUP_PREFIX}{proc.name}-*"),
+                    *(g for p in parents for g in p.glob(f"{sandbox.CGROUP_PREFIX}{proc.name}-*"))]
+            if b"--one" in command and str(path).encode() in command and len(made) == 1 + len(parents):
+                time.sleep(1)  # the worker started in them
                 os.kill(int(proc.name), signal.SIGKILL)
                 return True
         time.sleep(0.1)
