@@ -71,7 +71,9 @@ def test_encoder_matches_torch(shape, norm_first, activation, masks):
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("memory_padding", [False, True])
-def test_decoder_matches_torch(shape, norm_first, activation, memory_padding):
+@pytest.mark.parametrize("causal", [True, False])
+def test_decoder_matches_torch(shape, norm_first, activation, memory_padding, causal):
+    """Both of torch's calls, causal (tgt_mask) and its default (not causal), against ours with is_causal."""
     b, t_q, t_k, d, h, d_ff = shape  # Tq != Tk: target and memory lengths differ
     torch.manual_seed(1)
     theirs = nn.TransformerDecoderLayer(d, h, d_ff, dropout=0.2, activation=activation, batch_first=True,
@@ -80,10 +82,41 @@ def test_decoder_matches_torch(shape, norm_first, activation, memory_padding):
     ours = DecoderBlock.from_torch(theirs).eval()
     x, memory = torch.randn(b, t_q, d), torch.randn(b, t_k, d)
     pad = padding_mask(lengths_for(b, t_k), t_k) if memory_padding else None  # (B, 1, 1, Tk)
-    expected = theirs(x, memory, tgt_mask=~causal_mask(t_q), tgt_is_causal=True,
-                      memory_key_padding_mask=None if pad is None else ~pad[:, 0, 0])
-    got = ours(x, memory, memory_mask=pad)
+    kpm = None if pad is None else ~pad[:, 0, 0]
+    if causal:
+        expected = theirs(x, memory, tgt_mask=~causal_mask(t_q), tgt_is_causal=True, memory_key_padding_mask=kpm)
+    else:
+        expected = theirs(x, memory, memory_key_padding_mask=kpm)  # torch's default call
+    got = ours(x, memory, memory_mask=pad, is_causal=causal)
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=1e-4)
+
+
+def test_decoder_causality_must_be_stated():
+    """Called as torch's layer is called by default, ours refuses rather than compute another function: the two
+    calls' results differ by about 1 when one is causal and the other not."""
+    theirs = randomise(nn.TransformerDecoderLayer(8, 2, 16, batch_first=True), seed=6).eval()
+    ours = DecoderBlock.from_torch(theirs).eval()
+    x, memory = torch.randn(2, 5, 8), torch.randn(2, 3, 8)
+    with pytest.raises(TypeError, match="is_causal"):
+        ours(x, memory)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        ours(x, memory, is_causal=None)
+    causal, full = ours(x, memory, is_causal=True), ours(x, memory, is_causal=False)
+    assert (causal - full).abs().max() > 0.1  # the two differ: a silent default would be a real bug
+    torch.testing.assert_close(full, theirs(x, memory), atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("cls", "layer", "match"), [
+    (EncoderBlock, nn.TransformerDecoderLayer(8, 2, 16, batch_first=True),
+     "copies an nn.TransformerEncoderLayer, got TransformerDecoderLayer; use DecoderBlock.from_torch"),
+    (DecoderBlock, nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+     "copies an nn.TransformerDecoderLayer, got TransformerEncoderLayer; use EncoderBlock.from_torch"),
+    (EncoderBlock, nn.MultiheadAttention(8, 2), "copies an nn.TransformerEncoderLayer, got MultiheadAttention$"),
+])
+def test_from_torch_refuses_other_layers(cls, layer, match):
+    """A decoder layer has a cross-attention an EncoderBlock would silently drop: refused, as anything else."""
+    with pytest.raises(TypeError, match=match):
+        cls.from_torch(layer)
 
 
 def test_decoder_target_padding_and_not_causal():
@@ -102,13 +135,13 @@ def test_decoder_is_causal_and_uses_memory():
     torch.manual_seed(3)
     block = DecoderBlock(8, 2, 16).eval()
     x, memory = torch.randn(1, 6, 8), torch.randn(1, 4, 8)
-    out = block(x, memory)
+    out = block(x, memory, is_causal=True)
     x2 = x.clone()
     x2[:, 4:] += 1.0
-    out2 = block(x2, memory)
+    out2 = block(x2, memory, is_causal=True)
     torch.testing.assert_close(out2[:, :4], out[:, :4])
     assert not torch.allclose(out2[:, 4:], out[:, 4:])
-    out3 = block(x, memory + 1.0)
+    out3 = block(x, memory + 1.0, is_causal=True)
     assert not torch.allclose(out3, out, atol=1e-3)
 
 
@@ -243,12 +276,15 @@ def test_depth_experiment_shows_the_difference():
 def test_depth_statistics_averages_over_stacks():
     post = depth_statistics(norm_first=False, depth=3, d_model=16, num_seeds=2, seq_len=4)
     pre = depth_statistics(norm_first=True, depth=3, d_model=16, num_seeds=2, seq_len=4)
-    assert sorted(post) == ["gradient", "stream"] and all(len(v) == 3 for v in post.values())
+    assert sorted(post) == ["ffn_gradient", "gradient", "stream"] and all(len(v) == 3 for v in post.values())
+    assert all(f < g for f, g in zip(post["ffn_gradient"], post["gradient"], strict=True))  # one of the parameters
     assert max(abs(n - 4.0) for n in post["stream"]) < 0.05  # LayerNorm output: norm sqrt(16)
     assert pre["stream"][-1] > pre["stream"][0]
     stack = block_stack(3, 16, 4, 64, norm_first=False, seed=1)
     x, target = torch.randn(2, 2, 4, 16, generator=torch.Generator().manual_seed(1))
     single = layer_gradient_norms(stack, x, target)
+    ffn_only = layer_gradient_norms(stack, x, target, parameter="ff.linear2.weight")
+    assert ffn_only == pytest.approx([b.ff.linear2.weight.grad.norm().item() for b in stack], rel=1e-5)
     one_seed = depth_statistics(norm_first=False, depth=3, d_model=16, num_seeds=1, seq_len=4)
     assert one_seed["gradient"] != single  # seed 0 differs from seed 1: the seeds are used
     with pytest.raises(ValueError, match="num_seeds must be >= 1"):

@@ -5,17 +5,21 @@ no console errors or uncaught exceptions, math typeset by MathJax with no raw `$
 no error traceback outside cells tagged `raises-exception`, the sidebar and the "next" buttons reach every page,
 and the search page finds "softmax". Screenshots of the intro and of every chapter go to _build/screenshots/.
 
-Pages read as a reader reads them (book/_static/course.css; the same visit measures the layout at 1280 px, a second
-one every page at 390 px and a third the chapters in dark mode), with these rules:
+Pages read as a reader reads them (book/_static/course.css; each page is loaded once, at 1280 px, and the same visit
+measures its layout there, then resized to a 390 px phone's width and, for a chapter, reloaded in dark mode), with
+these rules:
 - on a 390 px phone no page is wider than the screen;
 - at 1280 px no display equation is wider than its column (long ones are split into aligned lines); at 390 px one
   may scroll inside its own box, up to 1.5 columns wide, but none is cut off;
 - at 1280 px no line of a code cell is longer than the code column holds (measured in characters of its font; the
-  notebook lint keeps code within 79) and no code block needs a scroll bar;
+  notebook lint keeps code within 79) and no code block needs a scroll bar, and no printed table or verdict line is
+  longer than the output column holds (messages that read as sentences may wrap);
+- listings of library code (show_source, lines up to 120 characters) never wrap: they scroll in their own box;
 - every cell shows each of its output streams in one box (`nb_merge_streams`), however the kernel chunked it;
 - exercise pages show a failing check's message, not its traceback; solution pages show no BEGIN/END SOLUTION
   markers; the install cell's toggle says what it hides;
-- in dark mode the plots sit on a light panel, and every page shows the licence in its footer.
+- in dark mode the plots sit on a light panel, and every page shows the licence in its footer;
+- at 1280 px the smallest text of every figure is at least 12 px tall as shown (attention_course.plotting's rule).
 
 Offline by design: the pages are served from 127.0.0.1 by a thread of this process; the requests the pages make for
 MathJax 3 (from its CDN, as published) are answered from the pinned copy that `make browser`
@@ -46,6 +50,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]
 DESKTOP, PHONE = 1280, 390  # CSS pixels: a laptop, and a phone held upright
+HEIGHT = 900
 NAVIGATION_TIMEOUT_MS = 120_000  # a loaded CI machine (or a shared one) can take more than Playwright's 30 s
 PHONE_EQUATION_SWIPES = 1.5  # at 390 px a display equation may scroll in its box, up to 1.5 columns wide
 MATHJAX_REQUEST = re.compile(r"/mathjax@3[^/]*/es5/(?P<path>[^?#]+)")
@@ -75,6 +80,11 @@ INSPECT_PAGE = """() => {
     mathErrors: Array.from(main.querySelectorAll("mjx-merror")).map(e => e.textContent.slice(0, 80)),
     prose: prose.textContent,
     brokenImages: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+    figures: Array.from(main.querySelectorAll("img")).filter(i => i.offsetParent !== null).map(i => {
+      const style = getComputedStyle(i);
+      const shown = i.getBoundingClientRect().width - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)
+        - parseFloat(style.borderLeftWidth) - parseFloat(style.borderRightWidth);
+      return {src: i.src, shown, natural: i.naturalWidth}; }),
     images: document.images.length,
     tracebacks: Array.from(document.querySelectorAll(".cell:not(.tag_raises-exception) .output.traceback"))
       .map(e => e.textContent.slice(0, 300)),
@@ -107,8 +117,14 @@ INSPECT_LAYOUT = """() => {
     .filter(e => e.getBoundingClientRect().right > width + 1 && !scrollsItself(e)).slice(0, 5)
     .map(e => `${name(e)} (right edge ${Math.round(e.getBoundingClientRect().right)} px): `
       + e.textContent.trim().slice(0, 60));
+  // A listing of library source (show_source: a Markdown code block in a cell's output) scrolls in its own box.
+  const isListing = pre => !!pre.closest("div.cell_output > div[class*='highlight-']:not(.output)");
+  const listings = Array.from(document.querySelectorAll("main div.cell_output pre")).filter(isListing)
+    .map(pre => { const style = getComputedStyle(pre);
+      return {whiteSpace: style.whiteSpace, overflow: style.overflowX, wide: pre.scrollWidth > pre.clientWidth + 1,
+              text: pre.textContent.trim().slice(0, 60)}; });
   const clipped = Array.from(document.querySelectorAll("main pre"))
-    .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+    .filter(pre => !isListing(pre) && pre.scrollWidth > pre.clientWidth + 1)
     .map(pre => `${pre.scrollWidth} px of text in ${pre.clientWidth} px: ` + pre.textContent.trim().slice(0, 60));
   const tex = e => { try { const items = MathJax.startup.document.getMathItemsWithin(e);
       return items.length ? items[0].math : e.textContent; } catch (error) { return e.textContent; } };
@@ -129,6 +145,14 @@ INSPECT_LAYOUT = """() => {
     const holds = columnChars(pre);
     pre.textContent.split("\\n").forEach(line => { if (line.trimEnd().length > holds)
       codeLines.push({holds, length: line.trimEnd().length, line: line.trim().slice(0, 70)}); }); });
+  // Printed output (stdout, and the text of a cell's value): every line longer than the output column holds.
+  const outputLines = [];
+  document.querySelectorAll("main div.cell_output div.output.stream pre, "
+                             + "main div.cell_output div.output.text_plain pre").forEach(pre => {
+    if (pre.offsetParent === null || pre.closest(".traceback")) return;
+    const holds = columnChars(pre);
+    pre.textContent.split("\\n").forEach(line => { if (line.trimEnd().length > holds)
+      outputLines.push({holds, length: line.trimEnd().length, line: line.trimEnd()}); }); });
   const streams = Array.from(document.querySelectorAll("main div.cell_output")).map(out => {
     const counts = {};
     for (const box of out.children) {
@@ -143,9 +167,23 @@ INSPECT_LAYOUT = """() => {
   const licence = Array.from(document.querySelectorAll("footer a"))
     .filter(a => a.href.startsWith("https://creativecommons.org/licenses/by/4.0") && a.offsetParent !== null);
   return {pageWidth: document.documentElement.scrollWidth, width, wide, clipped, panel, equations, codeLines,
-          streams,
+          streams, outputLines, listings,
           theme: document.documentElement.dataset.theme, licence: licence.length};
 }"""
+
+
+# Run once a page has loaded: waits for MathJax, then INSPECT_PAGE and INSPECT_LAYOUT, in one round trip.
+MEASURE_LOADED = f"""async () => {{
+  const failed = await ({MATHJAX_DONE})();
+  return {{failed, info: ({INSPECT_PAGE})(), layout: ({INSPECT_LAYOUT})()}};
+}}"""
+# Run after the window was resized: waits until the transitions it started (the theme's sliding sidebars) have ended,
+# so the layout is the one the page has when loaded at that width, then INSPECT_LAYOUT.
+MEASURE_RESIZED = f"""async () => {{
+  await Promise.all(document.getAnimations()
+    .filter(a => a.effect && a.effect.getComputedTiming().endTime !== Infinity).map(a => a.finished.catch(() => null)));
+  return ({INSPECT_LAYOUT})();
+}}"""
 
 
 @dataclass
@@ -156,6 +194,8 @@ class Visit:
     errors: list[str] = field(default_factory=list)  # console errors, uncaught exceptions, failed local requests
     info: dict = field(default_factory=dict)  # INSPECT_PAGE's record
     layout: dict = field(default_factory=dict)  # INSPECT_LAYOUT's record (at 1280 px, light)
+    phone: dict = field(default_factory=dict)  # INSPECT_LAYOUT's record on a 390 px phone (light)
+    dark: dict = field(default_factory=dict)  # INSPECT_LAYOUT's record at 1280 px in dark mode (chapters only)
 
 
 @dataclass
@@ -229,7 +269,7 @@ def crawl(site, browser):
         external.append(url)
         return route.abort()
 
-    context = browser.new_context(viewport={"width": DESKTOP, "height": 900}, color_scheme="light",
+    context = browser.new_context(viewport={"width": DESKTOP, "height": HEIGHT}, color_scheme="light",
                                   device_scale_factor=1)
     context.route("**/*", route)
     page = context.new_page()
@@ -248,15 +288,25 @@ def crawl(site, browser):
         errors.clear()
         response = page.goto(visit.url, wait_until="load")
         visit.status = response.status if response else None
-        failed = page.evaluate(MATHJAX_DONE)
-        if failed:
-            errors.append(f"MathJax failed: {failed}")
-        visit.info = page.evaluate(INSPECT_PAGE)
-        visit.layout = page.evaluate(INSPECT_LAYOUT)
-        if docname == DOCNAMES[0] or docname.startswith("book/"):
+        measured = page.evaluate(MEASURE_LOADED)
+        if measured["failed"]:
+            errors.append(f"MathJax failed: {measured['failed']}")
+        visit.info, visit.layout = measured["info"], measured["layout"]
+        chapter = docname.startswith("book/")
+        if docname == DOCNAMES[0] or chapter:
             shot = SCREENSHOTS / f"{Path(docname).name}.png"
             page.screenshot(path=str(shot))
             screenshots.append(shot)
+        page.set_viewport_size({"width": PHONE, "height": HEIGHT})
+        visit.phone = page.evaluate(MEASURE_RESIZED)
+        if docname == DOCNAMES[1]:
+            page.screenshot(path=str(SCREENSHOTS / f"phone_{Path(docname).name}.png"), full_page=False)
+        page.set_viewport_size({"width": DESKTOP, "height": HEIGHT})
+        if chapter:
+            page.emulate_media(color_scheme="dark")
+            page.reload(wait_until="load")
+            visit.dark = page.evaluate(MEASURE_LOADED)["layout"]
+            page.emulate_media(color_scheme="light")
         visit.errors = list(dict.fromkeys(errors))
         visits[docname] = visit
 
@@ -272,47 +322,20 @@ def crawl(site, browser):
     return crawl
 
 
-def _offline(site, blocked):
-    """A route handler: the book from `site`, MathJax from the local copy, nothing else (appended to `blocked`)."""
-
-    def route(route):
-        url = route.request.url
-        if url.startswith(site):
-            return route.continue_()
-        found = MATHJAX_REQUEST.search(url)
-        if found:
-            path = MATHJAX / found["path"]
-            if path.is_file():
-                return route.fulfill(path=str(path))
-            return route.fulfill(status=200, content_type="text/javascript", body="")
-        blocked.append(url)
-        return route.abort()
-
-    return route
-
-
 @pytest.fixture(scope="module")
-def layouts(site, browser, crawl):
-    """{(viewport width, colour scheme): {docname: INSPECT_LAYOUT's record}}: every page on a laptop (light; recorded
-    by the crawl's visit) and on a phone, and the chapters on a laptop in dark mode."""
-    records = {(DESKTOP, "light"): {docname: visit.layout for docname, visit in crawl.visits.items()}}
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for width, scheme, docnames in ((PHONE, "light", DOCNAMES),
-                                    (DESKTOP, "dark", [d for d in DOCNAMES if d.startswith("book/")])):
-        context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme,
-                                      device_scale_factor=1, is_mobile=width == PHONE, has_touch=width == PHONE)
-        context.route("**/*", _offline(site, []))
-        page = context.new_page()
-        page.set_default_navigation_timeout(NAVIGATION_TIMEOUT_MS)
-        records[width, scheme] = {}
-        for docname in docnames:
-            page.goto(f"{site}{docname}.html", wait_until="load")
-            page.evaluate(MATHJAX_DONE)
-            if width == PHONE and docname == DOCNAMES[1]:
-                page.screenshot(path=str(SCREENSHOTS / f"phone_{Path(docname).name}.png"), full_page=False)
-            records[width, scheme][docname] = page.evaluate(INSPECT_LAYOUT)
-        context.close()
-    return records
+def layouts(crawl):
+    """{(viewport width, colour scheme): {docname: INSPECT_LAYOUT's record}}: every page on a laptop and on a phone
+    (light), and the chapters on a laptop in dark mode; all measured in the crawl's one visit of each page.
+
+    The phone is the loaded page's window resized to 390 px, once the transitions that started have ended: the pages
+    set their width to the device's (viewport meta tag), and no style depends on touch, so a phone's browser lays
+    them out alike (on 2026-11-26 every record on every page equalled that of a separate `is_mobile`, `has_touch`
+    context loading each page at 390 px). Dark mode is a reload with the system's colour scheme dark: the theme
+    reads it when the page loads."""
+    visits = crawl.visits.values()
+    return {(DESKTOP, "light"): {v.docname: v.layout for v in visits},
+            (PHONE, "light"): {v.docname: v.phone for v in visits},
+            (DESKTOP, "dark"): {v.docname: v.dark for v in visits if v.docname.startswith("book/")}}
 
 
 def test_no_page_is_wider_than_a_phone(layouts):
@@ -353,6 +376,35 @@ def test_no_code_line_wraps_on_a_laptop(layouts):
     problems = [f"{docname}: a line of {c['length']} characters, the column holds {c['holds']}: {c['line']}"
                 for docname, r in layouts[DESKTOP, "light"].items() for c in r["codeLines"]]
     assert not problems, f"lines that wrap at {DESKTOP} px:\n" + _report(problems)
+
+
+# A printed line may wrap only where it reads as a sentence: a check's verdict or message ("✓ ...", "[code] ...",
+# "Failing case ...") or an exception's message, after an optional short label ("head size 48: ValueError: ...").
+# Tables, verdict lines, lists and arrays must fit the column: wrapped, their columns land at the left margin.
+PROSE_OUTPUT = re.compile(r"^(✓ |\s*\[[a-z0-9-]+\] |\s*Failing case|([^:]{1,40}: )?"
+                          r"([A-Za-z_][\w.]*(Error|Exception|Failed|Warning): |\[[a-z0-9-]+\] ))")
+
+
+def test_no_printed_table_or_verdict_wraps_on_a_laptop(layouts):
+    """At 1280 px no printed line (stdout, a cell's value) is longer than the output column holds, in characters of
+    its font, except messages that read as sentences (PROSE_OUTPUT): the notebooks print tables and verdicts in
+    lines of at most 81 characters."""
+    problems = [f"{docname}: a line of {o['length']} characters, the column holds {o['holds']}: {o['line'][:90]}"
+                for docname, r in layouts[DESKTOP, "light"].items() for o in r["outputLines"]
+                if not PROSE_OUTPUT.match(o["line"])]
+    assert not problems, f"printed lines that wrap at {DESKTOP} px ({len(problems)}):\n" + _report(problems)
+
+
+def test_library_listings_scroll_instead_of_wrapping(layouts):
+    """show_source's listings of library code (lines up to 120 characters) keep their lines: a wrapped line would
+    land at the left margin and read as a new statement. A long one scrolls inside its own box, at any width."""
+    listings = [(docname, width, listing) for (width, scheme), records in layouts.items() if scheme == "light"
+                for docname, r in records.items() for listing in r["listings"]]
+    assert listings, "no show_source listing on any page: expected the chapters' library code"
+    problems = [f"{docname} at {width} px: white-space {x['whiteSpace']}, overflow-x {x['overflow']}: {x['text']}"
+                for docname, width, x in listings
+                if x["whiteSpace"] != "pre" or (x["wide"] and x["overflow"] not in ("auto", "scroll"))]
+    assert not problems, "listings that wrap or overflow their box:\n" + _report(problems)
 
 
 def test_one_output_box_per_stream(layouts):
@@ -423,6 +475,60 @@ def test_math_is_typeset(crawl):
     assert not problems, _report(problems)
 
 
+def _smallest_text_px(path, shown_px, natural_px):
+    """How tall the smallest text of the image file ``path`` is on the page, in CSS px, where it is shown
+    ``shown_px`` wide (``natural_px`` is its own width in CSS px): (px, None), or (None, why it cannot be known).
+
+    SVG (the diagrams, text kept as text): the smallest `font-size` of its <text> elements, in the units of its
+    viewBox, times shown width / viewBox width. PNG (the notebooks' plots): attention_course.plotting records the
+    smallest text drawn, in points, in the image (a text chunk), with the image's dpi: points * dpi / 72 is its size
+    in the image's pixels, times shown width / natural width."""
+    from attention_course import plotting
+
+    if path.suffix == ".svg":
+        svg = path.read_text(encoding="utf-8")
+        view_box = re.search(r'viewBox="\s*[\d.-]+\s+[\d.-]+\s+([\d.]+)\s+[\d.]+\s*"', svg)
+        sizes = [float(v) for v in re.findall(r"<text[^>]*font-size:\s*([\d.]+)px", svg)]
+        if not view_box or not sizes:
+            return None, "an SVG without a viewBox or without text elements (text drawn as paths?)"
+        return min(sizes) * shown_px / float(view_box.group(1)), None
+    from PIL import Image
+
+    with Image.open(path) as image:
+        recorded = getattr(image, "text", {}).get(plotting.SMALLEST_TEXT_KEY)
+        dpi = image.info.get("dpi", (plotting.FIGURE_DPI,))[0]
+    if recorded is None:
+        return None, (f"no record of its smallest text ({plotting.SMALLEST_TEXT_KEY!r}): drawn before the course "
+                      "style; re-execute the notebook (attention_course.plotting sets the style and records it)")
+    if recorded == "none":
+        return float("inf"), None  # a figure without text
+    return float(recorded) * dpi / 72 * shown_px / natural_px, None
+
+
+def test_figure_labels_are_readable_on_a_laptop(crawl):
+    """At 1280 px the smallest text of every figure (plots and diagrams) is at least MIN_LABEL_PX (12) px tall, as
+    shown on the page: attention_course.plotting's style (text >= 11 pt, figures up to about 7 inches wide) meets
+    it. Measured from the image files the pages show, scaled as the page scales them."""
+    from attention_course import plotting
+
+    measured, problems = [], []
+    for v in crawl.visits.values():
+        for figure in v.info["figures"]:
+            path = HTML / urldefrag(figure["src"]).url.removeprefix(crawl.base)
+            if not path.is_file() or path.suffix not in (".svg", ".png"):
+                continue  # logos and other images outside the book's own figures
+            px, why = _smallest_text_px(path, figure["shown"], figure["natural"])
+            name = f"{v.docname}: {path.name} (shown {figure['shown']:.0f} px wide)"
+            if px is None:
+                problems.append(f"{name}: {why}")
+            elif px < plotting.MIN_LABEL_PX:
+                problems.append(f"{name}: smallest text {px:.1f} px")
+            measured.append(px)
+    assert measured, "no figure measured: expected the chapters' plots and diagrams"
+    assert not problems, (f"figures with labels under {plotting.MIN_LABEL_PX} px at {DESKTOP} px "
+                          f"({len(problems)} of {len(measured)}):\n" + _report(problems))
+
+
 def test_every_image_loads(crawl):
     problems = [f"{v.docname}: {src}" for v in crawl.visits.values() for src in v.info["brokenImages"]]
     assert not problems, "images that did not load:\n" + _report(problems)
@@ -478,3 +584,28 @@ def test_screenshots_of_intro_and_chapters(crawl):
     assert len(crawl.screenshots) == len(expected)
     for shot in crawl.screenshots:
         assert shot.is_file() and shot.stat().st_size > 10_000, f"{shot} missing or blank"
+
+
+def test_figure_measurement_on_files(tmp_path):
+    """The measurement itself, without a browser: the committed diagrams pass at the column's width, a wide PNG
+    with 8 pt text fails, and a PNG drawn without the course style cannot be measured."""
+    import base64
+
+    import matplotlib.pyplot as plt
+
+    from attention_course import plotting
+
+    for svg in sorted((ROOT / "book" / "figures").glob("*.svg")):
+        px, why = _smallest_text_px(svg, 688, 691)
+        assert why is None and px >= plotting.MIN_LABEL_PX, (svg.name, px)
+    fig, ax = plt.subplots(figsize=(12, 3.4))
+    ax.text(0.5, 0.5, "0.25", fontsize=8)
+    recorded = tmp_path / "wide.png"
+    recorded.write_bytes(base64.b64decode(plotting._png_with_smallest_text(fig)))
+    plain = tmp_path / "plain.png"
+    fig.savefig(plain, bbox_inches="tight")
+    plt.close(fig)
+    px, why = _smallest_text_px(recorded, 688, 1200)
+    assert why is None and 6 < px < 7  # 8 pt * 100 / 72 * 688 / 1200
+    px, why = _smallest_text_px(plain, 688, 1200)
+    assert px is None and "re-execute" in why

@@ -266,15 +266,12 @@ def test_decoder_dropout_in_eval():
 
 
 def test_questions(capsys):
-    checks.check_number("11.post-ln-norm", 8.0)
-    checks.check_choice("11.memory-mask", "b")
+    checks.check_choice("11.depth-scaling", "b")
     checks.check_number("11.block-params", 3_152_384)
-    assert capsys.readouterr().out.count("✓ 11.") == 3
-    for value in (1, 64, 0):
+    assert capsys.readouterr().out.count("✓ 11.") == 2
+    for wrong in "ACD":
         with pytest.raises(CheckFailed, match=r"^\[wrong-answer\]"):
-            checks.check_number("11.post-ln-norm", value)
-    with pytest.raises(CheckFailed, match=r"^\[decoder-not-causal\]"):
-        checks.check_choice("11.memory-mask", "D")
+            checks.check_choice("11.depth-scaling", wrong)
     for wrong in (3_150_336, 3_152_384 - 4608, 3_145_728, 3_152_384 - 262_656):
         with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] .*: (you|those|the attention)"):
             checks.check_number("11.block-params", wrong)
@@ -287,6 +284,17 @@ def test_large_whole_numbers_are_shown_in_full(capsys):
     assert "3152384 is right" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match=r"^\[wrong-answer\] 3145728 is not"):
         checks.check_number("11.block-params", 3_145_728)
+
+
+def test_depth_scaling_answer_is_what_the_library_measures():
+    """11.depth-scaling's answer B, measured with the exercise's stacks: from 6 to 24 blocks, post-LN's top
+    feed-forward gradient stays (within 25 %), pre-LN's about halves (1 / sqrt(4))."""
+    from attention_course.block import depth_statistics
+
+    ratio = {nf: depth_statistics(nf, depth=24)["ffn_gradient"][-1] / depth_statistics(nf, depth=6)["ffn_gradient"][-1]
+             for nf in (False, True)}
+    assert 0.8 < ratio[False] < 1.25
+    assert 0.35 < ratio[True] < 0.65
 
 
 def test_unknown_sublayer_variant():
@@ -452,10 +460,174 @@ class PreLNAlwaysDropout(PreLN):
         return x + F.dropout(self.ff(self.norm2(x)), self.p)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# RMSNorm, SwiGLU and GPT-2's initialisation
+# ----------------------------------------------------------------------------------------------------------
+
+
+class RMS(nn.Module):
+    """The exercise's RMSNorm, right."""
+
+    def __init__(self, d_model, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class RMSNormOf(RMS):
+    """Right, another style: the root mean square through torch.linalg.vector_norm."""
+
+    def forward(self, x):
+        rms = torch.sqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True) ** 2 / x.shape[-1] + self.eps)
+        return self.weight * (x / rms)
+
+
+class RMSCentred(RMS):
+    def forward(self, x):
+        x = x - x.mean(-1, keepdim=True)
+        return super().forward(x)
+
+
+class RMSEpsOutside(RMS):
+    def forward(self, x):
+        return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight
+
+
+class RMSNoEps(RMS):
+    def forward(self, x):
+        return x / x.pow(2).mean(-1, keepdim=True).sqrt() * self.weight
+
+
+class RMSNorm2(RMS):
+    def forward(self, x):
+        return x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + self.eps) * self.weight
+
+
+class RMSNoWeight(RMS):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class RMSWrongAxis(RMS):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + self.eps) * self.weight
+
+
+class Swi(nn.Module):
+    """The exercise's SwiGLU, right."""
+
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.up = nn.Linear(d_model, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class SwiSigmoidTimes(Swi):
+    """Right, another style: SiLU written out as z * sigmoid(z)."""
+
+    def forward(self, x):
+        z = self.gate(x)
+        return self.down(z * torch.sigmoid(z) * self.up(x))
+
+
+class SwiSwapped(Swi):
+    def forward(self, x):
+        return self.down(self.gate(x) * F.silu(self.up(x)))
+
+
+class SwiSigmoid(Swi):
+    def forward(self, x):
+        return self.down(torch.sigmoid(self.gate(x)) * self.up(x))
+
+
+class SwiGelu(Swi):
+    def forward(self, x):
+        return self.down(F.gelu(self.gate(x)) * self.up(x))
+
+
+class SwiSum(Swi):
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) + self.up(x))
+
+
+class SwiNoUp(Swi):
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)))
+
+
+def make_init(residual_std=lambda L: 0.02 / (2 * L) ** 0.5, scaled=("w_o.weight", "linear2.weight"),
+              norm_scale=1.0, bias=0.0):
+    """A GPT-2 initialisation, right by default; each argument plants one mistake."""
+
+    def gpt2_init(shapes, num_layers, seed=0):
+        generator = torch.Generator().manual_seed(seed)
+        out = {}
+        for name, shape in shapes.items():
+            if name.endswith(".bias"):
+                out[name] = torch.full(shape, bias)
+            elif name.split(".")[-2].startswith("norm"):
+                out[name] = torch.full(shape, norm_scale)
+            else:
+                std = residual_std(num_layers) if name.endswith(scaled) else 0.02
+                out[name] = std * torch.randn(shape, generator=generator)
+        return out
+
+    return gpt2_init
+
+
+def init_from_gpt(shapes, num_layers, seed=0):
+    """Right, another style: the library's GPT builds itself with init="gpt2", and its state dict is the answer."""
+    from attention_course.gpt import GPT, GPTConfig
+
+    d_model = shapes["tok_emb.weight"][1]
+    model = GPT(GPTConfig(shapes["tok_emb.weight"][0], d_model, 4, num_layers,
+                          max_len=shapes["pos_emb.table.weight"][0]), seed=seed)
+    return {name: t.clone() for name, t in model.state_dict().items()}
+
+
+def test_parts_pass(capsys):
+    checks.check_rms_norm(RMS)
+    checks.check_swiglu(Swi)
+    checks.check_residual_init(make_init())
+    out = capsys.readouterr().out
+    assert "✓ RMS: 3 random cases" in out and "✓ Swi: 3 random cases" in out and "✓ gpt2_init: 2 GPTs" in out
+
+
+def test_part_messages():
+    code, message = code_of(checks.check_residual_init, make_init(residual_std=lambda L: 0.02 / L ** 0.5))
+    assert code == "residual-init-depth" and "N = 4, the number of blocks" in message
+    code, message = code_of(checks.check_residual_init, make_init(scaled=("w_o.weight",)))
+    assert code == "residual-init-wrong-layers" and "linear2.weight writes into the stream" in message
+    code, message = code_of(checks.check_swiglu, SwiGelu)
+    assert "a GELU (GEGLU)" in message
+    code, message = code_of(checks.check_rms_norm, RMSEpsOutside)
+    assert "x / (sqrt(mean(x^2)) + eps)" in message and "x[0, 0] tiny" in message
+
+
+def test_init_returns_checked():
+    assert code_of(checks.check_residual_init, lambda shapes, num_layers, seed=0: [1, 2])[0] == "wrong-type"
+    assert code_of(checks.check_residual_init, lambda shapes, num_layers, seed=0: {})[0] == "wrong-type"
+
+    def transposed(shapes, num_layers, seed=0):
+        return {name: torch.zeros(tuple(reversed(shape))) for name, shape in shapes.items()}
+
+    assert code_of(checks.check_residual_init, transposed)[0] == "wrong-shape"
+
+
 pre, post = checks.check_pre_ln_block, checks.check_post_ln_block
 CORRECT = [(pre, PreLN), (pre, PreLNFunctional), (post, PostLN), (post, PostLNFunctional),
            (checks.check_decoder_block, Decoder), (checks.check_decoder_block, DecoderFunctional),
-           (checks.check_feed_forward, FFN), (checks.check_feed_forward, FFNFunctional)]
+           (checks.check_feed_forward, FFN), (checks.check_feed_forward, FFNFunctional),
+           (checks.check_rms_norm, RMS), (checks.check_rms_norm, RMSNormOf), (checks.check_swiglu, Swi),
+           (checks.check_swiglu, SwiSigmoidTimes), (checks.check_residual_init, make_init()),
+           (checks.check_residual_init, init_from_gpt)]
 PLANTED = [
     (pre, encoder("pre", "pre-no-residual"), "residual-missing"),
     (pre, encoder("pre", "pre-twice", (False, True)), "residual-twice"),
@@ -488,6 +660,23 @@ PLANTED = [
     (checks.check_feed_forward, FFNDropsInput, "dropout-not-on-branch"),
     (checks.check_feed_forward, FFNDropsOutput, "dropout-not-on-branch"),
     (checks.check_feed_forward, FFNHalfRate, "dropout-wrong-rate"),
+    (checks.check_rms_norm, RMSCentred, "rmsnorm-mean-subtracted"),
+    (checks.check_rms_norm, RMSEpsOutside, "rmsnorm-eps-misplaced"),
+    (checks.check_rms_norm, RMSNoEps, "rmsnorm-eps-misplaced"),
+    (checks.check_rms_norm, RMSNorm2, "rmsnorm-not-mean"),
+    (checks.check_rms_norm, RMSNoWeight, "rmsnorm-scale-missing"),
+    (checks.check_rms_norm, RMSWrongAxis, "norm-wrong-axis"),
+    (checks.check_swiglu, SwiSwapped, "swiglu-gate-swapped"),
+    (checks.check_swiglu, SwiSigmoid, "swiglu-wrong-activation"),
+    (checks.check_swiglu, SwiGelu, "swiglu-wrong-activation"),
+    (checks.check_swiglu, SwiSum, "swiglu-not-gated"),
+    (checks.check_swiglu, SwiNoUp, "swiglu-not-gated"),
+    (checks.check_residual_init, make_init(residual_std=lambda L: 0.02 / L ** 0.5), "residual-init-depth"),
+    (checks.check_residual_init, make_init(residual_std=lambda L: 0.02 / (2 * L)), "residual-init-depth"),
+    (checks.check_residual_init, make_init(residual_std=lambda L: 0.02), "residual-init-wrong-layers"),
+    (checks.check_residual_init, make_init(scaled=("weight",)), "residual-init-wrong-layers"),
+    (checks.check_residual_init, make_init(norm_scale=0.0), "init-norm-or-bias"),
+    (checks.check_residual_init, make_init(bias=0.02), "init-norm-or-bias"),
 ]
 
 
@@ -506,3 +695,19 @@ def test_checks_leave_the_notebooks_random_stream_as_it_was():
     after = torch.rand(3)
     torch.manual_seed(0)
     assert torch.equal(after, torch.rand(3))
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_parts_under_hidden_cases(seed, capsys):
+    """The grader's hidden case (Topic.BLOCK's sizes, another depth for the initialisation): right answers pass,
+    and a mistake is named as on the public cases."""
+    from attention_course.checks import hidden
+
+    with hidden.drawn_from(seed):
+        checks.check_rms_norm(RMS)
+        checks.check_swiglu(Swi)
+        checks.check_residual_init(make_init())
+        assert "4 random cases" in capsys.readouterr().out
+        assert code_of(checks.check_rms_norm, RMSCentred)[0] == "rmsnorm-mean-subtracted"
+        assert code_of(checks.check_residual_init, make_init(residual_std=lambda L: 0.02 / L ** 0.5))[0] == \
+            "residual-init-depth"

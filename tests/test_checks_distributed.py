@@ -8,10 +8,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 
-from attention_course import checks, online_softmax
+from attention_course import checks
 from attention_course.checks import CheckFailed
-from attention_course.distributed import demos, ring_attention, tensor_parallel
-from attention_course.masks import causal_mask
+from attention_course.distributed import demos, tensor_parallel
 
 # ------------------------------------------------------------------------------------------------------------
 # The row-parallel output projection
@@ -59,108 +58,6 @@ def test_row_parallel_right(fn, capsys):
 def test_row_parallel_mistakes_are_named(fn, code):
     with pytest.raises(CheckFailed, match=rf"^\[{code}\]"):
         checks.check_row_parallel_output(fn)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The ring merge step
-# ------------------------------------------------------------------------------------------------------------
-
-
-def merge_right(m, l, acc, scores, v_block):
-    """The library's accumulator (it updates in place: on copies, the checker's arguments stay unchanged)."""
-    rows = online_softmax.Accumulator(online_softmax.OnlineSoftmaxState(m, l.clone()), acc.clone())
-    merged = online_softmax.merge(rows, scores.clone(), v_block)
-    return merged.softmax.max, merged.softmax.sum, merged.acc
-
-
-def merge_no_rescale(m, l, acc, scores, v_block):
-    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
-    p = torch.exp(scores - m_new)
-    return m_new, l + p.sum(dim=-1, keepdim=True), acc + p @ v_block  # THE BUG: l and acc not rescaled
-
-
-def merge_own_max(m, l, acc, scores, v_block):
-    m_blk = scores.amax(dim=-1, keepdim=True)
-    p = torch.exp(scores - m_blk)
-    return torch.maximum(m, m_blk), l + p.sum(dim=-1, keepdim=True), acc + p @ v_block
-
-
-def merge_guarded_by_nan_to_num(m, l, acc, scores, v_block):
-    """Another style: the NaN of a row with no visible key yet replaced by 0 after the fact."""
-    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
-    p = torch.exp(scores - m_new).nan_to_num(0.0)
-    alpha = torch.exp(m - m_new).nan_to_num(0.0)
-    return m_new, alpha * l + p.sum(dim=-1, keepdim=True), alpha * acc + torch.einsum("...nk,...kd->...nd", p, v_block)
-
-
-def merge_raw_exp(m, l, acc, scores, v_block):
-    """No running maximum in the exponent: exact, until a score passes 709."""
-    p = torch.exp(scores)  # THE BUG
-    return torch.maximum(m, scores.amax(dim=-1, keepdim=True)), l + p.sum(dim=-1, keepdim=True), acc + p @ v_block
-
-
-def merge_unguarded(m, l, acc, scores, v_block):
-    """Right, but -inf - (-inf) = NaN while a row has seen no key."""
-    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
-    p, alpha = torch.exp(scores - m_new), torch.exp(m - m_new)  # THE BUG: no guard for m_new = -inf
-    return m_new, l * alpha + p.sum(dim=-1, keepdim=True), acc * alpha + p @ v_block
-
-
-def merge_returns_two(m, l, acc, scores, v_block):
-    return merge_right(m, l, acc, scores, v_block)[1:]
-
-
-def test_merge_right(capsys):
-    checks.check_ring_merge(merge_right)
-    assert capsys.readouterr().out.startswith("✓ merge_right: 7 simulated rings")
-
-
-@pytest.mark.parametrize("fn", [merge_no_rescale, merge_own_max])
-def test_merge_without_rescale_is_named(fn):
-    with pytest.raises(CheckFailed, match=r"^\[merge-without-rescale\]"):
-        checks.check_ring_merge(fn)
-
-
-def test_merge_wrong_return_is_explained():
-    with pytest.raises(CheckFailed, match=r"^\[wrong-type\] Return the three updated statistics"):
-        checks.check_ring_merge(merge_returns_two)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The causal mask of a block pair
-# ------------------------------------------------------------------------------------------------------------
-
-
-def mask_right(q_rank, k_rank, block):
-    return ring_attention.block_causal_mask(q_rank * block, block, k_rank * block, block)
-
-
-def mask_local_positions(q_rank, k_rank, block):
-    return causal_mask(block)  # THE BUG: the same triangle for every pair of ranks
-
-
-def mask_offsets_swapped(q_rank, k_rank, block):
-    return ring_attention.block_causal_mask(k_rank * block, block, q_rank * block, block)
-
-
-def mask_strict(q_rank, k_rank, block):
-    q_pos = torch.arange(q_rank * block, (q_rank + 1) * block)[:, None]
-    return torch.arange(k_rank * block, (k_rank + 1) * block)[None, :] < q_pos
-
-
-def test_mask_right(capsys):
-    checks.check_ring_causal_mask(mask_right)
-    assert capsys.readouterr().out.startswith("✓ mask_right: every (q_rank, k_rank) pair")
-
-
-@pytest.mark.parametrize("fn, code", [
-    (mask_local_positions, "causal-wrong-rank-offset"),
-    (mask_offsets_swapped, "causal-wrong-rank-offset"),
-    (mask_strict, "causal-excludes-diagonal"),
-])
-def test_mask_mistakes_are_named(fn, code):
-    with pytest.raises(CheckFailed, match=rf"^\[{code}\]"):
-        checks.check_ring_causal_mask(fn)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -305,11 +202,6 @@ def row_parallel_einsum(local_heads, w_o, b_o):
     return sum(torch.einsum("btf,of->bto", h, w) for h, w in zip(local_heads, chunks, strict=True)) + b_o
 
 
-def mask_by_tril_offset(q_rank, k_rank, block):
-    """Another style: the diagonal of a triangle shifted by the ranks' offset."""
-    return torch.ones(block, block).tril(diagonal=(q_rank - k_rank) * block).bool()
-
-
 CORRECT = [
     (checks.check_zigzag_layout, zigzag_right),
     (checks.check_zigzag_layout, zigzag_chunks_as_lists),
@@ -317,10 +209,6 @@ CORRECT = [
     (checks.check_copy_and_sum, tp_library_functions),
     (checks.check_row_parallel_output, row_parallel_right),
     (checks.check_row_parallel_output, row_parallel_einsum),
-    (checks.check_ring_merge, merge_right),
-    (checks.check_ring_merge, merge_guarded_by_nan_to_num),
-    (checks.check_ring_causal_mask, mask_right),
-    (checks.check_ring_causal_mask, mask_by_tril_offset),
 ]
 PLANTED = [
     (checks.check_zigzag_layout, zigzag_contiguous, "zigzag-contiguous"),
@@ -335,22 +223,4 @@ PLANTED = [
     (checks.check_row_parallel_output, row_parallel_sum_heads_first, "allreduce-before-output-projection"),
     (checks.check_row_parallel_output, row_parallel_bias_per_rank, "tp-bias-per-rank"),
     (checks.check_row_parallel_output, row_parallel_rows_of_weight, "row-parallel-wrong-slice"),
-    (checks.check_ring_merge, merge_no_rescale, "merge-without-rescale"),
-    (checks.check_ring_merge, merge_own_max, "merge-without-rescale"),
-    (checks.check_ring_merge, merge_raw_exp, "merge-without-max"),
-    (checks.check_ring_merge, merge_unguarded, "merge-nan-on-empty-row"),
-    (checks.check_ring_merge, merge_returns_two, "wrong-type"),
-    (checks.check_ring_causal_mask, mask_local_positions, "causal-wrong-rank-offset"),
-    (checks.check_ring_causal_mask, mask_offsets_swapped, "causal-wrong-rank-offset"),
-    (checks.check_ring_causal_mask, mask_strict, "causal-excludes-diagonal"),
 ]
-
-
-def test_the_raw_exponential_is_exact_at_small_scale_and_overflows_at_large():
-    """Why the check has a case of large scores: without it, a merge with no maximum passes."""
-    m, l, acc = torch.full((1, 1), -torch.inf, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64), \
-        torch.zeros(1, 2, dtype=torch.float64)
-    v = torch.eye(2, dtype=torch.float64)
-    for scale, finite in ((1.0, True), (1000.0, False)):
-        out = merge_raw_exp(m, l, acc, torch.tensor([[0.5, 0.9]], dtype=torch.float64) * scale, v)
-        assert bool(torch.isfinite(out[2] / out[1]).all()) is finite

@@ -2,10 +2,13 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attention_course import checks
 from attention_course.checks import CheckFailed
-from attention_course.interpret import induction_targets, prefix_matching_score, previous_token_score
+from attention_course.gpt import GPT, GPTConfig
+from attention_course.heads import merge_heads, split_heads
+from attention_course.interpret import ablation_mask, induction_targets, path_ablated_forward, prefix_matching_score
 
 
 def code_of(check, fn):
@@ -66,25 +69,6 @@ def test_named_mistakes_of_the_score(fn, code):
     assert code_of(checks.check_prefix_matching_score, fn) == code
 
 
-def best_by(score_fn):
-    def find(weights, ids, copy_target):
-        scores = score_fn(weights, ids, copy_target)
-        return divmod(scores.flatten().argmax().item(), scores.size(1))
-
-    return find
-
-
-def test_find_induction_head(capsys):
-    checks.check_find_induction_head(best_by(prefix_matching_score))
-    assert "finds the induction head in 4 planted cases" in capsys.readouterr().out
-    previous = best_by(lambda w, ids, c: previous_token_score(w) * torch.tensor([[1.0]] + [[0.0]] * 2))
-    assert code_of(checks.check_find_induction_head, previous) == "found-previous-token-head"
-    assert code_of(checks.check_find_induction_head, best_by(score_with(earlier_occurrence))) == \
-        "found-duplicate-token-head"
-    assert code_of(checks.check_find_induction_head, lambda w, ids, c: "layer 2") == "wrong-type"
-    assert code_of(checks.check_find_induction_head, lambda w, ids, c: (2, 3)) == "wrong-value"
-
-
 def test_shift_pattern_question(capsys):
     checks.check_choice("12.shift-pattern", "C")
     assert capsys.readouterr().out.strip()
@@ -95,19 +79,22 @@ def test_shift_pattern_question(capsys):
         assert info.value.code == code
 
 
-def test_ablate_previous_token_question(capsys):
-    """B is right; A (copying lives in layer 2) and C (redundancy covers it) fail with [wrong-answer] and their own
-    explanation; a letter that is not an option is invalid."""
-    checks.check_choice("12.ablate-previous-token", lambda: "B")
-    assert "✓ 12.ablate-previous-token: B is right" in capsys.readouterr().out
-    for letter, words in (("A", "intact"), ("C", "SAME job")):
+def test_query_path_question(capsys):
+    """B is right; A (the key path's effect) and C (shared work) fail with their codes; D is not an option."""
+    checks.check_choice("12.query-path", lambda: "B")
+    assert "✓ 12.query-path: B is right" in capsys.readouterr().out
+    for letter, code in (("A", "query-path-needs-previous-token"), ("C", "query-path-shares-work")):
         with pytest.raises(CheckFailed) as info:
-            checks.check_choice("12.ablate-previous-token", letter)
-        assert info.value.code == "wrong-answer"
-        assert words in str(info.value)
+            checks.check_choice("12.query-path", letter)
+        assert info.value.code == code
     with pytest.raises(CheckFailed) as info:
-        checks.check_choice("12.ablate-previous-token", "D")
+        checks.check_choice("12.query-path", "D")
     assert info.value.code == "invalid-answer"
+
+
+def test_key_path_solution_passes(capsys):
+    checks.check_key_path_ablation(from_state(key_path_by_hook))
+    assert "✓ key_path_by_hook: 3 models" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -126,32 +113,78 @@ def score_by_einsum(weights, ids, query_mask=None):
     return (on_target * queries[None, :, None]).sum((1, 3)) / queries.sum()
 
 
-def find_by_loop(weights, ids, copy_target):
-    """Another style: every (layer, head) scored on the copied positions, the best kept in a loop."""
-    scores = prefix_matching_score(weights, ids, copy_target)
-    best, where = -1.0, None
-    for layer in range(scores.size(0)):
-        for head in range(scores.size(1)):
-            if scores[layer, head] > best:
-                best, where = scores[layer, head].item(), (layer, head)
-    return where
+def from_state(fn):
+    """fn(model, ids, heads) as the check calls it: fn(state, config, ids, heads)."""
+
+    def run(state, config, ids, heads):
+        model = GPT(GPTConfig(**config))
+        model.load_state_dict(state)
+        return fn(model.eval(), ids, heads)
+
+    run.__name__ = fn.__name__
+    return run
 
 
-def find_with_wrong_unravel(weights, ids, copy_target):
-    index = prefix_matching_score(weights, ids, copy_target).flatten().argmax().item()
-    return divmod(index, weights.size(0))  # divides by the number of layers, not of heads
+def key_path_by_hook(model, ids, heads):
+    """The library's way, written out: the stream without the heads, through norm1, replaces w_k's input."""
+    return path_ablated_forward(model, ids, heads, "k")[0]
 
 
-def find_most_diagonal(weights, ids, copy_target):
-    """Picks the head that attends most to the token just before: the previous-token head."""
-    return best_by(lambda w, ids, c: previous_token_score(w))(weights, ids, copy_target)
+def key_path_by_hand(model, ids, heads):
+    """Another style: no hooks; layer 1 run twice by calling its block, layer 2's attention computed by hand with
+    SDPA from the whole stream's queries and values and the ablated stream's keys."""
+    block0, block1 = model.blocks
+    with torch.no_grad():
+        x = model.tok_emb(ids) + model.pos_emb(torch.arange(ids.size(1)))
+        keep = torch.ones(model.num_heads)
+        keep[[h for _, h in heads]] = 0.0
+        whole, ablated = block0(x), block0(x, head_mask=keep)
+        attn = block1.attn
+        q = split_heads(attn.w_q(block1.norm1(whole)), model.num_heads)
+        k = split_heads(attn.w_k(block1.norm1(ablated)), model.num_heads)
+        v = split_heads(attn.w_v(block1.norm1(whole)), model.num_heads)
+        out = whole + attn.w_o(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+        return model.head(model.norm(out))
+
+
+def key_path_on_values(model, ids, heads):
+    return path_ablated_forward(model, ids, heads, "v")[0]
+
+
+def key_path_on_queries(model, ids, heads):
+    return path_ablated_forward(model, ids, heads, "q")[0]
+
+
+def key_path_everywhere(model, ids, heads):
+    with torch.no_grad():
+        return model(ids, head_mask=ablation_mask(2, model.num_heads, *heads))
+
+
+def key_path_without_norm(model, ids, heads):
+    """Feeds the ablated stream straight to w_k."""
+    seen = {}
+    hook = model.blocks[1].register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
+    with torch.no_grad():
+        model(ids, head_mask=ablation_mask(2, model.num_heads, *heads))
+        hook.remove()
+        swap = model.blocks[1].attn.w_k.register_forward_pre_hook(lambda m, args: (seen["x"],))
+        logits = model(ids)
+        swap.remove()
+    return logits
+
+
+def key_path_hook_removed_too_early(model, ids, heads):
+    """Registers the replacement, removes it, then runs the model: nothing is ablated."""
+    logits = path_ablated_forward(model, ids, heads, "k")[0]  # computed, then thrown away
+    with torch.no_grad():
+        return model(ids) + 0 * logits
 
 
 CORRECT = [
     (checks.check_prefix_matching_score, prefix_matching_score),
     (checks.check_prefix_matching_score, score_by_einsum),
-    (checks.check_find_induction_head, best_by(prefix_matching_score)),
-    (checks.check_find_induction_head, find_by_loop),
+    (checks.check_key_path_ablation, from_state(key_path_by_hook)),
+    (checks.check_key_path_ablation, from_state(key_path_by_hand)),
 ]
 PLANTED = [
     (checks.check_prefix_matching_score, score_with(earlier_occurrence), "induction-off-by-one"),
@@ -161,8 +194,13 @@ PLANTED = [
     (checks.check_prefix_matching_score, score_with(use_mask=False), "induction-ignores-query-mask"),
     (checks.check_prefix_matching_score,
      lambda weights, ids, query_mask=None: prefix_matching_score(weights, ids, query_mask).T, "wrong-shape"),
-    (checks.check_find_induction_head, find_most_diagonal, "found-previous-token-head"),
-    (checks.check_find_induction_head, best_by(score_with(earlier_occurrence)), "found-duplicate-token-head"),
-    (checks.check_find_induction_head, lambda w, ids, c: "layer 2", "wrong-type"),
-    (checks.check_find_induction_head, find_with_wrong_unravel, "wrong-value"),
+    (checks.check_key_path_ablation, from_state(key_path_everywhere), "ablation-every-path"),
+    (checks.check_key_path_ablation, from_state(key_path_on_queries), "ablation-query-path"),
+    (checks.check_key_path_ablation, from_state(key_path_on_values), "ablation-value-path"),
+    (checks.check_key_path_ablation, from_state(key_path_without_norm), "key-path-skips-layernorm"),
+    (checks.check_key_path_ablation, from_state(key_path_hook_removed_too_early), "ablation-not-applied"),
+    (checks.check_key_path_ablation, from_state(lambda model, ids, heads: key_path_by_hook(model, ids, heads)[:, :-1]),
+     "wrong-shape"),
+    (checks.check_key_path_ablation, from_state(lambda model, ids, heads: 1.01 * key_path_by_hook(model, ids, heads)),
+     "wrong-output"),
 ]

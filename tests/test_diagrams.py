@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from attention_course import diagrams  # noqa: E402
+from attention_course import diagrams, plotting  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -53,14 +53,25 @@ def test_multi_head_split_merge_shows_the_shapes_and_one_colour_per_head(num_hea
 def test_mask_conventions_panels_agree_on_what_is_hidden():
     fig = diagrams.mask_conventions(4)
     titles = [ax.get_title() for ax in fig.axes]
-    assert titles == ["course & SDPA (bool):\nTrue = may attend", "nn.MultiheadAttention (bool):\nTrue = NOT allowed",
-                      "float mask (SDPA, nn.MHA):\nadded to the scores"]
+    assert titles == ["course & SDPA\nbool, True =\nmay attend", "nn.MultiheadAttention\nbool, True =\nNOT allowed",
+                      "float mask\n(SDPA, nn.MHA):\nadded to the scores"]
     assert fig.get_suptitle() == "One causal mask, three conventions (grey = hidden)"
     cells = [[t.get_text() for t in ax.texts] for ax in fig.axes]
     # Cell (0, 1) is in the future: False for the course, True for nn.MultiheadAttention, -inf as a float mask.
     assert (cells[0][1], cells[1][1], cells[2][1]) == ("False", "True", "−inf")
     assert (cells[0][0], cells[1][0], cells[2][0]) == ("True", "False", "0")
     assert cells[0].count("True") == 10 and cells[1].count("True") == 6  # 4 * 5 / 2 visible, 4 * 3 / 2 hidden
+
+
+@pytest.mark.parametrize("name", list(diagrams.FIGURES))
+def test_labels_are_readable_in_the_books_column(name):
+    """Shown in the book's 688 px column, the smallest text of each figure is at least 12 px tall (a browser shows
+    an SVG of WIDTH_IN inches at 96 CSS px per inch, its text in points at 96 / 72 px; tests/test_browser.py
+    measures the same on the built page)."""
+    fig = diagrams.FIGURES[name]()
+    smallest = plotting.smallest_text_pt(fig)
+    width_px = fig.get_size_inches()[0] * 96
+    assert plotting.label_px(smallest, width_px, dpi=96) >= plotting.MIN_LABEL_PX, (name, smallest, width_px)
 
 
 @pytest.mark.parametrize("call, error, match", [
@@ -84,3 +95,15 @@ def test_committed_svgs_are_up_to_date(name):
     assert path.is_file(), f"{path} missing: run python tools/make_diagrams.py"
     assert path.read_bytes() == make_diagrams.render(name), f"{path.name} is stale: run python tools/make_diagrams.py"
     assert b"<dc:date>" not in path.read_bytes()
+
+
+def test_induction_circuit_names_both_heads_and_the_key_path():
+    """Chapter 12's figure: the previous-token head feeds the KEY the induction head matches; labels >= 11 pt."""
+    fig = diagrams.induction_circuit()
+    drawn = "\n".join(texts(fig))
+    for part in ("layer 1: previous-token", "key at j:\n\"before me: A\"", "query at t:\n\"I am A\"", "match",
+                 "value at j: B", "OV copies", "logit of B ↑", "K-composition"):
+        assert part in drawn, part
+    shown = [*fig.axes[0].texts, fig.axes[0].title]  # the axis itself is off: its tick labels are not drawn
+    assert min(t.get_fontsize() for t in shown) >= 11
+    assert fig.get_size_inches()[0] <= 7

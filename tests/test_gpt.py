@@ -9,7 +9,7 @@ from attention_course.kv_cache import KVCache
 from attention_course.masks import causal_mask
 from attention_course.positions import apply_rope
 
-POSITIONS = ["learned", "rope", None]
+POSITIONS = ["learned", "sinusoidal", "rope", "alibi", None]
 
 
 def make_model(positions="learned", seed=0, **kwargs):
@@ -181,7 +181,7 @@ def test_no_table_no_length_limit(positions):
         ({"d_ff": 0}, ValueError, "d_ff must be >= 1"),
         ({"num_layers": 0}, ValueError, "num_layers must be >= 1"),
         ({"vocab_size": 2.0}, TypeError, "vocab_size must be an int"),
-        ({"positions": "alibi"}, ValueError, "positions must be one of"),
+        ({"positions": "t5"}, ValueError, "positions must be one of"),
         ({"positions": "rope", "d_model": 12, "num_heads": 4}, ValueError, "even head size"),
         ({"dropout": -0.1}, ValueError, r"dropout must be in \[0, 1\)"),
         ({"init": "xavier"}, ValueError, "init must be one of"),

@@ -199,3 +199,104 @@ def test_stream_write_ratio_by_hand():
     assert stream_write_ratio(model, ids) == pytest.approx(by_hand / 10, rel=2e-2)
     with pytest.raises(ValueError, match="layer"):
         stream_write_ratio(model, ids, layer=2)
+
+
+def reference_forward(model, ids, heads=(), path=None):
+    """A 2-layer attention-only GPT by hand, float64, heads through torch's SDPA: logits (B, T, V), with the given
+    layer-1 heads removed from one input (path "q", "k" or "v") of layer 2 only."""
+    d = {name: p.detach().double() for name, p in model.named_parameters()}
+    n_heads, t = model.num_heads, ids.size(1)
+
+    def norm(x, name):
+        return F.layer_norm(x, x.shape[-1:], d[f"{name}.weight"], d[f"{name}.bias"])
+
+    def linear(x, name):
+        return x @ d[f"{name}.weight"].T + d[f"{name}.bias"]
+
+    def heads_out(layer, inputs):  # inputs: the normed stream read by q, k, v -> (B, H, T, Dh)
+        proj = [split_heads(linear(x, f"blocks.{layer}.attn.w_{p}"), n_heads)
+                for p, x in zip("qkv", inputs, strict=True)]
+        return F.scaled_dot_product_attention(*proj, is_causal=True)
+
+    x0 = d["tok_emb.weight"][ids] + d["pos_emb.table.weight"][:t]  # (B, T, D)
+    h0 = norm(x0, "blocks.0.norm1")
+    out0 = heads_out(0, (h0, h0, h0))  # (B, H, T, Dh)
+    keep = torch.ones(n_heads, dtype=torch.float64)
+    keep[[head for _, head in heads]] = 0.0
+    x1 = x0 + linear(merge_heads(out0), "blocks.0.attn.w_o")
+    x1_ablated = x0 + linear(merge_heads(out0 * keep[:, None, None]), "blocks.0.attn.w_o")
+    h1, h1_ablated = norm(x1, "blocks.1.norm1"), norm(x1_ablated, "blocks.1.norm1")
+    inputs = tuple(h1_ablated if p == path else h1 for p in "qkv")
+    x2 = x1 + linear(merge_heads(heads_out(1, inputs)), "blocks.1.attn.w_o")
+    return norm(x2, "norm") @ d["head.weight"].T
+
+
+@pytest.mark.parametrize("num_heads, heads", [(4, [(0, 1), (0, 2)]), (2, [(0, 0)]), (8, [(0, 3), (0, 5), (0, 7)])])
+@pytest.mark.parametrize("path", ["q", "k", "v"])
+def test_path_ablated_forward_against_a_hand_written_model(num_heads, heads, path):
+    """The logits equal a float64 forward by hand in which only the chosen input of layer 2 reads the stream
+    without the ablated heads; the maps are those of that forward; hooks are removed and the mode is kept."""
+    from attention_course.interpret import path_ablated_forward
+
+    model = random_model(num_heads=num_heads, tie_embeddings=False, embedding_std=1.0).train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # sharp, loud heads (std 0.02 at init), so that ablating matters
+            p.mul_({"w_q": 25.0, "w_k": 25.0, "w_v": 10.0, "w_o": 100.0}.get(name.split(".")[-2], 1.0))
+    ids = torch.randint(0, 20, (3, 11), generator=torch.Generator().manual_seed(7))
+    logits, maps = path_ablated_forward(model, ids, heads, path)
+    expected = reference_forward(model, ids, heads, path)
+    torch.testing.assert_close(logits.double(), expected, atol=1e-4, rtol=1e-4)
+    assert maps.shape == (2, 3, num_heads, 11, 11)
+    whole = reference_forward(model, ids)
+    assert (logits.double() - whole).abs().max() > 0.1  # the ablation reaches the model
+    assert model.training
+    assert not model.blocks[1].attn.w_k._forward_pre_hooks and not model.blocks[1]._forward_pre_hooks
+    if path == "v":  # values do not change the weights: the maps are the whole model's
+        torch.testing.assert_close(maps, attention_maps(model, ids), atol=1e-6, rtol=1e-6)
+
+
+def test_path_ablated_forward_errors():
+    from attention_course.interpret import path_ablated_forward
+
+    model, ids = random_model(), torch.zeros(1, 5, dtype=torch.long)
+    for kwargs, match in (({"heads": [(0, 1)], "path": "o"}, "path"), ({"heads": [(1, 0)]}, "heads"),
+                          ({"heads": []}, "heads"), ({"heads": [(0, 1)], "layer": 0}, "layer")):
+        with pytest.raises(ValueError, match=match):
+            path_ablated_forward(model, ids, **kwargs)
+
+
+def test_ov_circuit_against_numpy_and_copying_score():
+    """ov_circuit equals its definition written out in float64 NumPy (a centring matrix, no biases); a circuit
+    whose diagonal wins every row scores 1, a permutation of it 0, a random one about 1 / V."""
+    from attention_course.interpret import copying_score, ov_circuit
+
+    model = random_model(num_heads=2, vocab_size=20, tie_embeddings=False, embedding_std=1.0)
+    p = {name: v.detach().double().numpy() for name, v in model.named_parameters()}
+    d, dh = 32, 16
+    emb = p["tok_emb.weight"]  # (V, D)
+    normed = (emb - emb.mean(1, keepdims=True)) / np.sqrt(emb.var(1, keepdims=True) + 1e-5)
+    normed = normed * p["blocks.1.norm1.weight"] + p["blocks.1.norm1.bias"]
+    centring = np.eye(d) - np.ones((d, d)) / d
+    ov = (p["head.weight"] @ np.diag(p["norm.weight"]) @ centring @ p["blocks.1.attn.w_o.weight"][:, dh:]
+          @ p["blocks.1.attn.w_v.weight"][dh:] @ normed.T).T  # (V, V): row a = token a attended to
+    torch.testing.assert_close(ov_circuit(model, 1, 1).double(), torch.from_numpy(ov), atol=1e-5, rtol=1e-4)
+    eye = torch.eye(20) + 0.1 * torch.rand(20, 20, generator=torch.Generator().manual_seed(0))
+    assert copying_score(eye) == 1.0
+    assert copying_score(eye.roll(1, dims=1)) == 0.0
+    assert copying_score(torch.randn(500, 500, generator=torch.Generator().manual_seed(0))) < 0.02
+    with pytest.raises(ValueError, match="square"):
+        copying_score(torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="head"):
+        ov_circuit(model, 2, 0)
+
+
+def test_next_token_accuracy_is_copy_accuracy_of_the_same_logits():
+    from attention_course.interpret import next_token_accuracy
+
+    model = random_model(vocab_size=12, max_len=20)
+    ids, copy_target = repeated_segment_batch(16, 20, 12, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = model(ids)  # (B, T, V): the last position is dropped
+    assert next_token_accuracy(logits, ids, copy_target) == copy_accuracy(model, ids, copy_target)
+    with pytest.raises(ValueError, match="logits"):
+        next_token_accuracy(logits[:, :5], ids, copy_target)

@@ -163,6 +163,7 @@ transformers = pytest.importorskip("transformers")
 from attention_course.linear_attention.hf import (  # noqa: E402
     build_hf_attention,
     build_hf_gated_deltanet,
+    build_hf_kimi_delta,
     hf_deltanet_forward,
     hf_forward,
 )
@@ -284,6 +285,78 @@ def test_gated_attention_refuses_other_modules():
         la.Qwen3NextAttention.from_hf(hf)
 
 
+def draw_kimi_config(rng: np.random.Generator) -> dict:
+    return dict(hidden_size=int(rng.choice([12, 16, 24])), linear_num_heads=int(rng.choice([1, 2, 3])),
+                linear_head_dim=int(rng.choice([4, 8])), linear_conv_kernel_dim=int(rng.choice([2, 4])))
+
+
+def test_kimi_delta_attention_equals_transformers():
+    """Kimi Linear's layer (a decay per key channel) on configurations drawn at test time: float32, relative error
+    below 2e-5 (transformers' chunked fallback against the course's recurrent form; measured up to about 3e-6)."""
+    rng = np.random.default_rng(171)
+    for case in range(CASES):
+        config = draw_kimi_config(rng)
+        hf = build_hf_kimi_delta(seed=case, **config)
+        ours = la.KimiDeltaAttention.from_hf(hf)
+        b, t = int(rng.integers(1, 3)), int(rng.choice([1, 7, 64, 100]))
+        x = torch.from_numpy(rng.standard_normal((b, t, config["hidden_size"]))).float()
+        with torch.no_grad():
+            err = relative_error(ours(x), hf_deltanet_forward(hf, x))
+        assert err < 2e-5, (config, t, err)
+
+
+def test_kimi_decay_is_per_channel():
+    """Permuting dt_bias within each head (the same decays, on other channels) breaks the equality by far."""
+    hf = build_hf_kimi_delta(hidden_size=16, linear_num_heads=2, linear_head_dim=8)
+    x = torch.randn(1, 20, 16, generator=torch.Generator().manual_seed(1))
+    ours = la.KimiDeltaAttention.from_hf(hf)
+    ref = hf_deltanet_forward(hf, x)
+    with torch.no_grad():
+        assert relative_error(ours(x), ref) < 2e-5
+        ours.dt_bias.copy_(ours.dt_bias.view(2, 8).flip(-1).reshape(-1))
+        assert relative_error(ours(x), ref) > 1e-2
+
+
+def test_per_channel_rule_reduces_to_per_head():
+    """The same decay on every key channel is the per-head rule: recurrent per-channel == chunked per-head
+    (float64); the chunked form refuses a per-channel decay."""
+    rng = np.random.default_rng(4)
+    q, k, v, beta, log_decay = draw_inputs(rng, t=37)
+    channels = log_decay[..., None].expand(*log_decay.shape, k.size(-1))  # (B, H, T, Dk)
+    out_c, state_c = la.gated_delta_recurrent(q, k, v, beta, channels)
+    out_h, state_h = la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=16)
+    assert (out_c - out_h).abs().max() < 1e-12 and (state_c - state_h).abs().max() < 1e-12
+    with pytest.raises(ValueError, match="recurrent form only"):
+        la.gated_delta_chunked(q, k, v, beta, channels)
+    with pytest.raises(ValueError, match="log_decay must be"):
+        la.gated_delta_recurrent(q, k, v, beta, channels[..., :1])
+
+
+def test_kimi_step_equals_full_sequence():
+    """float64: decoding token by token from the fixed state equals the whole sequence."""
+    hf = build_hf_kimi_delta(hidden_size=12, linear_num_heads=3, linear_head_dim=4, linear_conv_kernel_dim=3)
+    ours = la.KimiDeltaAttention.from_hf(hf).double()
+    x = torch.randn(2, 9, 12, generator=torch.Generator().manual_seed(2), **F64)
+    with torch.no_grad():
+        whole, final = ours(x, return_state=True)
+        state, steps = None, []
+        for t in range(9):
+            y, state = ours.step(x[:, t], state)
+            steps.append(y)
+    assert (torch.stack(steps, 1) - whole).abs().max() < 1e-12
+    assert (state.recurrent - final.recurrent).abs().max() < 1e-12
+
+
+def test_kimi_refuses():
+    with pytest.raises(TypeError, match="KimiLinearDeltaAttention"):
+        la.KimiDeltaAttention.from_hf(build_hf_gated_deltanet(hidden_size=8, linear_num_key_heads=1,
+                                                              linear_num_value_heads=1, linear_key_head_dim=4,
+                                                              linear_value_head_dim=4))
+    with pytest.raises(ValueError, match="silu"):
+        la.KimiDeltaAttention.from_hf(build_hf_kimi_delta(hidden_size=8, linear_num_heads=1, linear_head_dim=4,
+                                                          hidden_act="gelu"))
+
+
 # ---------------------------------------------------------------- bytes
 
 
@@ -297,6 +370,34 @@ def test_state_bytes_of_published_hybrids():
     assert rows["Llama-3-8B"][1048576] > 4 * rows["Qwen3-Next-80B-A3B"][1048576]  # 128 GiB against 24 GiB
     with pytest.raises(TypeError, match="context"):
         hybrid_bytes(qwen, 1.5)
+
+
+def test_published_rows_match_transformers_modules():
+    """The MiniMax-Text-01 and Mamba-2-2.7B rows hold what transformers' own layers keep per token of state when
+    built (on the meta device: no memory) from the published sizes: lightning attention 64 heads of (128, 128), no
+    convolution; Mamba-2 80 heads of (state 128, head 64) and a convolution over 2 * 2560 + 2 * 128 channels."""
+    from transformers import Mamba2Config, MiniMaxConfig
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+    from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
+
+    rows = {row.name: row for row in HYBRIDS}
+    seven_to_one = (["linear_attention"] * 7 + ["full_attention"]) * 10
+    minimax_config = MiniMaxConfig(hidden_size=6144, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                                   num_hidden_layers=80, layer_types=seven_to_one)
+    mamba_config = Mamba2Config(hidden_size=2560, num_hidden_layers=64, num_heads=80, head_dim=64, state_size=128,
+                                n_groups=1, expand=2, conv_kernel=4)
+    with torch.device("meta"):
+        lightning, mixer = MiniMaxLightningAttention(minimax_config, 0), Mamba2Mixer(mamba_config, 0)
+    minimax, mamba = rows["MiniMax-Text-01"], rows["Mamba-2-2.7B"]
+    assert minimax.linear_layers == minimax_config.layer_types.count("linear_attention") == 70
+    assert minimax.attention.num_layers == 10 and minimax.attention.num_kv_heads == 8
+    assert (minimax.heads, minimax.k_dim, minimax.v_dim) == (lightning.num_attention_heads, lightning.head_dim,
+                                                             lightning.head_dim)
+    assert minimax.conv_channels == 0
+    assert (mamba.linear_layers, mamba.heads) == (mamba_config.num_hidden_layers, mixer.num_heads)
+    assert (mamba.k_dim, mamba.v_dim) == (mixer.ssm_state_size, mixer.head_dim)
+    assert (mamba.conv_channels, mamba.conv_kernel) == (mixer.conv_dim, mixer.conv_kernel_size)
+    assert mamba.attention is None
 
 
 # ---------------------------------------------------------------- the recall experiment and the figures
@@ -313,6 +414,37 @@ def test_recall_experiment():
     assert newest["delta"] > 0.6 > max(newest["linear"], newest["softmax"])
     with pytest.raises(ValueError, match="memory must be"):
         memory_answers(torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3), "kv")
+
+
+def test_associative_recall_batch():
+    """Every question's target is the value stored with its key earlier in the sequence (checked pair by pair)."""
+    from attention_course.tasks import associative_recall_batch
+
+    generator = torch.Generator().manual_seed(3)
+    key_ids, value_ids, targets, asked = associative_recall_batch(5, 6, generator, num_keys=10, num_values=4)
+    assert key_ids.shape == value_ids.shape == targets.shape == asked.shape == (5, 12)
+    for b in range(5):
+        stored = {int(key_ids[b, i]): int(value_ids[b, i]) for i in range(6)}
+        assert len(stored) == 6  # distinct keys
+        assert sorted(int(k) for k in key_ids[b, 6:]) == sorted(stored)  # every key asked once
+        for i in range(6, 12):
+            assert bool(asked[b, i]) and int(value_ids[b, i]) == 4  # a question: the blank value id
+            assert int(targets[b, i]) == stored[int(key_ids[b, i])]
+    assert not asked[:, :6].any()
+    with pytest.raises(ValueError, match="num_pairs must be <= num_keys"):
+        associative_recall_batch(2, 11, generator, num_keys=10)
+    with pytest.raises(TypeError, match="generator must be"):
+        associative_recall_batch(2, 3, 0)
+
+
+def test_trained_recall_delta_beats_linear():
+    """Chapter 12's loop on associative recall, 16 pairs, keys of 8 dimensions: the delta rule recalls far more."""
+    from attention_course.linear_attention.recall import RecallModel, trained_recall
+
+    linear, delta = trained_recall("linear")[1], trained_recall("delta")[1]
+    assert linear < 0.4 and delta > 0.6 and delta > 2 * linear
+    with pytest.raises(ValueError, match="memory must be one of"):
+        RecallModel("kv")
 
 
 def test_diagrams_draw():

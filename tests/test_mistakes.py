@@ -44,11 +44,16 @@ def test_topics_and_chapters():
                       "tiles", "flex", "kernels", "linear", "serving"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
     assert [m.code for m in mistakes.in_chapter(10)] == [
-        "sinusoid-wrong-exponent", "sin-cos-swapped", "rope-wrong-pairing", "rope-wrong-frequencies",
-        "alibi-wrong-slopes", "rope-position-not-offset", "rope-rotates-values", "rope-cache-rotated-twice"]
+        "rope-wrong-pairing", "rope-wrong-frequencies", "rope-position-not-offset", "rope-rotates-values",
+        "rope-cache-rotated-twice", "rope-angle-layout", "alibi-query-offset", "alibi-bias-sign", "alibi-bias-scaled",
+        "rope-padding-ignored", "rope-offset-one-row", "rope-permutation-inverted", "rope-permutation-not-per-head",
+        "rope-permutation-on-columns"]
     assert [m.code for m in mistakes.in_chapter(11)] == [
         "residual-missing", "residual-twice", "norm-wrong-place", "norm-on-residual-stream", "ffn-activation-missing",
-        "decoder-not-causal", "cross-attention-keys-from-decoder", "branch-dropout-off", "dropout-not-on-branch"]
+        "decoder-not-causal", "cross-attention-keys-from-decoder", "branch-dropout-off", "dropout-not-on-branch",
+        "rmsnorm-mean-subtracted", "rmsnorm-eps-misplaced", "rmsnorm-not-mean", "rmsnorm-scale-missing",
+        "norm-wrong-axis", "swiglu-gate-swapped", "swiglu-wrong-activation", "swiglu-not-gated", "residual-init-depth",
+        "residual-init-wrong-layers", "init-norm-or-bias"]
     assert [m.code for m in mistakes.in_chapter(14)] == [
         "cap-on-probabilities", "cap-after-mask", "norm-after-rope", "sink-given-value", "sink-ignored",
         "absorption-transposed", "keys-formed"]

@@ -20,6 +20,7 @@ from attention_course.masks import causal_mask
 from attention_course.multi_head import MultiHeadAttention
 from attention_course.positions import (
     LearnedPositions,
+    SinusoidalPositions,
     alibi_bias,
     alibi_slopes,
     apply_rope,
@@ -550,12 +551,87 @@ def test_attention_with_bias_gradients():
         ),
         (lambda: CausalSelfAttention(8, 2, rope=True, rope_base=-1), ValueError, "base=-1"),
         (
-            lambda: GPTConfig(97, 32, 4, 1, positions="sinusoidal"),
+            lambda: GPTConfig(97, 15, 3, 1, positions="sinusoidal"),
             ValueError,
-            "positions must be one of",
+            "positions='sinusoidal' needs an even d_model",
         ),
+        (lambda: GPTConfig(97, 32, 4, 1, positions="t5"), ValueError, "positions must be one of"),
+        (lambda: CausalSelfAttention(8, 2, rope=True, alibi=True), ValueError, "not both"),
+        (lambda: SinusoidalPositions(7), ValueError, "dim"),
+        (lambda: SinusoidalPositions(8)(torch.arange(3.0)), TypeError, "integer tensor"),
     ],
 )
 def test_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# ------------------------------------------------ sinusoids and ALiBi in the GPT (chapter 10's experiment)
+
+
+def test_sinusoidal_module_gives_the_table_rows_at_any_position():
+    table = sinusoidal_positions(300, 16)
+    positions = torch.tensor([[0, 5, 299], [17, 2, 3]])
+    torch.testing.assert_close(SinusoidalPositions(16)(positions), table[positions], atol=1e-6, rtol=0)
+    assert list(SinusoidalPositions(16).parameters()) == []
+
+
+def test_sinusoidal_gpt_reads_sequences_longer_than_max_len():
+    sizes = {"vocab_size": 11, "d_model": 16, "num_heads": 2, "num_layers": 1, "max_len": 8}
+    ids = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(0))
+    model = GPT(GPTConfig(positions="sinusoidal", **sizes), seed=0).eval()
+    assert model(ids).shape == (2, 12, 11)
+    with torch.no_grad():  # the same model without positions differs by the encodings it adds
+        bare = GPT(GPTConfig(positions=None, **sizes), seed=0).eval()
+        bare.load_state_dict(model.state_dict())
+        x = model.tok_emb(ids) + sinusoidal_positions(12, 16)
+        torch.testing.assert_close(model.head(model.norm(model.blocks[0](x))), model(ids))
+        assert not torch.allclose(bare(ids), model(ids))
+    with pytest.raises(ValueError, match="longer than max_len=8"):
+        GPT(GPTConfig(positions="learned", **sizes), seed=0)(ids)
+
+
+def alibi_reference(q, k, v):
+    """Causal ALiBi with SDPA's float mask, queries the last Tq of Tk, slopes 2^(-8 (h + 1) / H) written out."""
+    h, t_q, t_k = q.shape[1], q.shape[2], k.shape[2]
+    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], dtype=q.dtype)
+    distance = (torch.arange(t_k - t_q, t_k)[:, None] - torch.arange(t_k)).to(q.dtype)  # (Tq, Tk)
+    bias = (-slopes[:, None, None] * distance).masked_fill(distance < 0, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+@pytest.mark.parametrize("use_sdpa", [True, False])
+def test_alibi_attention_matches_a_reference_with_and_without_cache(num_kv_heads, use_sdpa):
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(24, 4, num_kv_heads, alibi=True, use_sdpa=use_sdpa).eval()
+    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    attn.double()
+    with torch.no_grad():
+        q, k, v = attn.project(x)
+        rep = 4 // (num_kv_heads or 4)
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        expected = attn.w_o(alibi_reference(q, k, v).transpose(1, 2).flatten(2))  # (B, T, D)
+        weights = []
+        full = attn(x, weights=weights)
+        cache = KVCache(1)
+        parts = [attn(x[:, :5], cache), attn(x[:, 5:7], cache), attn(x[:, 7:8], cache), attn(x[:, 8:], cache)]
+    torch.testing.assert_close(full, expected, atol=1e-10, rtol=0)
+    torch.testing.assert_close(torch.cat(parts, dim=1), expected, atol=1e-10, rtol=0)
+    assert weights[0].shape == (2, 4, 9, 9) and weights[0].triu(1).abs().max() == 0
+    plain = CausalSelfAttention(24, 4, num_kv_heads, use_sdpa=use_sdpa).double().eval()
+    plain.load_state_dict(attn.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(plain(x), full)  # the bias changes the output: the test can fail
+
+
+def test_alibi_attention_dropout_and_gradients():
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(16, 2, alibi=True, dropout=0.5)
+    x = torch.randn(1, 6, 16, requires_grad=True)
+    weights = []
+    attn.train()(x, weights=weights).sum().backward()
+    assert x.grad is not None and (weights[0] == 0).any()  # dropped weights
+    with torch.no_grad():
+        torch.testing.assert_close(attn.eval()(x), attn(x))  # deterministic in eval mode
+    assert attn.as_multi_head().alibi

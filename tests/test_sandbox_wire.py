@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -209,14 +210,16 @@ def test_sandbox_limits_and_paths():
     assert env["HOME"] == "/tmp" and "PYTHONPATH" in env and not any("TOKEN" in k or "KEY" in k for k in env)
 
 
-def test_a_package_under_tmp_stays_visible_in_the_sandbox(monkeypatch):
-    """bwrap mounts in order: the private /tmp must come before the read-only binds, or a clone or a virtual
-    environment under /tmp would be hidden and no cell could import the package."""
+@pytest.mark.parametrize("folder", [None, Path("/tmp/attention-grade-1-x")], ids=["bwrap-tmpfs", "own-tmpfs"])
+def test_a_package_under_tmp_stays_visible_in_the_sandbox(monkeypatch, folder):
+    """bwrap mounts in order: the private /tmp (bubblewrap's tmpfs, or the grader's own, limited in files too)
+    must come before the read-only binds, or a clone or a virtual environment under /tmp would be hidden and no
+    cell could import the package."""
     monkeypatch.setattr(sandbox, "_readonly_paths", lambda: ["/usr", "/tmp/clone/.venv", "/tmp/clone/src"])
-    cmd, _ = sandbox._command(None, sandbox.Limits())
-    tmpfs = cmd.index("--tmpfs")
-    assert cmd[tmpfs + 1] == "/tmp"
-    assert all(tmpfs < i for i, arg in enumerate(cmd) if arg == "--ro-bind")
+    cmd, _ = sandbox._command(folder, sandbox.Limits())
+    tmp = cmd.index("/tmp")
+    assert cmd[tmp - 1] == ("--tmpfs" if folder is None else str(folder / "tmp"))
+    assert all(tmp < i for i, arg in enumerate(cmd) if arg == "--ro-bind")
 
 
 def _alive(pid: int) -> bool:

@@ -379,3 +379,46 @@ def test_solutions_are_titled_solutions_and_name_no_solution_path_to_students(so
     assert not re.search(r"solutions/\w", text), f"{exercise.name} names a solution path"
     how_to = [c for c in cells if "**How to work.**" in "".join(c["source"])]
     assert how_to and all({"exercise-only", "remove-cell"} <= set(c["metadata"].get("tags", [])) for c in how_to)
+
+
+# --- the maintainers' set-up: uv, from the sources pip is configured with (issue 25) --------------------------------
+
+
+def test_uv_gets_the_sources_pip_is_configured_with():
+    """uv reads no pip configuration: tools/uv_install.py hands it pip's (the environment over [install] over
+    [global], lists split on whitespace), with pip's rule of the best version from any source."""
+    import uv_install
+
+    listing = "\n".join([
+        "global.cert='/etc/ssl/certs/ca.crt'",
+        "global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'",
+        "global.find-links='/opt/old'",
+        "global.index-url='https://mirror.example/simple'",
+        "install.find-links='/opt/wheels'",
+        f":env:.extra-index-url='{TORCH_CPU_INDEX}'",
+        "global.no-index='false'",
+    ])
+    config = uv_install.pip_config(listing)
+    assert config == {"extra-index-url": TORCH_CPU_INDEX, "find-links": "/opt/wheels", "no-index": "false",
+                      "index-url": "https://mirror.example/simple"}
+    assert uv_install.uv_options(config) == [
+        "--index-strategy", "unsafe-best-match", "--index-url", "https://mirror.example/simple",
+        "--extra-index-url", TORCH_CPU_INDEX, "--find-links", "/opt/wheels"]
+    assert uv_install.uv_options(uv_install.pip_config(listing.replace("'false'", "'yes'")))[-1] == "--no-index"
+    two = uv_install.pip_config("global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'")
+    assert uv_install.uv_options(two)[2:] == [
+        "--extra-index-url", "file:///opt/a/simple", "--extra-index-url", "file:///opt/b/simple"]
+    assert uv_install.uv_options({}) == ["--index-strategy", "unsafe-best-match"]
+
+
+@needs_make
+def test_the_maintainers_set_is_installed_by_uv_with_pip_as_the_fallback(project):
+    (project / "tools" / "uv_install.py").write_text("")
+    run = _make(["-n", ".venv/.installed"], project)
+    assert run.returncode == 0, run.stderr
+    recipe = " ".join(run.stdout.replace("\\\n", " ").split())
+    pin = re.search(r"^uv==[0-9.]+$", MAINTAINER.read_text(encoding="utf-8"), re.M)
+    assert pin, "requirements.txt pins uv exactly"
+    assert "pip install --quiet $(grep -oE '^uv==[0-9.]+' requirements.txt)" in recipe, recipe
+    assert ".venv/bin/python tools/uv_install.py -r requirements.txt || {" in recipe, recipe
+    assert recipe.index("uv_install.py") < recipe.index("pip install --quiet -r requirements.txt"), recipe

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from attention_course.gpt import GPT, GPTConfig
 from attention_course.tasks import position_blind_accuracy, reversal_batch
-from attention_course.training import History, tagging_loss, train
+from attention_course.training import History, summary_line, tagging_loss, train
 
 LENGTH, STEPS, BLIND_STEPS = 12, 100, 40  # without positions it plateaus within a few dozen steps
 
@@ -99,6 +99,21 @@ def test_history_metric_and_errors():
                           ({"steps": 2, "eval_every": 0}, "eval_every")):
         with pytest.raises(ValueError, match=match):
             train(model, lambda g: reversal_batch(4, LENGTH, g), reversal_loss, **kwargs)
+
+
+def test_loss_below_prints_one_verdict_line_on_stdout_and_nothing_on_stderr(capsys):
+    """The page shows stdout only: one line, a verdict rather than the loss, the same on every machine."""
+    model = encoder("learned")
+    history = train(model, lambda g: reversal_batch(4, LENGTH, g), reversal_loss, 3, loss_below=100.0)
+    out, err = capsys.readouterr()
+    assert out == "trained 3 steps; mean loss of the last 3 < 100: True\n"
+    assert err == ""
+    history.losses[-1] = 1e6  # one bad step among the last ten turns the verdict
+    assert summary_line(history, 100.0).endswith("< 100: False")
+    train(model, lambda g: reversal_batch(4, LENGTH, g), reversal_loss, 2)
+    assert capsys.readouterr() == ("", "")  # silent unless asked
+    with pytest.raises(ValueError, match="loss_below"):
+        train(model, lambda g: reversal_batch(4, LENGTH, g), reversal_loss, 2, loss_below=0.0)
 
 
 def test_progress_bar_runs(capsys):

@@ -210,7 +210,8 @@ def test_interpreter_is_chosen_in_one_place_and_triton_imported_only_there():
 
 def test_gpu_summary_reads_the_benchmark_file_or_says_there_is_none(tmp_path):
     missing = ft.gpu_benchmark_summary(tmp_path / "bench_triton.json")
-    assert missing[0].startswith("No GPU result yet") and "python benchmarks/bench_triton.py" in missing[1]
+    assert missing[0].startswith("No GPU result yet") and "python benchmarks/bench_triton.py" in missing[2]
+    assert max(map(len, missing)) <= 79  # printed in chapter 16: fits the book's output column
     path = tmp_path / "bench_triton.json"
     path.write_text('{"config": {"gpu": "GPU X", "date": "2026-01-01 00:00", "torch": "2.13", "triton": "3.9.0"}, '
                     '"table": {"headers": ["dtype", "fwd ratio"], "rows": [["bf16", "0.91"]]}, '

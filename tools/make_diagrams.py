@@ -26,7 +26,9 @@ SVG_STYLE = {"svg.hashsalt": "course", "svg.fonttype": "none"}
 
 def render(name: str) -> bytes:
     """The SVG bytes of figure ``name`` (a key of ``diagrams.FIGURES``)."""
-    with plt.rc_context(SVG_STYLE):
+    with plt.rc_context():
+        matplotlib.rcdefaults()  # the same bytes whatever style the process set (attention_course.plotting's)
+        matplotlib.rcParams.update(SVG_STYLE)
         fig = diagrams.FIGURES[name]()
         buffer = io.BytesIO()
         fig.savefig(buffer, format="svg", metadata={"Date": None})

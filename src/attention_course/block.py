@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .multi_head import MultiHeadAttention
+from .tasks import reversal_batch
+from .training import tagging_loss, train
 from .validation import check_dropout, check_heads, check_int
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
@@ -144,8 +146,10 @@ class EncoderBlock(nn.Module):
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderBlock:
         """An EncoderBlock with the sizes, options and (copied) weights of an ``nn.TransformerEncoderLayer``.
 
-        Ours is batch-first whatever ``layer.batch_first`` is.
+        Ours is batch-first whatever ``layer.batch_first`` is. Any other layer (a decoder layer's cross-attention
+        has no place here) raises TypeError.
         """
+        _require_layer(layer, nn.TransformerEncoderLayer, "EncoderBlock", "DecoderBlock.from_torch")
         block = cls(**_torch_layer_options(layer)).to(layer.linear1.weight)
         _copy_torch_layer(block, layer, {"attn": "self_attn", "norm1": "norm1", "norm2": "norm2"})
         return block
@@ -155,8 +159,10 @@ class DecoderBlock(nn.Module):
     """Causal self-attention, cross-attention to an encoder's output (the memory), then a feed-forward network.
 
     The same function as ``nn.TransformerDecoderLayer(..., batch_first=True)``. Queries of the cross-attention
-    come from the decoder, its keys and values from the memory; the self-attention is causal by default,
-    since the decoder predicts each target token from the ones before it.
+    come from the decoder, its keys and values from the memory. Every call says whether the self-attention is
+    causal (``is_causal`` has no default): a decoder that predicts each target token from the ones before it needs
+    ``is_causal=True``, while torch's layer is causal only when given a ``tgt_mask``; with a default, the same call
+    of a copied layer and of ours could compute different functions.
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
@@ -173,12 +179,16 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None = None, memory_mask: Tensor | None = None,
-                is_causal: bool = True) -> Tensor:
+                *, is_causal: bool) -> Tensor:
         """x (B, Tq, D) decoder stream, memory (B, Tk, D) encoder output -> (B, Tq, D).
 
-        ``mask`` (broadcasts to (B, H, Tq, Tq)) restricts the self-attention, ``memory_mask`` (to (B, H, Tq, Tk),
-        e.g. the encoder's padding mask) the cross-attention; True = may attend.
+        ``is_causal`` (required): True hides future target positions from the self-attention, as torch's layer
+        with ``tgt_mask=causal, tgt_is_causal=True``; False is torch's default call. ``mask`` (broadcasts to
+        (B, H, Tq, Tq)) further restricts the self-attention, ``memory_mask`` (to (B, H, Tq, Tk), e.g. the
+        encoder's padding mask) the cross-attention; True = may attend.
         """
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         x = residual(x, lambda h: self.self_attn(h, mask=mask, is_causal=is_causal), self.norm1, self.dropout,
                      self.norm_first)
         # queries from the decoder stream, keys and values from the memory (never normalised here)
@@ -188,12 +198,25 @@ class DecoderBlock(nn.Module):
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderBlock:
-        """A DecoderBlock with the sizes, options and (copied) weights of an ``nn.TransformerDecoderLayer``."""
+        """A DecoderBlock with the sizes, options and (copied) weights of an ``nn.TransformerDecoderLayer``.
+
+        Call it with ``is_causal`` as torch's layer is called: ``is_causal=False`` for ``layer(x, memory)``,
+        ``is_causal=True`` for ``layer(x, memory, tgt_mask=causal, tgt_is_causal=True)``.
+        """
+        _require_layer(layer, nn.TransformerDecoderLayer, "DecoderBlock", "EncoderBlock.from_torch")
         block = cls(**_torch_layer_options(layer)).to(layer.linear1.weight)
         names = {"self_attn": "self_attn", "cross_attn": "multihead_attn", "norm1": "norm1", "norm2": "norm2",
                  "norm3": "norm3"}
         _copy_torch_layer(block, layer, names)
         return block
+
+
+def _require_layer(layer, expected: type, ours: str, other: str) -> None:
+    """Raise TypeError unless ``layer`` is an ``expected`` torch layer (exactly what ``ours`` mirrors)."""
+    if not isinstance(layer, expected):
+        raise TypeError(f"{ours}.from_torch copies an nn.{expected.__name__}, got {type(layer).__name__}"
+                        + (f"; use {other} for it" if isinstance(layer, (nn.TransformerEncoderLayer,
+                                                                          nn.TransformerDecoderLayer)) else ""))
 
 
 def _torch_layer_options(layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> dict:
@@ -238,16 +261,31 @@ def _copy_torch_layer(block: nn.Module, layer: nn.Module, names: dict[str, str])
 # ----------------------------------------------------------------------------------------------------------
 
 
-def block_stack(depth: int, d_model: int, num_heads: int, d_ff: int, norm_first: bool, seed: int = 0) -> nn.Sequential:
+class BranchOnlyBlock(EncoderBlock):
+    """An encoder block WITHOUT its residual connections, for chapter 11's training run: each sub-layer computes
+    ``norm(drop(branch(x)))``, post-LN's norm after a branch that nothing is added to."""
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        x = self.norm1(self.dropout(self.attn(x, mask=mask, is_causal=is_causal)))  # no x + ...
+        return self.norm2(self.dropout(self.ff(x)))
+
+
+def block_stack(depth: int, d_model: int, num_heads: int, d_ff: int, norm_first: bool, seed: int = 0,
+                residual: bool = True) -> nn.Sequential:
     """``depth`` freshly initialised encoder blocks (no dropout); pre-LN stacks end with the final LayerNorm
-    that pre-LN models need (their stream is never normalised inside the blocks).
+    that pre-LN models need (their stream is never normalised inside the blocks). ``residual=False``: post-LN
+    blocks without their residual connections (:class:`BranchOnlyBlock`).
 
     Every weight matrix is drawn Xavier-uniform, as ``nn.Transformer`` and the original paper initialise them.
     """
     check_int(depth, "depth")
+    if not residual and norm_first:
+        raise ValueError("residual=False builds post-LN blocks without residuals: pass norm_first=False")
+    kind = EncoderBlock if residual else BranchOnlyBlock
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        blocks = [EncoderBlock(d_model, num_heads, d_ff, norm_first=norm_first) for _ in range(depth)]
+        blocks = [kind(d_model, num_heads, d_ff, norm_first=norm_first) for _ in range(depth)]
         final = [nn.LayerNorm(d_model)] if norm_first else []
         stack = nn.Sequential(*blocks, *final)
         for p in stack.parameters():
@@ -268,31 +306,84 @@ def residual_stream_norms(stack: nn.Sequential, x: Tensor) -> list[float]:
     return norms
 
 
-def layer_gradient_norms(stack: nn.Sequential, x: Tensor, target: Tensor) -> list[float]:
+def layer_gradient_norms(stack: nn.Sequential, x: Tensor, target: Tensor,
+                         parameter: str | None = None) -> list[float]:
     """The gradient norm of each block's parameters for a mean-squared-error loss of the stack's output.
 
-    x (B, T, D) input, target (B, T, D); one number per :class:`EncoderBlock`, input side first.
+    x (B, T, D) input, target (B, T, D); one number per :class:`EncoderBlock`, input side first. ``parameter``
+    (e.g. ``"ff.linear2.weight"``, the matrix Xiong et al. follow) restricts each number to that parameter.
     """
     stack.zero_grad()
     F.mse_loss(stack(x), target).backward()
+    return _gradient_norms(stack, parameter)
+
+
+def _gradient_norms(stack: nn.Sequential, parameter: str | None) -> list[float]:
+    """The norm of each block's gradients after a backward pass, of ``parameter`` only if given."""
     norms = []
     for block in stack:
         if isinstance(block, EncoderBlock):
-            squares = sum(p.grad.pow(2).sum() for p in block.parameters())
-            norms.append(squares.sqrt().item())
+            params = [block.get_parameter(parameter)] if parameter else list(block.parameters())
+            norms.append(sum(p.grad.pow(2).sum() for p in params).sqrt().item())
     return norms
 
 
 def depth_statistics(norm_first: bool, depth: int = 12, d_model: int = 64, num_heads: int = 4, num_seeds: int = 4,
                      batch: int = 2, seq_len: int = 16) -> dict[str, list[float]]:
-    """Per-block gradient norms and residual-stream norms at initialisation, averaged over ``num_seeds`` stacks
-    (each with its own weights, input and target): ``{"gradient": [...], "stream": [...]}``, input side first."""
+    """Per-block measurements at initialisation, averaged over ``num_seeds`` stacks (each with its own weights,
+    input and target), input side first: ``"gradient"`` (all the block's parameters), ``"ffn_gradient"`` (the
+    feed-forward network's second matrix only) and ``"stream"`` (the residual stream's size after the block)."""
     check_int(num_seeds, "num_seeds")
-    totals = {"gradient": torch.zeros(depth, dtype=torch.float64), "stream": torch.zeros(depth, dtype=torch.float64)}
+    names = ("gradient", "ffn_gradient", "stream")
+    totals = {name: torch.zeros(depth, dtype=torch.float64) for name in names}
     for seed in range(num_seeds):
         stack = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed)
         generator = torch.Generator().manual_seed(seed)
         x, target = torch.randn(2, batch, seq_len, d_model, generator=generator)  # (B, T, D) each
         totals["gradient"] += torch.tensor(layer_gradient_norms(stack, x, target), dtype=torch.float64)
+        ffn = _gradient_norms(stack, "ff.linear2.weight")  # from the same backward pass
+        totals["ffn_gradient"] += torch.tensor(ffn, dtype=torch.float64)
         totals["stream"] += torch.tensor(residual_stream_norms(stack, x), dtype=torch.float64)
     return {name: (total / num_seeds).tolist() for name, total in totals.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Why the order matters in training: a deep stack on a toy task, at a high learning rate
+# ----------------------------------------------------------------------------------------------------------
+
+
+class StackTagger(nn.Module):
+    """Tokens (B, T) -> scores (B, T, V): token and learned position embeddings, a :func:`block_stack` of
+    ``depth`` encoder blocks (post-LN, or pre-LN with its final norm, or with ``residual=False`` post-LN blocks
+    without residual connections; Xavier-initialised, no mask: every position sees the whole sequence), a linear
+    head. Small enough to train on a CPU in seconds."""
+
+    def __init__(self, vocab_size: int, length: int, depth: int, d_model: int, num_heads: int, norm_first: bool,
+                 seed: int = 0, residual: bool = True):
+        super().__init__()
+        check_int(vocab_size, "vocab_size")
+        check_int(length, "length")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.tok_emb = nn.Embedding(vocab_size, d_model)
+            self.pos_emb = nn.Parameter(torch.randn(length, d_model))
+            self.head = nn.Linear(d_model, vocab_size)
+        self.blocks = block_stack(depth, d_model, num_heads, 4 * d_model, norm_first, seed=seed, residual=residual)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """ids (B, T) -> logits (B, T, V)."""
+        x = self.tok_emb(ids) + self.pos_emb[: ids.size(1)]  # (B, T, D)
+        return self.head(self.blocks(x))
+
+
+def train_on_reversal(norm_first: bool, warmup_steps: int, depth: int = 6, d_model: int = 32, num_heads: int = 4,
+                      length: int = 8, steps: int = 150, lr: float = 1e-2, batch_size: int = 32,
+                      seed: int = 0, residual: bool = True) -> list[float]:
+    """Train a :class:`StackTagger` to reverse ``length`` digits (:func:`~attention_course.tasks.reversal_batch`)
+    with AdamW at ``lr``, its learning rate warmed up linearly over ``warmup_steps``; return the loss of every
+    step (chance: ln 10 = 2.30). ``residual=False``: post-LN blocks without their residual connections."""
+    model = StackTagger(10, length, depth, d_model, num_heads, norm_first, seed=seed, residual=residual)
+    history = train(model, lambda g: reversal_batch(batch_size, length, g),
+                    lambda m, batch: tagging_loss(m(batch[0]), batch[1]), steps, lr=lr,
+                    warmup_steps=warmup_steps, seed=seed)
+    return history.losses

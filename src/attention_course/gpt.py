@@ -23,10 +23,10 @@ from torch import Tensor, nn
 
 from .block import FeedForward, residual
 from .kv_cache import CausalSelfAttention, KVCache
-from .positions import LearnedPositions, token_positions
+from .positions import LearnedPositions, SinusoidalPositions, token_positions
 from .validation import check_dropout, check_heads, check_int, check_rank
 
-POSITIONS = ("learned", "rope", None)
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", None)
 INITS = ("gpt2", "pytorch")
 
 
@@ -39,8 +39,9 @@ class GPTConfig:
         num_kv_heads: H_kv key/value heads (chapter 8: None = H, MHA; 1: MQA; in between: GQA).
         d_ff: hidden width of the feed-forward networks (None: 4 D).
         max_len: longest sequence with "learned" positions (the table stops there).
-        positions: "learned" (GPT-2), "rope" (rotary, in every attention layer) or None (no position
-            information: a causal model can still infer some).
+        positions: "learned" (GPT-2), "sinusoidal" (the original Transformer's, added to the embeddings),
+            "rope" (rotary, in every attention layer), "alibi" (a distance penalty per head, in every attention
+            layer) or None (no position information: a causal model can still infer some).
         causal: each position sees only itself and the past (False: every position sees all; no generation).
         attention_only: blocks without feed-forward networks (the models of chapter 12).
         tie_embeddings: the output head reuses the token embedding matrix (GPT-2).
@@ -85,9 +86,20 @@ class GPTConfig:
             raise ValueError(f"init must be one of {INITS}, got init={self.init!r}")
         if not self.embedding_std > 0:
             raise ValueError(f"embedding_std must be > 0, got embedding_std={self.embedding_std}")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"positions='sinusoidal' needs an even d_model, got d_model={self.d_model}")
         if self.positions == "rope" and (self.d_model // self.num_heads) % 2:
             raise ValueError(f"positions='rope' needs an even head size, got d_model // num_heads = "
                              f"{self.d_model // self.num_heads}")
+
+
+def _absolute_positions(config: GPTConfig) -> nn.Module | None:
+    """The module that adds positions to the token embeddings: a learned table or the fixed sinusoids."""
+    if config.positions == "learned":
+        return LearnedPositions(config.max_len, config.d_model)
+    if config.positions == "sinusoidal":
+        return SinusoidalPositions(config.d_model)
+    return None
 
 
 class GPTBlock(nn.Module):
@@ -100,7 +112,7 @@ class GPTBlock(nn.Module):
         self.norm1 = nn.LayerNorm(c.d_model)
         self.attn = CausalSelfAttention(c.d_model, c.num_heads, c.num_kv_heads, fused_qkv=False, bias=c.bias,
                                         rope=c.positions == "rope", causal=c.causal, dropout=c.dropout,
-                                        use_sdpa=c.use_sdpa)
+                                        use_sdpa=c.use_sdpa, alibi=c.positions == "alibi")
         self.norm2 = None if c.attention_only else nn.LayerNorm(c.d_model)
         self.mlp = None if c.attention_only else FeedForward(c.d_model, c.d_ff, "gelu", c.dropout)
         self.dropout = nn.Dropout(c.dropout)
@@ -131,7 +143,7 @@ class GPT(nn.Module):
             if seed is not None:
                 torch.manual_seed(seed)
             self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-            self.pos_emb = LearnedPositions(config.max_len, config.d_model) if config.positions == "learned" else None
+            self.pos_emb = _absolute_positions(config)  # None: positions inside attention, or none
             self.dropout = nn.Dropout(config.dropout)
             self.blocks = nn.ModuleList(GPTBlock(config) for _ in range(config.num_layers))
             self.norm = nn.LayerNorm(config.d_model)
@@ -202,7 +214,7 @@ class GPT(nn.Module):
         if cache is not None and not self.config.causal:
             raise ValueError("a KV cache needs a causal model (causal=True)")
         start = 0 if cache is None else len(cache)
-        if self.pos_emb is not None and start + ids.size(1) > self.config.max_len:
+        if self.config.positions == "learned" and start + ids.size(1) > self.config.max_len:
             raise ValueError(f"sequence of {start + ids.size(1)} tokens is longer than max_len={self.config.max_len} "
                              f"(learned positions have no vector beyond it)")
         if head_mask is not None and tuple(head_mask.shape) != (self.num_layers, self.num_heads):

@@ -9,6 +9,10 @@ Everything goes through the :class:`~attention_course.gpt.GPT`'s public interfac
   occurrence of it, the signature of an induction head (Olsson et al., 2022).
 - :func:`copy_accuracy` and :func:`ablation_mask`: next-token accuracy on the copied part of a sequence, with
   chosen heads switched off through the GPT's ``head_mask``.
+- :func:`path_ablated_forward`: switch earlier heads off for one input of a later layer only, its keys, queries
+  or values (K-, Q- or V-composition, Elhage et al., 2021): which path the circuit runs through.
+- :func:`ov_circuit` and :func:`copying_score`: what a head writes into the logits when it attends to a token,
+  and how often that is the token itself (a head that copies).
 - :func:`stream_write_ratio`: how large a layer's attention output is next to the residual stream it is added to.
 """
 
@@ -111,7 +115,21 @@ def copy_accuracy(model: GPT, ids: Tensor, copy_target: Tensor, head_mask: Tenso
     if copy_target.shape != ids.shape:
         raise ValueError(f"copy_target {tuple(copy_target.shape)} must have the shape of ids {tuple(ids.shape)}")
     with eval_mode(model):
-        predicted = model(ids[:, :-1], head_mask=head_mask).argmax(dim=-1)  # (B, T - 1): guess for ids[t + 1]
+        logits = model(ids[:, :-1], head_mask=head_mask)  # (B, T - 1, V): logits[:, t] guesses ids[:, t + 1]
+    return next_token_accuracy(logits, ids, copy_target)
+
+
+def next_token_accuracy(logits: Tensor, ids: Tensor, copy_target: Tensor) -> float:
+    """Fraction of the positions in ``copy_target`` (B, T) whose next token is the argmax of ``logits``.
+
+    logits (B, T - 1, V) or (B, T, V) (the last position, which predicts nothing here, is dropped): logits[:, t]
+    is the guess for ids[:, t + 1].
+    """
+    check_rank(logits, "logits", 3, "(B, T, V)")
+    if copy_target.shape != ids.shape or logits.shape[:2] not in (ids.shape, (ids.size(0), ids.size(1) - 1)):
+        raise ValueError(f"logits {tuple(logits.shape)} and copy_target {tuple(copy_target.shape)} must match "
+                         f"ids {tuple(ids.shape)} (B, T)")
+    predicted = logits[:, : ids.size(1) - 1].argmax(dim=-1)  # (B, T - 1)
     correct = predicted == ids[:, 1:]
     return correct[copy_target[:, :-1]].float().mean().item()
 
@@ -126,6 +144,83 @@ def head_ablation_table(model: GPT, ids: Tensor, copy_target: Tensor) -> Tensor:
             mask = ablation_mask(layers, heads, (layer, head))
             table[layer, head] = copy_accuracy(model, ids, copy_target, head_mask=mask)
     return table
+
+
+PATHS = ("q", "k", "v")
+
+
+@torch.no_grad()
+def path_ablated_forward(model: GPT, ids: Tensor, heads: list[tuple[int, int]], path: str = "k",
+                         layer: int = 1) -> tuple[Tensor, Tensor]:
+    """Logits (B, T, V) and attention maps (L, B, H, T, T) with ``heads`` (earlier layers' (layer, head) pairs)
+    switched off for ONE input of ``layer`` only: its keys (``path="k"``), queries ("q") or values ("v").
+
+    The projection of that path reads the residual stream that the model would have with those heads off (the
+    stream entering ``layer`` under :func:`ablation_mask`); the other two projections, and the heads' direct
+    path to the logits, read the whole stream. In a 2-layer model with ``path="k"``, this removes what layer 1
+    writes into the keys that layer 2 matches and nothing else (K-composition). In eval mode.
+    """
+    check_rank(ids, "ids", 2, "(B, T)")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got path={path!r}")
+    if not 0 < layer < model.num_layers:
+        raise ValueError(f"layer must lie in [1, {model.num_layers}) (it reads earlier heads), got layer={layer}")
+    if not heads or any(earlier >= layer for earlier, _ in heads):
+        raise ValueError(f"heads must be a non-empty list of heads of layers before layer={layer}, got {heads}")
+    mask = ablation_mask(model.num_layers, model.num_heads, *heads)
+    block = model.blocks[layer]
+    with eval_mode(model):
+        ablated = block.norm1(_stream_into(model, ids, layer, mask))  # (B, T, D): the input this path now reads
+        projection = getattr(block.attn, f"w_{path}")
+        hook = projection.register_forward_pre_hook(lambda module, args: (ablated,))
+        try:
+            logits, weights = model(ids, return_weights=True)
+        finally:
+            hook.remove()
+    return logits, torch.stack(weights)
+
+
+def _stream_into(model: GPT, ids: Tensor, layer: int, head_mask: Tensor) -> Tensor:
+    """The residual stream (B, T, D) entering ``blocks[layer]`` when the model runs with ``head_mask``."""
+    seen = {}
+    hook = model.blocks[layer].register_forward_pre_hook(lambda module, args: seen.update(stream=args[0]))
+    try:
+        model(ids, head_mask=head_mask)
+    finally:
+        hook.remove()
+    return seen["stream"]
+
+
+@torch.no_grad()
+def ov_circuit(model: GPT, layer: int, head: int) -> Tensor:
+    """The logits (V, V) that one head adds when it attends to a key holding token a alone: row a, column b.
+
+    Token a's embedding goes through the layer's input LayerNorm, the head's slice of the value and output
+    projections (no biases: they do not depend on the token), the linear part of the final LayerNorm (centring,
+    its scale; the division by the norm is a positive factor per row, which no argmax sees) and the output head:
+    the OV circuit of Elhage et al. (2021), with the token embedding standing for the whole residual stream.
+    """
+    if not (0 <= layer < model.num_layers and 0 <= head < model.num_heads):
+        raise ValueError(f"head (layer={layer}, head={head}) is outside ({model.num_layers}, {model.num_heads})")
+    attn = model.blocks[layer].attn
+    if attn.num_kv_heads != attn.num_heads:
+        raise ValueError("ov_circuit needs one value head per head (num_kv_heads=None)")
+    rows = slice(head * attn.head_dim, (head + 1) * attn.head_dim)
+    x = model.blocks[layer].norm1(model.tok_emb.weight)  # (V, D): each token alone
+    values = x @ attn.w_v.weight[rows].T  # (V, Dh): the head's value of each token
+    written = values @ attn.w_o.weight[:, rows].T  # (V, D): what the head adds to the stream
+    centred = (written - written.mean(dim=-1, keepdim=True)) * model.norm.weight  # final LayerNorm, linear part
+    return centred @ model.head.weight.T  # (V, V)
+
+
+def copying_score(ov: Tensor) -> float:
+    """Fraction of the rows of a (V, V) circuit whose largest entry is on the diagonal: attending to token a
+    raises a's own logit above every other token's. About 1 / V for a random matrix, 1 for a head that copies."""
+    check_rank(ov, "ov", 2, "(V, V)")
+    if ov.size(0) != ov.size(1):
+        raise ValueError(f"ov must be square (V, V), got shape {tuple(ov.shape)}")
+    own = torch.arange(ov.size(0), device=ov.device)
+    return (ov.argmax(dim=-1) == own).float().mean().item()
 
 
 @torch.no_grad()

@@ -26,7 +26,7 @@ from .functional import scaled_dot_product_attention, sdpa_fast
 from .heads import merge_heads, split_heads
 from .masks import causal_mask
 from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
-from .positions import apply_rope, check_base, token_positions
+from .positions import alibi_bias, apply_rope, attention_with_bias, check_base, token_positions
 from .validation import check_dropout, check_heads, check_int, check_module_inputs, check_rank
 
 
@@ -168,6 +168,8 @@ class CausalSelfAttention(nn.Module):
         rope: rotate queries and keys by their absolute positions (:func:`apply_rope`, interleaved pairs);
             with a cache, the new tokens' positions start at the cache's length, never at 0.
         rope_base: the ``base`` of :func:`apply_rope`.
+        alibi: add ALiBi's bias, -slope_h * distance (:func:`~attention_course.positions.alibi_bias`), to the
+            scores of head h (chapter 10); attention then forms its weights (no fused kernel). Not with ``rope``.
         causal: each position sees itself and the past; False: every position sees all (an encoder; no cache).
         dropout: probability of dropping attention weights, in ``.train()`` mode only.
         use_sdpa: PyTorch's fused kernel (:func:`sdpa_fast`) unless the weights are asked for; False: always
@@ -177,7 +179,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(
         self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = True,
         rope: bool = False, rope_base: float = 10000.0, causal: bool = True, dropout: float = 0.0,
-        use_sdpa: bool = True,
+        use_sdpa: bool = True, alibi: bool = False,
     ):
         super().__init__()
         check_heads(d_model, num_heads)
@@ -185,7 +187,9 @@ class CausalSelfAttention(nn.Module):
         check_dropout(dropout)
         if rope and (d_model // num_heads) % 2:
             raise ValueError(f"rope needs an even head dimension, got {d_model // num_heads}")
-        self.rope, self.rope_base = rope, rope_base
+        if rope and alibi:
+            raise ValueError("choose one relative position method: rope=True or alibi=True, not both")
+        self.rope, self.rope_base, self.alibi = rope, rope_base, alibi
         self.causal, self.dropout, self.use_sdpa = causal, dropout, use_sdpa
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_int(num_kv_heads, "num_kv_heads")
@@ -244,11 +248,27 @@ class CausalSelfAttention(nn.Module):
         (a paged cache's, (Tq, Tk), True = may attend) replaces the causal one: it already holds causality."""
         dropout_p = self.dropout if self.training else 0.0  # dropout regularises training only
         is_causal = self.causal and mask is None
+        if self.alibi:
+            return self.attend_alibi(q, k, v, weights, causal_mask(q.size(2), k.size(2), device=q.device)
+                                     if is_causal else mask, dropout_p)
         if self.use_sdpa and weights is None:
             return sdpa_fast(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal and q.size(2) > 1)
         if is_causal:
             mask = causal_mask(q.size(2), k.size(2), device=q.device)
         heads, attention = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # attention (B, H, Tq, Tk)
+        if weights is not None:
+            weights.append(attention)
+        return heads
+
+    def attend_alibi(self, q: Tensor, k: Tensor, v: Tensor, weights: list | None, mask: Tensor | None,
+                     dropout_p: float) -> Tensor:
+        """Attention with ALiBi's bias for queries that are the last Tq of the Tk positions (bottom-right, as the
+        cache appends): (B, H, Tq, Dh) -> (B, H, Tq, Dh)."""
+        bias = alibi_bias(self.num_heads, q.size(2), k.size(2), dtype=q.dtype, device=q.device)  # (H, Tq, Tk)
+        heads, attention = attention_with_bias(q, k, v, bias, mask)  # attention (B, H, Tq, Tk)
+        if dropout_p > 0.0:
+            attention = nn.functional.dropout(attention, p=dropout_p)
+            heads = attention @ v
         if weights is not None:
             weights.append(attention)
         return heads
@@ -273,6 +293,7 @@ class CausalSelfAttention(nn.Module):
         mha = CausalSelfAttention(
             self.d_model, self.num_heads, None, fused_qkv=False, bias=self.w_o.bias is not None,
             rope=self.rope, rope_base=self.rope_base, causal=self.causal, dropout=self.dropout, use_sdpa=self.use_sdpa,
+            alibi=self.alibi,
         ).to(self.w_o.weight)  # fmt: skip
         n_rep = self.num_heads // self.num_kv_heads
         if self.fused_qkv:

@@ -374,14 +374,6 @@ mistake("tiles-not-skipped", "blockwise attention that computes tiles holding no
 # Chapter 10: positions (append this chapter's mistakes here)
 # ==================================================================================================================
 
-mistake("sinusoid-wrong-exponent", "sinusoidal encodings with the wrong frequencies: not 10000^(-2i/D) for pair i",
-        "Your encodings turn at the wrong speeds: {detail}. Pair i (features 2i and 2i + 1) uses the frequency "
-        "theta_i = 10000^(-2i/D): both features of a pair share it, and it falls from 1 to about 1/10000.",
-        chapter=10, topic="positions")
-mistake("sin-cos-swapped", "sinusoidal encodings with cos on the even features and sin on the odd ones",
-        "Your sines and cosines are swapped: PE[p, 2i] = sin(p theta_i) goes on the even features and "
-        "PE[p, 2i + 1] = cos(p theta_i) on the odd ones (position 0 is then 0, 1, 0, 1, ...).",
-        chapter=10, topic="positions")
 mistake("rope-wrong-pairing", "RoPE rotating the pairs (x_i, x_i+D/2) where (x_2i, x_2i+1) were asked (or back)",
         "Your rotation pairs the wrong features: {detail}. Both pairings exist (LLaMA's reference code uses "
         "neighbours, GPT-NeoX and Hugging Face use halves), but weights trained with one are wrong with the other.",
@@ -390,8 +382,6 @@ mistake("rope-wrong-frequencies", "RoPE with the wrong angles: not m * base^(-2i
         "Your rotation angles are wrong: {detail}. Pair i at position m turns by m * theta_i, with "
         "theta_i = base^(-2i/Dh) and i counting pairs (0 .. Dh/2 - 1), not features.",
         chapter=10, topic="positions")
-mistake("alibi-wrong-slopes", "ALiBi head slopes that are not the paper's geometric sequence",
-        "Your slopes are not those of Press et al.: {detail}.", chapter=10, topic="positions")
 mistake("rope-position-not-offset", "a decoded token rotated by the wrong position (0, not the cache length)",
         "Your new token is rotated as if it were at position {detail}. With a cache of T tokens (positions "
         "0 .. T-1) the new token is at position T: rotate its query and key by T.",
@@ -404,6 +394,40 @@ mistake("rope-cache-rotated-twice", "cached keys, already rotated, rotated again
         "Your cached keys are rotated a second time. The cache stores keys already rotated at their own "
         "positions: rotate only the new key (at position T) and append it.",
         chapter=10, topic="positions")
+mistake("rope-angle-layout", "halves RoPE with its angles laid out for neighbour pairs (repeat_interleave)",
+        "Your features i and i + Dh/2 turn by different angles: {detail}. In the halves form the two features of "
+        "pair i share the angle m * theta_i, so the tables of cos and sin repeat the Dh/2 angles as a whole "
+        "(theta_0, ..., theta_{{Dh/2-1}}, theta_0, ...), not each angle twice in a row.",
+        chapter=10, topic="positions")
+mistake("alibi-query-offset", "ALiBi distances measured from query positions 0..Tq-1 when the queries are the last Tq",
+        "Your bias puts query i at position i{detail}. With Tq new queries after a cache, the queries are the LAST Tq "
+        "of the Tk positions: query i sits at i + Tk - Tq, and its distance to key j is i + Tk - Tq - j.",
+        chapter=10, topic="positions")
+mistake("alibi-bias-sign", "the ALiBi bias added with the wrong sign: distant keys rewarded",
+        "Your bias has the wrong sign{detail}: distant keys get MORE weight. ALiBi subtracts slope_h * distance "
+        "from the score.", chapter=10, topic="positions")
+mistake("alibi-bias-scaled", "the ALiBi bias divided by sqrt(Dh) along with the scores",
+        "Your bias is divided by sqrt(Dh) together with q . k: you add it before scaling. The bias is added to the "
+        "scaled scores, q . k / sqrt(Dh) - slope_h * distance, so that the slope means the same at every width.",
+        chapter=10, topic="positions")
+mistake("rope-padding-ignored", "a left-padded row rotated as if its first real token sat at its first slot",
+        "Your positions do not start at each row's first real token: {detail}. A row with p padding slots in front "
+        "holds its first real token at slot p, and that token is at position 0: slot t is position t - p.",
+        chapter=10, topic="positions")
+mistake("rope-offset-one-row", "one row's padding used for every row of a batch",
+        "Every row of your batch is rotated with the positions of row {detail}. Each row has its own number of "
+        "padding slots, so each row has its own positions.", chapter=10, topic="positions")
+mistake("rope-permutation-inverted", "weights converted between RoPE pairings with the permutation the wrong way round",
+        "Your rows are reordered by p = [0, 2, 4, ..., 1, 3, 5, ...] itself{detail}. That is the conversion the "
+        "other way. Write down where row j of one layout has to go in the other, for Dh = 6, and compare.",
+        chapter=10, topic="positions")
+mistake("rope-permutation-not-per-head", "the rows of all heads permuted as if they were one head",
+        "Your permutation mixes the heads: {detail}. The output rows of W_q and W_k are H blocks of Dh rows, one per "
+        "head, and RoPE pairs features inside a head: reorder each block of Dh rows on its own.",
+        chapter=10, topic="positions")
+mistake("rope-permutation-on-columns", "the input columns of a projection permuted instead of its output rows",
+        "You reorder the columns of the weight (its inputs). RoPE rotates the projection's OUTPUT features, the "
+        "rows of a (H * Dh, D) weight: permute rows, per head.", chapter=10, topic="positions")
 
 # ==================================================================================================================
 # Chapter 11: the transformer block (append this chapter's mistakes here)
@@ -450,6 +474,51 @@ mistake("dropout-not-on-branch", "dropout on the residual stream or a branch's i
         "the feed-forward network, its hidden features) is dropped; the residual stream carries the input through "
         "untouched (chapter 11, 'Residual connections and LayerNorm: two orders').",
         chapter=11, topic="blocks")
+mistake("rmsnorm-mean-subtracted", "RMSNorm that subtracts the mean (a LayerNorm without bias)",
+        "Your RMSNorm subtracts each vector's mean{detail}: that is LayerNorm. RMSNorm divides x itself by its root "
+        "mean square; the check's inputs have a mean far from 0, where the two differ (chapter 11, 'Modern "
+        "variants: RMSNorm and SwiGLU').",
+        chapter=11, topic="blocks")
+mistake("rmsnorm-eps-misplaced", "RMSNorm's epsilon added outside the square root, or left out",
+        "Your RMSNorm puts epsilon in another place ({detail}). It sits inside the square root, added to the mean of "
+        "the squares; the check's vectors include tiny ones, where its place decides the result.",
+        chapter=11, topic="blocks")
+mistake("rmsnorm-not-mean", "RMSNorm divides by the norm (a sum of squares), not by the root MEAN square",
+        "Your RMSNorm divides by the square root of the SUM of the squares{detail}: the result is sqrt(D) times "
+        "too small. The root mean square averages the squares over the D features.",
+        chapter=11, topic="blocks")
+mistake("rmsnorm-scale-missing", "RMSNorm's learned scale (weight) is not applied",
+        "Your RMSNorm leaves out its learned scale: the normalised vector is multiplied feature by feature by "
+        "self.weight (D numbers); the check loads random values into it.",
+        chapter=11, topic="blocks")
+mistake("norm-wrong-axis", "the norm is computed over another axis than the features (the last one)",
+        "Your norm averages over {detail} instead of each position's D features (the last axis): every position "
+        "is normalised on its own.",
+        chapter=11, topic="blocks")
+mistake("swiglu-gate-swapped", "SwiGLU with the SiLU on the 'up' projection instead of the 'gate'",
+        "Your SwiGLU passes the wrong projection through the SiLU: in the equation the gate projection goes through "
+        "it, and the up projection is multiplied in as it is. The check loads different weights into the two.",
+        chapter=11, topic="blocks")
+mistake("swiglu-wrong-activation", "SwiGLU with another activation than SiLU on the gate",
+        "Your gate goes through {detail} instead of SiLU(z) = z sigmoid(z) (Swish with beta = 1): that is another "
+        "member of the GLU family (chapter 11, 'Modern variants: RMSNorm and SwiGLU').",
+        chapter=11, topic="blocks")
+mistake("swiglu-not-gated", "SwiGLU without its gate: the two projections are not multiplied",
+        "Your SwiGLU does not multiply the two projections ({detail}): the gate's SiLU multiplies the up "
+        "projection feature by feature before down maps back to D.",
+        chapter=11, topic="blocks")
+mistake("residual-init-depth", "residual layers scaled by 1/sqrt of the wrong count (blocks, not residual layers)",
+        "Your residual layers are scaled by another factor: {detail}. GPT-2 scales them by 1 / sqrt(N), N the "
+        "number of residual layers: count the additions to the stream in one block.",
+        chapter=11, topic="blocks")
+mistake("residual-init-wrong-layers", "the depth scaling applied to other layers than those that write into the stream",
+        "Your initialisation scales the wrong matrices: {detail}. Only the layers whose output is added to the "
+        "residual stream are scaled; every other matrix keeps standard deviation 0.02.",
+        chapter=11, topic="blocks")
+mistake("init-norm-or-bias", "a LayerNorm's scale or shift, or a bias, drawn at random or not reset",
+        "Your initialisation gives {detail}. Biases and LayerNorm shifts start at 0, LayerNorm scales at 1: only "
+        "the weight matrices and the embedding are drawn.",
+        chapter=11, topic="blocks")
 
 # ==================================================================================================================
 # Chapter 12: watch attention learn (induction heads)
@@ -477,19 +546,36 @@ mistake("induction-includes-self", "prefix-matching score counts the query's own
 mistake("induction-ignores-query-mask", "prefix-matching score ignores query_mask",
         "Your score ignores query_mask: average only over the queries where it is True (and that have a target).",
         chapter=12, topic="interpret")
-mistake("found-previous-token-head", "the previous-token head taken for the induction head",
-        "You picked the previous-token head (it attends from t to t - 1). It is half of the circuit; the induction "
-        "head is the one with the highest prefix-matching score.",
-        chapter=12, topic="interpret")
-mistake("found-duplicate-token-head", "a duplicate-token head taken for the induction head",
-        "You picked a head that attends to the earlier occurrence of the current token itself, a duplicate-token "
-        "head. The induction head attends one position further, to the token that followed it.",
-        chapter=12, topic="interpret")
 mistake("predicted-reversal-pattern", "predicted the anti-diagonal for a task that is not reversal",
         chapter=12, topic="interpret")
 mistake("predicted-identity-pattern", "predicted the main diagonal for a shifted copy",
         chapter=12, topic="interpret")
 mistake("predicted-uniform-pattern", "predicted uniform attention for a task that needs one key per query",
+        chapter=12, topic="interpret")
+mistake("query-path-needs-previous-token", "predicted that the induction heads' queries need the previous token",
+        chapter=12, topic="interpret")
+mistake("query-path-shares-work", "predicted that queries and keys share the previous-token information",
+        chapter=12, topic="interpret")
+mistake("ablation-every-path", "the heads switched off everywhere instead of in layer 2's keys only",
+        "Your logits are those of the model with the heads switched off everywhere (head_mask): then layer 2's "
+        "queries and values and the logits lose them too. Only the KEY projection of layer 2 may read the stream "
+        "without them; everything else reads the whole stream.",
+        chapter=12, topic="interpret")
+mistake("ablation-query-path", "the heads removed from layer 2's queries instead of its keys",
+        "Your layer 2 computes its QUERIES from the stream without the heads, and its keys from the whole stream: "
+        "swap them. The key projection (w_k) reads the ablated stream; w_q and w_v read the whole one.",
+        chapter=12, topic="interpret")
+mistake("ablation-value-path", "the heads removed from layer 2's values instead of its keys",
+        "Your layer 2 computes its VALUES from the stream without the heads. The key projection (w_k) reads the "
+        "ablated stream; w_q and w_v read the whole one.",
+        chapter=12, topic="interpret")
+mistake("key-path-skips-layernorm", "the ablated stream fed to the key projection without layer 2's LayerNorm",
+        "Your key projection reads the ablated residual stream as it is; in a pre-LN block every projection reads "
+        "the stream through the block's norm1. Apply model.blocks[1].norm1 to the ablated stream first.",
+        chapter=12, topic="interpret")
+mistake("ablation-not-applied", "the logits of the whole model: no head was removed",
+        "Your logits are the whole model's: the heads were removed nowhere (a hook not registered, or removed "
+        "before the forward pass, or a head_mask of ones).",
         chapter=12, topic="interpret")
 
 # ==================================================================================================================
@@ -512,26 +598,6 @@ mistake("row-parallel-wrong-slice",
         "Your ranks slice w_o along the wrong axis: w_o[rows] are OUTPUT features in nn.Linear's (d_out, d_in) "
         "layout. Rank r's heads are the INPUT features r*D/P .. (r+1)*D/P - 1 of the output projection: "
         "w_o[:, r*D/P:(r+1)*D/P].",
-        chapter=13, topic="distributed")
-mistake("merge-without-rescale", "online-softmax merge of a new block without rescaling what was accumulated",
-        "Your merged result matches a merge in which {detail}. When a block raises the running maximum from m_old "
-        "to m_new, the sum l and the accumulator acc were computed relative to m_old: multiply both by "
-        "alpha = exp(m_old - m_new) before adding the new block's exp(scores - m_new) terms.",
-        chapter=13, topic="distributed")
-mistake("merge-without-max", "online-softmax merge that exponentiates the raw scores, with no running maximum",
-        "Your merge overflows when the scores are large: {detail} on scores of hundreds to thousands, where exp of a "
-        "score past 709 is infinite in float64 (in float16, past 11). The running maximum m is there so that no "
-        "exponent is ever positive; what you accumulate is relative to it (chapter 13, 'Ring attention').",
-        chapter=13, topic="distributed")
-mistake("merge-nan-on-empty-row", "online-softmax merge that turns a row with no visible key yet into NaN",
-        "Your merge breaks on a block in which a query sees no key: {detail} when the first block's scores are all "
-        "-inf. The running maximum is then still -inf, and -inf - (-inf) is NaN; such a row has nothing to add yet, "
-        "and later blocks must still count (chapter 13, 'Ring attention').",
-        chapter=13, topic="distributed")
-mistake("causal-wrong-rank-offset", "ring attention: causal mask of a block pair built from local positions",
-        "Your causal mask is wrong for blocks of different ranks: {detail}. Query i of rank q_rank is at global "
-        "position q_rank * block + i, key j of rank k_rank at k_rank * block + j; the query may attend the key iff "
-        "key position <= query position.",
         chapter=13, topic="distributed")
 mistake("zigzag-contiguous", "zig-zag layout: each rank holds one contiguous block of T / P positions",
         "Your layout gives rank r the contiguous positions r*T/P .. (r+1)*T/P - 1: two NEIGHBOURING chunks. With a "

@@ -138,6 +138,25 @@ class LearnedPositions(nn.Module):
         return self.table(positions)
 
 
+class SinusoidalPositions(nn.Module):
+    """The sinusoids of :func:`sinusoidal_positions` as a module with no parameters, called like
+    :class:`LearnedPositions`: integer positions (...,) -> encodings (..., D), for any position (no max_len)."""
+
+    def __init__(self, dim: int, base: float = 10000.0):
+        super().__init__()
+        check_int(dim, "dim", even=True)
+        check_base(base)
+        self.dim, self.base = dim, base
+
+    def forward(self, positions: Tensor) -> Tensor:
+        """Integer positions (...,) -> float32 encodings (..., D): sin(p theta_i) at 2i, cos(p theta_i) at 2i + 1."""
+        if not isinstance(positions, Tensor) or positions.dtype not in INTEGER_DTYPES:
+            got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
+            raise TypeError(f"positions must be an integer tensor, got {got}")
+        angles = rope_angles(positions, self.dim, self.base)  # (..., D/2), float64
+        return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2).float()  # (..., D)
+
+
 # ---------------------------------------------------------------- rotary position embedding (RoPE)
 
 
@@ -191,9 +210,18 @@ def apply_rope(
         check_frequencies(inv_freq, x.size(-1))
         angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    if pairing == "interleaved":
-        x1, x2 = rotate_pairs(x[..., 0::2], x[..., 1::2], cos, sin)
-        return torch.stack([x1, x2], dim=-1).flatten(-2)  # (..., T, Dh/2, 2) -> (..., T, Dh)
+    rotate = rotate_interleaved if pairing == "interleaved" else rotate_halves
+    return rotate(x, cos, sin)
+
+
+def rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (..., T, Dh) with pair i = features (2i, 2i + 1) rotated by the angles of cos, sin (..., T, Dh/2)."""
+    x1, x2 = rotate_pairs(x[..., 0::2], x[..., 1::2], cos, sin)
+    return torch.stack([x1, x2], dim=-1).flatten(-2)  # (..., T, Dh/2, 2) -> (..., T, Dh)
+
+
+def rotate_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (..., T, Dh) with pair i = features (i, i + Dh/2) rotated by the angles of cos, sin (..., T, Dh/2)."""
     x1, x2 = rotate_pairs(*x.chunk(2, dim=-1), cos, sin)
     return torch.cat([x1, x2], dim=-1)  # (..., T, Dh)
 

@@ -91,3 +91,29 @@ def position_blind_accuracy(digits: Tensor, targets: Tensor, num_digits: int = 1
     others = counts - nn.functional.one_hot(digits, num_digits)  # (B, T, num_digits): without the own digit
     guess = others.argmax(dim=-1)  # (B, T)
     return (targets == guess).float().mean().item()
+
+
+def associative_recall_batch(batch_size: int, num_pairs: int, generator: torch.Generator, num_keys: int = 64,
+                             num_values: int = 16) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Associative recall (chapter 17): ``num_pairs`` (key, value) pairs, then every key asked once, shuffled.
+
+    One position per pair: key id and value id; then one position per question: the key id and the blank value
+    id ``num_values``. Keys are distinct within a sequence. Returns key ids (B, T), value ids (B, T), targets
+    (B, T) (at a question: the value stored with its key) and the questions' mask (B, T), T = 2 * num_pairs.
+    """
+    for name, value in (("batch_size", batch_size), ("num_pairs", num_pairs), ("num_keys", num_keys),
+                        ("num_values", num_values)):
+        check_int(value, name)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if num_pairs > num_keys:
+        raise ValueError(f"num_pairs must be <= num_keys (distinct keys), got num_pairs={num_pairs}, "
+                         f"num_keys={num_keys}")
+    keys = torch.rand(batch_size, num_keys, generator=generator).argsort(-1)[:, :num_pairs]  # (B, N) distinct
+    values = torch.randint(0, num_values, (batch_size, num_pairs), generator=generator)  # (B, N)
+    order = torch.rand(batch_size, num_pairs, generator=generator).argsort(-1)  # (B, N) questions' order
+    key_ids = torch.cat([keys, keys.gather(1, order)], 1)
+    value_ids = torch.cat([values, torch.full_like(values, num_values)], 1)
+    targets = torch.cat([values, values.gather(1, order)], 1)
+    asked = torch.arange(2 * num_pairs) >= num_pairs
+    return key_ids, value_ids, targets, asked.expand(batch_size, -1)

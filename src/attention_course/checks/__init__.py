@@ -30,7 +30,15 @@ cases) and :mod:`.observe` (what the student's code computes and calls).
 """
 
 from ..mistakes import CODES
-from .blocks import check_decoder_block, check_feed_forward, check_post_ln_block, check_pre_ln_block
+from .blocks import (
+    check_decoder_block,
+    check_feed_forward,
+    check_post_ln_block,
+    check_pre_ln_block,
+    check_residual_init,
+    check_rms_norm,
+    check_swiglu,
+)
 from .capstone import (
     check_capstone_block,
     check_capstone_generation,
@@ -47,17 +55,11 @@ from .core import (
     check_softmax,
     check_streaming_attention,
 )
-from .distributed import (
-    check_copy_and_sum,
-    check_ring_causal_mask,
-    check_ring_merge,
-    check_row_parallel_output,
-    check_zigzag_layout,
-)
+from .distributed import check_copy_and_sum, check_row_parallel_output, check_zigzag_layout
 from .field_guide import check_additive_mask, check_layers_created_once
 from .flex import check_alibi_score_mod, check_document_mask, check_prefix_lm_mask
 from .heads import check_merge_heads, check_split_heads
-from .interpret import check_find_induction_head, check_prefix_matching_score
+from .interpret import check_key_path_ablation, check_prefix_matching_score
 from .kernels import check_causal_tiles, check_dk, check_lse, check_tile_loop
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .linear import check_delta_chunk, check_delta_update, check_gated_delta_rule, check_linear_recurrent
@@ -71,7 +73,7 @@ from .modules import (
     check_single_head_attention,
 )
 from .porting import check_keras_weights_from_torch
-from .positions import check_alibi_slopes, check_rope, check_rope_decode_step, check_sinusoidal_positions
+from .positions import check_alibi_attention, check_rope_halves, check_rope_left_padded, check_rope_to_interleaved
 from .questions import check_choice, check_number
 from .runner import DEFAULT_TIMEOUT, CheckFailed
 from .serving import check_block_slot, check_copy_on_write, check_rejection_rule, check_retire, check_verify_mask
@@ -82,9 +84,9 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "CheckFailed",
     "check_absorbed_scores",
+    "check_alibi_attention",
     "check_additive_mask",
     "check_alibi_score_mod",
-    "check_alibi_slopes",
     "check_attention_one_query",
     "check_causal_mask",
     "check_causal_tiles",
@@ -94,11 +96,14 @@ __all__ = [
     "check_dk",
     "check_einsum_attention",
     "check_feed_forward",
-    "check_find_induction_head",
+    "check_residual_init",
+    "check_rms_norm",
+    "check_swiglu",
     "check_float_mask_attention",
     "check_grouped_query_attention",
     "check_keras_attention",
     "check_keras_weights_from_torch",
+    "check_key_path_ablation",
     "check_kv_cache_bytes",
     "check_linear_recurrent",
     "check_delta_update",
@@ -119,23 +124,21 @@ __all__ = [
     "check_qk_norm_rope",
     "check_repeat_kv",
     "check_copy_and_sum",
-    "check_ring_causal_mask",
-    "check_ring_merge",
     "check_rope_cached_attention",
     "check_capstone_block",
     "check_capstone_generation",
     "check_capstone_training",
     "check_capstone_induction_scores",
     "check_capstone_sharding",
-    "check_rope",
-    "check_rope_decode_step",
+    "check_rope_halves",
+    "check_rope_left_padded",
+    "check_rope_to_interleaved",
     "check_row_parallel_output",
     "check_zigzag_layout",
     "check_scaled_dot_product_attention",
     "check_single_head_attention",
     "check_sink_attention",
     "check_sliding_window_attention",
-    "check_sinusoidal_positions",
     "check_softcap_attention",
     "check_softmax",
     "check_split_heads",

@@ -1,4 +1,9 @@
-"""Checks of chapter 11: the feed-forward network, pre-LN and post-LN blocks, the decoder block; its questions.
+"""Checks of chapter 11: the feed-forward network, pre-LN and post-LN blocks, the decoder block, RMSNorm and SwiGLU
+from their equations, GPT-2's initialisation; its questions.
+
+RMSNorm and SwiGLU are compared with the library's on inputs where each known mistake shows (a mean far from 0, a
+position of tiny features for eps; different weights in SwiGLU's gate and up). The initialisation is judged by the
+standard deviation measured on every tensor the student returns, which tells 1/sqrt(2L) from 1/sqrt(L) at any depth.
 
 The student completes the ``forward`` of a module whose ``__init__`` the exercise gives (attribute names as in
 :mod:`attention_course.block`). The checker builds it, loads random weights from the matching reference block
@@ -20,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import block
+from ..gpt import GPT, GPTConfig
 from ..masks import padding_mask
 from . import hidden
 from .diagnosis import diagnose
@@ -404,7 +410,7 @@ def _check_decoder_body(cls, label, test_dropout):
         args = {"x": x, "memory": memory, "memory_mask": memory_mask}
         out = _run(module, args, label, case, positional=2)
         with torch.no_grad():
-            expected = ref(x, memory, memory_mask=memory_mask).numpy()
+            expected = ref(x, memory, memory_mask=memory_mask, is_causal=True).numpy()
         if not close(out, expected, ATOL, RTOL):
             _diagnose(out, _decoder_candidates(ref, x, memory, memory_mask), case, expected, "decoder")
         if test_dropout and i == len(_CONFIGS):
@@ -471,36 +477,239 @@ def check_feed_forward(cls, *, test_dropout: bool = True, timeout: float = DEFAU
 
 
 # ----------------------------------------------------------------------------------------------------------
+# RMSNorm and SwiGLU from their equations
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _part_configs(public):
+    """The public (d_model, d_ff, (B, T)) of the parts' checks, then the hidden one (Topic.BLOCK's sizes)."""
+    return public + [(d_model, d_ff, (b, t)) for d_model, _, d_ff, b, t, _ in hidden.block_sizes()]
+
+
+def _rms_input(b, t, d_model, seed):
+    """x (B, T, D) with a mean far from 0 (LayerNorm and RMSNorm differ) and one position of tiny features, whose
+    mean square (1e-10) is far below eps = 1e-6, so the place of eps decides its output."""
+    generator = torch.Generator().manual_seed(seed)
+    x = 2.0 + torch.randn(b, t, d_model, generator=generator)
+    x[0, 0] = 1e-5 * torch.randn(d_model, generator=generator)
+    return x
+
+
+def _rms_candidates(x, weight, eps):
+    """(code, detail, thunk) for the known mistakes of RMSNorm on x (B, T, D) with scale ``weight`` (D,)."""
+    x64, w = x.double(), weight.double()
+
+    def thunk(fn):
+        return lambda: (fn().numpy(), None)
+
+    mean_sq = x64.pow(2).mean(-1, keepdim=True)
+    centred = x64 - x64.mean(-1, keepdim=True)
+    return [
+        ("rmsnorm-mean-subtracted", "", thunk(lambda: centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True)
+                                                                           + eps) * w)),
+        ("rmsnorm-eps-misplaced", "x / (sqrt(mean(x^2)) + eps)", thunk(lambda: x64 / (mean_sq.sqrt() + eps) * w)),
+        ("rmsnorm-eps-misplaced", "no eps at all", thunk(lambda: x64 / mean_sq.sqrt() * w)),
+        ("rmsnorm-not-mean", "", thunk(lambda: x64 / torch.sqrt(x64.pow(2).sum(-1, keepdim=True) + eps) * w)),
+        ("rmsnorm-scale-missing", "", thunk(lambda: x64 / torch.sqrt(mean_sq + eps))),
+        ("norm-wrong-axis", "the positions (axis 1)",
+         thunk(lambda: x64 / torch.sqrt(x64.pow(2).mean(1, keepdim=True) + eps) * w)),
+        ("norm-wrong-axis", "the whole tensor",
+         thunk(lambda: x64 / torch.sqrt(x64.pow(2).mean() + eps) * w)),
+    ]
+
+
+def _check_rms_norm_body(cls, label):
+    configs = _part_configs([(8, 0, (2, 5)), (12, 0, (3, 4)), (16, 0, (1, 6))])
+    eps = 1e-6
+    for i, (d_model, _, (b, t)) in enumerate(configs, 1):
+        ref = block.RMSNorm(d_model, eps=eps)
+        with torch.no_grad():
+            ref.weight.copy_(1.0 + 0.5 * torch.randn(d_model, generator=torch.Generator().manual_seed(70 + i)))
+        x = _rms_input(b, t, d_model, seed=80 + i)
+        case = (f"case {i} of {len(configs)}: d_model={d_model}, eps={eps:g}; x of shape {shape_text(x.shape)}, "
+                "features around 2, and x[0, 0] tiny (about 1e-5)")
+        module = call(cls, {"d_model": d_model, "eps": eps}, label, positional=1,
+                      call_text=f"{label}({d_model}, eps={eps:g})")
+        if not is_instance(module, torch.nn.Module):
+            raise fail("wrong-type", f"{label}(...) built a {type(module).__name__}; expected a torch.nn.Module.")
+        _load(module, ref, label)
+        out = _run(module, {"x": x}, label, case, positional=1)
+        with torch.no_grad():
+            expected = ref(x.double()).numpy()
+        if not close(out, expected, ATOL, RTOL):
+            diagnose(out, None, _rms_candidates(x, ref.weight.detach(), eps), case, expected, None,
+                     what="output", atol=ATOL, rtol=RTOL)
+    return (f"✓ {display_name(cls, label)}: {len(configs)} random cases (features far from mean 0, a position of "
+            "tiny features where eps matters) match x / sqrt(mean(x^2) + eps) * weight")
+
+
+def check_rms_norm(cls, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check an RMSNorm ``cls(d_model, eps=1e-6)`` with a parameter ``weight`` (D,), called as ``module(x)`` on
+    x (B, T, D): ``x / sqrt(mean(x^2 over D) + eps) * weight``, as :class:`~attention_course.block.RMSNorm`.
+    Diagnoses ``[rmsnorm-mean-subtracted]``, ``[rmsnorm-eps-misplaced]``, ``[rmsnorm-not-mean]``,
+    ``[rmsnorm-scale-missing]`` and ``[norm-wrong-axis]``."""
+    run_check(_keeping_rng(lambda: _check_rms_norm_body(cls, label="RMSNorm")), timeout)
+
+
+def _swiglu_candidates(ref, x):
+    """(code, detail, thunk) for the known mistakes of SwiGLU, recomputed with the reference's layers."""
+
+    def thunk(fn):
+        def run():
+            with torch.no_grad():
+                return fn().numpy(), None
+        return run
+
+    gate, up, down = ref.gate, ref.up, ref.down
+    return [
+        ("swiglu-gate-swapped", "", thunk(lambda: down(gate(x) * F.silu(up(x))))),
+        ("swiglu-wrong-activation", "a sigmoid (that is GLU)", thunk(lambda: down(torch.sigmoid(gate(x)) * up(x)))),
+        ("swiglu-wrong-activation", "a ReLU (ReGLU)", thunk(lambda: down(F.relu(gate(x)) * up(x)))),
+        ("swiglu-wrong-activation", "a GELU (GEGLU)", thunk(lambda: down(F.gelu(gate(x)) * up(x)))),
+        ("swiglu-wrong-activation", "nothing (a bilinear layer)", thunk(lambda: down(gate(x) * up(x)))),
+        ("swiglu-not-gated", "you ADD them", thunk(lambda: down(F.silu(gate(x)) + up(x)))),
+        ("swiglu-not-gated", "the up projection is left out", thunk(lambda: down(F.silu(gate(x))))),
+        ("swiglu-not-gated", "the SiLU is applied after the product", thunk(lambda: down(F.silu(gate(x) * up(x))))),
+    ]
+
+
+def _check_swiglu_body(cls, label):
+    configs = _part_configs([(8, 24, (2, 5)), (12, 20, (3, 4)), (6, 6, (1, 7))])
+    for i, (d_model, d_ff, (b, t)) in enumerate(configs, 1):
+        ref = _randomised(block.SwiGLU(d_model, d_ff), seed=90 + i)
+        x = torch.randn(b, t, d_model, generator=torch.Generator().manual_seed(100 + i))
+        case = f"case {i} of {len(configs)}: d_model={d_model}, d_ff={d_ff}; x of shape {shape_text(x.shape)}"
+        module = _build(cls, label, (d_model, d_ff), None)
+        _load(module, ref, label)
+        out = _run(module, {"x": x}, label, case, positional=1)
+        with torch.no_grad():
+            expected = ref(x).numpy()
+        if not close(out, expected, ATOL, RTOL):
+            diagnose(out, None, _swiglu_candidates(ref, x), case, expected, None, what="output", atol=ATOL,
+                     rtol=RTOL)
+    return (f"✓ {display_name(cls, label)}: {len(configs)} random cases (d_ff > d_model and d_ff = d_model, "
+            "different weights in gate and up) match down(silu(gate(x)) * up(x))")
+
+
+def check_swiglu(cls, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check a SwiGLU feed-forward network ``cls(d_model, d_ff)`` with bias-free layers ``gate`` and ``up``
+    (D -> d_ff) and ``down`` (d_ff -> D), called as ``module(x)`` on x (B, T, D):
+    ``down(silu(gate(x)) * up(x))``, as :class:`~attention_course.block.SwiGLU`. Diagnoses
+    ``[swiglu-gate-swapped]``, ``[swiglu-wrong-activation]`` and ``[swiglu-not-gated]``."""
+    run_check(_keeping_rng(lambda: _check_swiglu_body(cls, label="SwiGLU")), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GPT-2's initialisation: the layers that write into the residual stream, scaled by depth
+# ----------------------------------------------------------------------------------------------------------
+
+_STD = 0.02
+_RESIDUAL_LAYERS = ("w_o.weight", "linear2.weight")  # their output is added to the stream
+
+
+def _gpt_shapes(num_layers: int, d_model: int) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of a GPT (learned positions, tied head) with ``num_layers`` blocks."""
+    model = GPT(GPTConfig(96, d_model, 4, num_layers, max_len=32, init="pytorch"), seed=0)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def _expected_init(name: str, num_layers: int) -> tuple[str, float]:
+    """("const", value) or ("normal", std) of one parameter under GPT-2's initialisation."""
+    if name.endswith(".bias"):
+        return "const", 0.0
+    if name.split(".")[-2].startswith("norm"):
+        return "const", 1.0
+    if name.endswith(_RESIDUAL_LAYERS):
+        return "normal", _STD / (2 * num_layers) ** 0.5
+    return "normal", _STD
+
+
+def _near(std: float, value: float, size: int) -> bool:
+    """Whether a draw of ``size`` numbers with this std comes from standard deviation ``value`` (12 % and four
+    standard errors of the estimate: a right draw never misses, a 1/sqrt(2) error never passes)."""
+    return abs(std - value) <= 0.12 * value + 4 * value / np.sqrt(size)
+
+
+def _init_findings(arrays: dict, num_layers: int, case: str) -> None:
+    """Raise for the first parameter whose values do not follow GPT-2's initialisation, naming the mistake."""
+    for name, arr in arrays.items():
+        kind, value = _expected_init(name, num_layers)
+        if kind == "const" and not np.allclose(arr, value, atol=1e-6):
+            what = "bias" if name.endswith(".bias") else "LayerNorm scale"
+            raise fail("init-norm-or-bias", detail=f"{name} (a {what}) values other than {value:g}", case=case)
+    depth_mistakes = ((_STD / num_layers ** 0.5, f"0.02 / sqrt({num_layers}): N = {num_layers}, the number of "
+                       "blocks"), (_STD / (2 * num_layers), f"0.02 / {2 * num_layers}: divided by N, not sqrt(N)"))
+    for name, arr in arrays.items():
+        kind, expected = _expected_init(name, num_layers)
+        std, mean = float(arr.std()), float(arr.mean())
+        if kind == "const" or _near(std, expected, arr.size) and abs(mean) < 0.2 * expected:
+            continue
+        where = f"{name} has standard deviation {std:.3g}"
+        if name.endswith(_RESIDUAL_LAYERS):
+            if _near(std, _STD, arr.size):
+                raise fail("residual-init-wrong-layers", detail=f"{name} writes into the stream but keeps 0.02",
+                           case=case)
+            for value, text in depth_mistakes:
+                if _near(std, value, arr.size):
+                    raise fail("residual-init-depth", detail=f"{where}, i.e. {text}", case=case)
+        elif any(_near(std, value, arr.size) for value in (_STD / (2 * num_layers) ** 0.5, depth_mistakes[0][0])):
+            raise fail("residual-init-wrong-layers", detail=f"{where}, scaled as a residual layer, but its output is "
+                       "not added to the stream", case=case)
+        raise fail("wrong-value", f"{where} and mean {mean:.3g}; GPT-2 draws it from a normal distribution with "
+                   f"mean 0 and standard deviation {expected:.3g}.", case=case)
+
+
+def _check_init_body(fn, label):
+    cases = [(4, 64), (12, 48)] + [(t - 3, 32) for _, _, _, _, t, _ in hidden.block_sizes()]
+    for i, (num_layers, d_model) in enumerate(cases, 1):
+        shapes = _gpt_shapes(num_layers, d_model)
+        case = (f"case {i} of {len(cases)}: a GPT with L = {num_layers} blocks, D = {d_model} "
+                f"({len(shapes)} parameters)")
+        result = call(fn, {"shapes": shapes, "num_layers": num_layers, "seed": i}, label, positional=2)
+        if not isinstance(result, dict):
+            raise fail("wrong-type", f"Your {label} returned a {type(result).__name__}; expected a dict from each "
+                       "parameter's name to a tensor of its shape.", case=case)
+        missing, extra = sorted(set(shapes) - set(result)), sorted(set(result) - set(shapes))
+        if missing or extra:
+            raise fail("wrong-type", f"Your dict must have one entry per name of `shapes`; missing: "
+                       f"{missing[:3] or 'none'}, not expected: {extra[:3] or 'none'}.", case=case)
+        arrays = {}
+        for name, shape in shapes.items():
+            arrays[name] = as_array(result[name], f"value of {name!r}", case)
+            if arrays[name].shape != shape:
+                raise fail("wrong-shape", f"Your tensor for {name} has shape {shape_text(arrays[name].shape)}; "
+                           f"expected {shape_text(shape)}.", case=case)
+        _init_findings(arrays, num_layers, case)
+    return (f"✓ {display_name(fn, label)}: {len(cases)} GPTs (L = 4 and 12 blocks): biases 0, LayerNorm scales 1, "
+            "matrices and embeddings std 0.02, the layers that write into the stream (w_o, linear2) std "
+            "0.02 / sqrt(2 L)")
+
+
+def check_residual_init(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(shapes, num_layers, seed=0)``: given a GPT's parameter names and shapes and its number of blocks
+    L, it returns one fresh tensor per name, drawn as GPT-2 does (:class:`~attention_course.gpt.GPT` with
+    ``init="gpt2"``). Standard deviations are measured on the returned tensors (at least 1,000 numbers each).
+    Diagnoses ``[residual-init-depth]``, ``[residual-init-wrong-layers]`` and ``[init-norm-or-bias]``."""
+    run_check(_keeping_rng(lambda: _check_init_body(fn, label="gpt2_init")), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Questions
 # ----------------------------------------------------------------------------------------------------------
 
 
-number_question(
-    "11.post-ln-norm",
-    answer=8.0,
-    rtol=0.02,
-    why="a LayerNorm with scale 1 and bias 0 leaves each position's 64 features with mean 0 and variance 1, so "
-        "their squared norm is 64 and the norm sqrt(64) = 8, whatever the input.",
-    known={1.0: ("wrong-answer", ("1 is the standard deviation of each position's features; the norm of the vector "
-                 "of all D = 64 features is sqrt(D) times that.")),
-           64.0: ("wrong-answer", "64 is the SQUARED norm (the sum of the squares); take its square root."),
-           0.0: ("wrong-answer", "the features have mean 0, but not the vector's norm: each feature has variance 1.")},
-    hint="What are the mean and the variance of each position's features right after a LayerNorm with scale 1 and "
-         "bias 0, and what does that make the sum of their squares?",
-)
-
 choice_question(
-    "11.memory-mask",
+    "11.depth-scaling",
     answer="B",
-    why="only the cross-attention reads the encoder's positions (its keys and values are the memory), so only it "
-        "must ignore the padded ones.",
+    why="post-LN's top block reaches the loss through one LayerNorm whatever the depth, so its gradient does not "
+        "depend on L; in pre-LN the final norm divides by the stream's size, which grows like sqrt(L): from 6 to "
+        "24 blocks its gradient about halves (Xiong et al., Theorem 1).",
     wrong={
-        "A": "the decoder's self-attention attends over the decoder's own (target) positions; the memory's padding "
-             "means nothing there, and its shape (B, 1, 1, Tk) does not even fit (Tq, Tq) scores when Tk != Tq.",
-        "C": "the feed-forward network treats every position on its own: it never mixes positions, so no mask "
-             "applies to it.",
-        "D": ("decoder-not-causal", ("the padding of the SOURCE sentence has nothing to do with causality: the "
-              "causal mask belongs to the decoder's self-attention, the padding mask to the cross-attention.")),
+        "A": "pre-LN's top gradient is divided by the size of the stream at the top, and the stream grows with "
+             "the number of blocks that add to it.",
+        "C": "post-LN's top block is followed by nothing but its own LayerNorm and the loss, whatever the depth "
+             "below it: its gradient has no reason to change.",
+        "D": "the other way round: which of the two has a stream whose size depends on the depth?",
     },
 )
 

@@ -73,6 +73,7 @@ class Topic(enum.IntEnum):
     TRITON = 13  # chapter 16's kernels
     LINEAR = 14  # chapter 17's gated delta rule
     SERVING = 15  # chapter 18's block tables (12-14: other chapters)
+    POSITIONS = 16  # chapter 10's rotary embeddings, ALiBi and RoPE weight layouts
 
 
 def _rng(topic: Topic) -> np.random.Generator:
@@ -252,3 +253,41 @@ def serving_tables() -> list[tuple[list[int], int]]:
     rng = _rng(Topic.SERVING)
     blocks = _n(rng, 6, 10)
     return [([int(b) for b in rng.permutation(3 * blocks)[:blocks]], _n(rng, 2, 7))]
+
+
+def rope_sizes() -> list[tuple[tuple[int, int, int, int], int]]:
+    """(shape (B, H, T, Dh), first position) of a hidden RoPE case (chapter 10): more heads, a longer sequence, a
+    wider head, positions starting far from 0."""
+    if not active():
+        return []
+    rng = _rng(Topic.POSITIONS)
+    return [((_n(rng, 2, 4), _n(rng, 3, 6), _n(rng, 12, 24), 2 * _n(rng, 5, 12)), _n(rng, 20, 500))]
+
+
+def alibi_sizes() -> list[tuple[int, int, int, int, int]]:
+    """(B, H, Tq, Tk, Dh) of a hidden ALiBi case (chapter 10): a batch of 3 to 5, more heads, a longer cache,
+    several new queries."""
+    if not active():
+        return []
+    rng = _rng(Topic.POSITIONS)
+    t_q = _n(rng, 2, 6)
+    return [(_n(rng, 3, 5), _n(rng, 5, 9), t_q, t_q + _n(rng, 10, 20), _n(rng, 5, 12))]
+
+
+def left_padded_batches() -> list[tuple[int, int, int, list[int]]]:
+    """(H, T, Dh, padding per row) of a hidden left-padded RoPE case (chapter 10): a batch of 5 to 7, a longer
+    row, each row its own padding."""
+    if not active():
+        return []
+    rng = _rng(Topic.POSITIONS)
+    t = _n(rng, 10, 16)
+    pads = [int(x) for x in rng.integers(0, t, size=_n(rng, 5, 7))]
+    return [(_n(rng, 2, 4), t, 2 * _n(rng, 4, 8), pads)]
+
+
+def rope_weight_sizes() -> list[tuple[int, int, int]]:
+    """(H, Dh, D) of a hidden RoPE weight conversion (chapter 10): more heads, a wider head, D != H * Dh."""
+    if not active():
+        return []
+    rng = _rng(Topic.POSITIONS)
+    return [(_n(rng, 4, 8), 2 * _n(rng, 5, 8), _n(rng, 9, 20))]

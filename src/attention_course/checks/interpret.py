@@ -1,12 +1,13 @@
-"""Checks of chapter 12: the prefix-matching (induction) score, finding the induction head, a predicted pattern,
-a predicted ablation."""
+"""Checks of chapter 12: the prefix-matching (induction) score, the key-path (K-composition) ablation, a predicted
+pattern, a predicted query-path ablation."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..interpret import induction_targets, prefix_matching_score
+from ..gpt import GPT, GPTConfig
+from ..interpret import ablation_mask, induction_targets, path_ablated_forward, prefix_matching_score
 from .questions import choice_question
 from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, fail, run_check, shape_text
 
@@ -26,16 +27,19 @@ choice_question(
 )
 
 choice_question(
-    "12.ablate-previous-token",
+    "12.query-path",
     answer="B",
-    why="an induction head finds the token to copy as the key whose PREVIOUS token matches the query's token, and "
-        "only the previous-token heads of layer 1 write 'my previous token was A' into that key. Without them the "
-        "four induction heads, though intact, have nothing to match: the circuit needs both of its halves.",
+    why="the query of an induction head at token A only has to say 'I am A', and the token itself is in the residual "
+        "stream from the embedding on: nothing the previous-token heads write is needed there. They act through the "
+        "KEYS (the key at j must say 'the token before me was A'), so removing them from the queries alone leaves "
+        "the copying intact.",
     wrong={
-        "A": "the induction heads are intact, but they find their target through what the previous-token heads "
-             "wrote into it. Switching off one stage of a circuit breaks it, wherever the copying itself happens.",
-        "C": "heads cover for each other when they do the SAME job, as the four induction heads did in the chapter. "
-             "Here every head with a high previous-token score is off, and no other head does that job.",
+        "A": ("query-path-needs-previous-token", "that is what removing them from the KEYS does. The query at the "
+              "later A matches on its own token, which the embedding already holds; the previous token matters at "
+              "the key it looks for."),
+        "C": ("query-path-shares-work", "the two halves of the circuit do not share one job between queries and "
+              "keys: the previous-token information is needed in the keys only, so the query path carries none of "
+              "it."),
     },
 )
 
@@ -126,61 +130,75 @@ def check_prefix_matching_score(fn, *, timeout: float = DEFAULT_TIMEOUT):
     run_check(body, timeout)
 
 
-def _planted_maps(layer: int, head: int, seed: int):
-    """Maps (L, B, H, T, T) in which (layer, head) is an induction head, layer 0 holds a previous-token head and a
-    duplicate-token head, and the rest attend uniformly; ids (B, T) with a copied segment."""
-    from ..tasks import repeated_segment_batch
-
-    gen = torch.Generator().manual_seed(seed)
-    ids, copy_target = repeated_segment_batch(8, 20, 40, gen, 4, 8)
-    layers, heads, t = 3, 4, ids.size(1)
-    uniform = torch.ones(t, t).tril()
-    weights = (uniform / uniform.sum(-1, keepdim=True)).expand(layers, 8, heads, t, t).clone()
-    targets = induction_targets(ids).float()  # (B, T, T)
-    earlier = torch.zeros_like(targets)
-    earlier[..., :-1] = targets[..., 1:]
-    previous = torch.zeros(t, t)
-    previous[0, 0] = 1.0
-    previous[torch.arange(1, t), torch.arange(t - 1)] = 1.0
-
-    def planted(pattern):  # (B, T, T) with rows lacking a target falling back to the previous token
-        rows = pattern.sum(-1, keepdim=True)
-        return torch.where(rows > 0, pattern / rows.clamp(min=1), previous)
-
-    others = [(0, h) for h in range(heads) if (0, h) != (layer, head)]
-    weights[others[0][0], :, others[0][1]] = previous
-    weights[others[1][0], :, others[1][1]] = planted(earlier)  # a duplicate-token head in layer 0
-    weights[layer, :, head] = planted(targets)
-    return weights, ids, copy_target
+def _path_models():
+    """(model, its GPTConfig arguments, ids, heads, description): 2-layer attention-only GPTs with sharp, loud
+    heads (so that every path matters), several head counts and vocabularies, and the layer-1 heads to remove."""
+    out = []
+    for i, (vocab, heads_per_layer, t, removed) in enumerate(
+            [(20, 4, 11, [(0, 1), (0, 2)]), (16, 2, 9, [(0, 0)]), (24, 8, 12, [(0, 3), (0, 5), (0, 6)])]):
+        sizes = {"vocab_size": vocab, "d_model": 32, "num_heads": heads_per_layer, "num_layers": 2, "max_len": 16,
+                 "attention_only": True, "tie_embeddings": False}
+        model = GPT(GPTConfig(**sizes, embedding_std=1.0), seed=200 + i).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():  # std 0.02 at init: attention would be almost uniform
+                p.mul_({"w_q": 25.0, "w_k": 25.0, "w_v": 10.0, "w_o": 100.0}.get(name.split(".")[-2], 1.0))
+        ids = torch.randint(0, vocab, (3, t), generator=torch.Generator().manual_seed(300 + i))
+        text = f"GPT with 2 layers of {heads_per_layer} heads, vocab {vocab}, ids (3, {t}), heads {removed}"
+        out.append((model, sizes, ids, removed, text))
+    return out
 
 
-def check_find_induction_head(fn, *, timeout: float = DEFAULT_TIMEOUT):
-    """Check ``fn(weights, ids, copy_target)`` -> (layer, head) of the induction head, on attention maps with a
-    planted induction head (in varying places), a previous-token head and a duplicate-token head. Diagnoses
-    ``[found-previous-token-head]`` and ``[found-duplicate-token-head]``."""
-    label = "find_induction_head"
+@torch.no_grad()
+def _key_path_variants(model, ids, heads):
+    """(code, logits) of each known-wrong way to remove ``heads`` from layer 2's keys."""
+    mask = ablation_mask(model.num_layers, model.num_heads, *heads)
+    block = model.blocks[1]
+    stream = {}
+    hook = block.register_forward_pre_hook(lambda module, args: stream.update(x=args[0]))
+    model(ids, head_mask=mask)
+    hook.remove()
+    raw = block.attn.w_k.register_forward_pre_hook(lambda module, args: (stream["x"],))  # without norm1
+    skipped = model(ids)
+    raw.remove()
+    return [
+        ("ablation-every-path", model(ids, head_mask=mask)),
+        ("ablation-query-path", path_ablated_forward(model, ids, heads, "q")[0]),
+        ("ablation-value-path", path_ablated_forward(model, ids, heads, "v")[0]),
+        ("key-path-skips-layernorm", skipped),
+        ("ablation-not-applied", model(ids)),
+    ]
+
+
+def check_key_path_ablation(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(state, config, ids, heads)`` -> logits (B, T, V) of the 2-layer GPT ``GPT(GPTConfig(**config))``
+    with weights ``state`` (its ``state_dict()``; a model does not travel into the grader's sandbox, its weights
+    do), whose layer-2 KEYS are computed from the
+    residual stream without the layer-1 ``heads`` (the stream the model has with them switched off), while its
+    queries, values and the rest of the model read the whole stream. Compared with
+    :func:`attention_course.interpret.path_ablated_forward` (``path="k"``) on random models with several head counts.
+    Diagnoses ``[ablation-every-path]``, ``[ablation-query-path]``, ``[ablation-value-path]``,
+    ``[key-path-skips-layernorm]`` and ``[ablation-not-applied]``."""
+    label = "key_path_logits"
 
     def body():
-        places = [(1, 2), (2, 0), (1, 3), (0, 3)]
-        for i, (layer, head) in enumerate(places, 1):
-            weights, ids, copy_target = _planted_maps(layer, head, seed=i)
-            case = f"case {i} of {len(places)}: weights {shape_text(tuple(weights.shape))}"
-            got = call(fn, {"weights": weights.clone(), "ids": ids.clone(), "copy_target": copy_target.clone()},
-                       label, positional=3)
-            try:
-                found = tuple(int(v) for v in got)
-            except (TypeError, ValueError):
-                raise fail("wrong-type", f"Your function returned {type(got).__name__}; expected a pair of ints "
-                           "(layer, head).", case=case) from None
-            if found == (layer, head):
+        cases = _path_models()
+        for i, (model, config, ids, heads, text) in enumerate(cases, 1):
+            case = f"case {i} of {len(cases)}: {text}"
+            args = {"state": model.state_dict(), "config": dict(config), "ids": ids.clone(), "heads": list(heads)}
+            got = call(fn, args, label, positional=4)
+            got = as_array(got.detach() if isinstance(got, torch.Tensor) else got, "result", case)
+            expected = path_ablated_forward(model, ids, heads, "k")[0].numpy()
+            if got.shape != expected.shape:
+                raise fail("wrong-shape", f"Your logits have shape {shape_text(got.shape)}; expected (B, T, V) = "
+                           f"{shape_text(expected.shape)}: the model's logits at every position.", case=case)
+            if close(got, expected, 1e-4, 1e-4):
                 continue
-            heads = [(0, h) for h in range(4) if (0, h) != (layer, head)]
-            if found == heads[0]:
-                raise fail("found-previous-token-head", case=case)
-            if found == heads[1]:
-                raise fail("found-duplicate-token-head", case=case)
-            raise fail("wrong-value", f"Your function returned {found}; the induction head is elsewhere. Score every "
-                       "head with the prefix-matching score and take the largest.", case=case)
-        return f"✓ {display_name(fn, label)}: finds the induction head in {len(places)} planted cases"
+            for code, wrong in _key_path_variants(model, ids, heads):
+                if close(got, wrong.numpy(), 1e-4, 1e-4):
+                    raise fail(code, case=case)
+            raise fail("wrong-output", "Your logits differ from the reference and match none of the known mistakes "
+                       f"(largest difference {np.abs(got - expected).max():.2g}).", case=case)
+        return (f"✓ {display_name(fn, label)}: {len(cases)} models (2, 4 and 8 heads; one to three heads removed) "
+                "match the reference: only layer 2's keys lose the removed heads")
 
     run_check(body, timeout)

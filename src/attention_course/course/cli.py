@@ -67,9 +67,14 @@ SUBCOMMANDS = {"class": "attention_course.course.classroom:main",
 GRADER_MEMORY_MB = 8192  # address space of the grader's own process for one notebook (PyTorch, TensorFlow)
 ISOLATION_HELP = (
     "how each submission is isolated. bwrap (the default; needs bubblewrap): its own namespaces, no network, only "
-    "the system's and the package's files, read-only, a tmpfs folder and /tmp of fixed sizes, memory and processes "
+    f"the system's and the package's files, read-only, a tmpfs folder ({Limits.disk_mb} MB) and /tmp ({Limits.tmp_mb} "
+    f"MB) of at most {Limits.files} "
+    "files each (bytes only where no mount namespace can be made: the report says so), memory and processes "
     "limited in total by cgroups where the grader may make them (as root). rlimit (weaker, only when asked for): "
-    "resource limits per process; its code can read every file of the user it runs as (run as root, the grader "
+    f"resource limits per process, its folder a tmpfs of {Limits.disk_mb} MB and {Limits.files} files where a mount "
+    "namespace can be made "
+    "(else on the disk, limited per file), elsewhere per file; its code can read every file of the user it runs "
+    "as (run as root, the grader "
     "runs it as nobody: make the solutions and the submissions unreadable to others), use the network and "
     "signal that user's processes. Every report names the isolation used.")
 

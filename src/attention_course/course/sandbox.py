@@ -16,13 +16,18 @@ Backends (:func:`backend`):
 * ``bwrap`` (bubblewrap, Debian package ``bubblewrap``; the default: without it the grader refuses): new user,
   mount, PID, network, IPC and UTS namespaces; the file system holds only the system folders, the Python
   installation and the package read-only (the course's ``solutions/``, the repository and other submissions are
-  not there), and two size-limited tmpfs, ``/tmp`` and the submission's folder, gone with the sandbox; no network;
+  not there), and two tmpfs, ``/tmp`` and the submission's folder, limited in bytes and in files (mounted by the
+  grader: :func:`private_tmpfs`; where it cannot, bubblewrap's own, limited in bytes only, and the report says
+  so), gone with the sandbox; no network;
   an unprivileged user with no capabilities; killing the sandbox kills every process in it (PID namespace,
   ``--die-with-parent``).
 * ``rlimit`` (weaker, only when the instructor asks for it): the same worker, resource limits and scrubbed
   environment in a folder of its own, but it can read every file of the user it runs as (``nobody`` when the
-  grader runs as root and that user can run this Python: :func:`unprivileged_user`), use the network and signal
-  that user's processes; its folder is limited per file, not in total. A killed grader process takes its worker
+  grader runs as root and that user can run this Python, if need be through :func:`_open_the_way`:
+  :func:`unprivileged_user`), use the network and signal
+  that user's processes; its folder is a tmpfs limited in bytes and files where a mount namespace can be made
+  (:func:`private_tmpfs`; else a folder on the disk, limited per file only), what it writes elsewhere per file
+  only. A killed grader process takes its worker
   with it (``PR_SET_PDEATHSIG``), and the command line's processes adopt and kill what a submission started in a
   new session (:func:`adopt_orphans`); only when the instructor kills the whole command line does such a process
   live on.
@@ -45,6 +50,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -77,8 +83,9 @@ class Limits:
     processes: int = 256  # processes and threads
     file_mb: int = 64  # size of any file written
     output_mb: int = 64  # size of one reply
-    disk_mb: int = 512  # bwrap: its writable folder, a tmpfs of this size
+    disk_mb: int = 512  # its writable folder, a tmpfs of this size (rlimit: where a mount namespace can be made)
     tmp_mb: int = 256  # bwrap: its /tmp, a tmpfs of this size
+    files: int = 10_000  # files and folders in each of those tmpfs, where the grader can mount them (see private_tmpfs)
     isolation: str = "bwrap"  # "bwrap", or "rlimit": weaker, only when the instructor asks for it
 
 
@@ -104,16 +111,146 @@ def _drop_privileges() -> None:  # pragma: no cover - runs in a child between fo
 @functools.cache
 def unprivileged_user() -> int | None:
     """The user the rlimit mode runs a submission as: ``nobody`` when the grader runs as root and ``nobody`` can
-    run this Python and import the package (an interpreter under ``/root`` it cannot), else None (the grader's)."""
+    run this Python and import the package, else None (the grader's). Where a mount namespace can be made, a
+    Python under a folder others may not enter (``/root``, where pyenv installs it) is made reachable in the
+    submission's namespace only (:func:`_open_the_way`); elsewhere such an interpreter keeps the grader's user."""
     if os.getuid() != 0:
         return None
+    paths, mountable = _readonly_paths(), private_tmpfs("rlimit")
+
+    def drop():  # pragma: no cover - runs in the child between fork and exec
+        if mountable:
+            _mount_tmpfs([], None)
+            _open_the_way(paths)
+        _drop_privileges()
+
     try:
         probe = subprocess.run([sys.executable, "-P", "-c", "import attention_course.course.worker"], check=False,
                                env={"PYTHONPATH": str(_package_root())}, capture_output=True, timeout=120, cwd="/",
-                               preexec_fn=_drop_privileges)  # noqa: PLW1509 - the grader's process: one thread
-    except OSError:  # e.g. PermissionError: the interpreter is out of its reach
+                               preexec_fn=drop)  # noqa: PLW1509 - the grader's process: one thread
+    except (OSError, subprocess.SubprocessError):  # e.g. PermissionError: the interpreter is out of its reach
         return None
     return UNPRIVILEGED if probe.returncode == 0 else None
+
+
+def _closed_folder(path: Path) -> Path | None:
+    """The outermost folder above ``path`` that others may not enter (no ``o+x``), or None."""
+    for folder in reversed(path.parents):
+        try:
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return folder
+        except OSError:
+            return None
+    return None
+
+
+def _open_the_way(paths: list[str]) -> None:  # pragma: no cover - runs in a child between fork and exec
+    """As root, in the sandbox's own mount namespace (:func:`_mount_tmpfs`), before it becomes ``nobody``: each
+    folder on the way to ``paths`` that others may not enter is covered by a small tmpfs they may enter, which
+    holds only those of ``paths`` below it, bound back from where they were (through a handle opened before the
+    cover hid them), with their own owners and modes. Outside the namespace nothing changes; inside it the rest of
+    that folder (root's home, say) is gone."""
+    closed: dict[Path, list[Path]] = {}
+    for path in map(Path, paths):
+        folder = _closed_folder(path)
+        if folder is not None:
+            closed.setdefault(folder, []).append(path)
+    for folder, below in closed.items():
+        handles = [(path, os.open(path, os.O_PATH)) for path in below]
+        _libc("mount", b"tmpfs", str(folder).encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+              b"size=1m,nr_inodes=1000,mode=0755")
+        for path, handle in handles:
+            if os.path.isdir(f"/proc/self/fd/{handle}"):
+                os.makedirs(path, exist_ok=True)
+            else:
+                os.makedirs(path.parent, exist_ok=True)
+                open(path, "w").close()
+            _libc("mount", f"/proc/self/fd/{handle}".encode(), str(path).encode(), None, MS_BIND | MS_REC, None)
+            os.close(handle)
+
+
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000  # unshare(2)
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000  # mount(2)
+
+
+def _libc(name: str, *args) -> None:
+    """Call libc's ``name`` (``unshare``, ``mount``, ``prctl``); OSError when it fails."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _user_namespace(inside: tuple[int, int], outside: tuple[int, int]) -> None:
+    """A new user and mount namespace for this process, in which its user and group ``outside`` are ``inside``."""
+    _libc("unshare", CLONE_NEWUSER | CLONE_NEWNS)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{inside[0]} {outside[0]} 1")
+    _write("/proc/self/gid_map", f"{inside[1]} {outside[1]} 1")
+
+
+def _mount_tmpfs(mounts: list[tuple[Path, int, int]], owner: int | None) -> None:  # pragma: no cover - a child
+    """Runs in a child between fork and exec: a mount namespace of its own (as root; otherwise in a user namespace
+    where it is root), in which each ``(folder, bytes, files)`` becomes a tmpfs of at most that many bytes and
+    files (``nr_inodes``: bubblewrap's ``--tmpfs`` has a size option but no file limit), owned by ``owner`` (None:
+    this process's user). Nothing outside sees these mounts; they are gone with the namespace's last process."""
+    if os.getuid() != 0:
+        _user_namespace((0, 0), (os.getuid(), os.getgid()))
+    else:
+        _libc("unshare", CLONE_NEWNS)
+    _libc("mount", b"none", b"/", None, MS_REC | MS_PRIVATE, None)
+    for folder, size, files in mounts:
+        options = f"size={size},nr_inodes={files},mode=0700"
+        if owner is not None:
+            options += f",uid={owner},gid={owner}"
+        _libc("mount", b"tmpfs", str(folder).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode())
+
+
+def _lock_mounts(user: tuple[int, int]) -> None:  # pragma: no cover - runs in a child between fork and exec
+    """After :func:`_mount_tmpfs` in a user namespace: the grader's own ``user`` again, one user namespace further
+    down, where the kernel refuses to unmount the tmpfs (they come from a more privileged namespace) and where
+    the program it runs next has no capabilities."""
+    _user_namespace(user, (0, 0))
+
+
+def _tmpfs_mounts(folder: Path, limits: Limits) -> list[tuple[Path, int, int]]:
+    """The tmpfs a sandbox gets where :func:`private_tmpfs` works: under bwrap its folder and its /tmp (bound to
+    ``/sandbox`` and ``/tmp``), under rlimit its folder."""
+    mb = 2**20
+    if limits.isolation == "bwrap":
+        return [(folder / "box", limits.disk_mb * mb, limits.files), (folder / "tmp", limits.tmp_mb * mb, limits.files)]
+    return [(folder, limits.disk_mb * mb, limits.files)]
+
+
+@functools.cache
+def private_tmpfs(isolation: str) -> bool:
+    """Whether a sandbox of ``isolation`` can get tmpfs of limited bytes and files (:func:`_mount_tmpfs`): a child
+    mounts one and runs that backend's probe in it (bwrap: bubblewrap with the folder bound; rlimit: the same
+    lock the worker gets). False where the system allows no mount or user namespace (macOS, some containers)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{CGROUP_PREFIX}{os.getpid()}-"))
+    user = (os.getuid(), os.getgid())
+
+    def mount():  # pragma: no cover - runs in the child
+        _mount_tmpfs([(folder, 2**20, 16)], None)
+        if isolation == "rlimit" and user[0] != 0:
+            _lock_mounts(user)
+
+    command = [sys.executable, "-S", "-c", f"open({str(folder / 'x')!r}, 'w').write('x')"]
+    if isolation == "bwrap":
+        command = ["bwrap", "--ro-bind", "/", "/", "--bind", str(folder), str(folder), "--unshare-all", "--uid",
+                   str(SANDBOX_UID), "--die-with-parent", *command]
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=30, check=False, cwd="/", preexec_fn=mount)  # noqa: PLW1509
+        return done.returncode == 0 and not (folder / "x").exists()  # written in the tmpfs, not in the folder
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def describe(limits: Limits) -> str:
@@ -121,14 +258,19 @@ def describe(limits: Limits) -> str:
     memory = (f"{limits.memory_mb} MB of memory in total (cgroup)" if _cgroup_parents("memory")
               else f"{limits.memory_mb} MB of address space per process (no cgroup here)")
     processes = f"{limits.processes} processes" + (" (cgroup)" if _cgroup_parents("pids") else " (RLIMIT_NPROC)")
+    files = (f"at most {limits.files} files each" if private_tmpfs(limits.isolation) else
+             "files unlimited: no mount namespace here")
     if limits.isolation == "bwrap":
         return (f"bwrap: namespaces (no network, no files but the system's and the package's, read-only), "
-                f"{memory}, {processes}, a {limits.disk_mb} MB folder and {limits.tmp_mb} MB /tmp (tmpfs)")
+                f"{memory}, {processes}, a {limits.disk_mb} MB folder and {limits.tmp_mb} MB /tmp (tmpfs, {files})")
     user = ("as nobody, " if unprivileged_user() is not None else
             "as the grader's user (root: nobody cannot run this Python), " if os.getuid() == 0 else
             "as the grader's user, ")
+    disk = (f"a {limits.disk_mb} MB folder (tmpfs, at most {limits.files} files), elsewhere {limits.file_mb} MB "
+            f"per file, not in total" if private_tmpfs(limits.isolation) else
+            f"{limits.file_mb} MB per file, disk in total unlimited")
     return (f"rlimit (weaker: {user}no namespaces: it can read what that user can, use the network), {memory}, "
-            f"{processes}, {limits.file_mb} MB per file, disk in total unlimited")
+            f"{processes}, {disk}")
 
 
 def _package_root() -> Path:
@@ -164,17 +306,22 @@ def _environment(limits: Limits, home: str) -> dict:
 
 
 def _command(folder: Path | None, limits: Limits) -> tuple[list[str], dict]:
-    """The worker's command and environment: under bwrap in fresh size-limited tmpfs folders (``folder`` is
-    None), under rlimit in ``folder``."""
+    """The worker's command and environment. Under rlimit in ``folder``; under bwrap in ``folder``'s ``box`` and
+    ``tmp`` (tmpfs of limited bytes and files, :func:`_tmpfs_mounts`) bound to ``/sandbox`` and ``/tmp``, or,
+    where the grader cannot mount those (``folder`` is None), in bubblewrap's own tmpfs, limited in bytes only."""
     worker = [sys.executable, "-s", "-B", "-P", "-m", "attention_course.course.worker"]
     if limits.isolation != "bwrap":
         return worker + [str(folder)], _environment(limits, str(folder))
+    mb = 2**20
+    home, tmp = (["--bind", str(folder / "box"), SANDBOX_DIR], ["--bind", str(folder / "tmp"), "/tmp"]) if folder \
+        else (["--size", str(limits.disk_mb * mb), "--tmpfs", SANDBOX_DIR], ["--size", str(limits.tmp_mb * mb),
+                                                                            "--tmpfs", "/tmp"])
     # bwrap mounts in order: the private /tmp first, so that a Python or a package that lives under /tmp (a
     # clone in /tmp) is bound on top of it instead of hidden by it
-    cmd = ["bwrap", "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp"]
+    cmd = ["bwrap", *tmp]
     for path in _readonly_paths():
         cmd += ["--ro-bind", path, path]
-    cmd += ["--size", str(limits.disk_mb * 2**20), "--tmpfs", SANDBOX_DIR, "--chdir", SANDBOX_DIR,
+    cmd += [*home, "--chdir", SANDBOX_DIR,
             "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in _environment(limits, "/tmp").items():
@@ -311,9 +458,11 @@ def kill_adopted(keep=frozenset()) -> None:
                 pass
 
 
-def _preexec(limits: Limits, cgroups: list[Path], user: int | None = None):
+def _preexec(limits: Limits, cgroups: list[Path], user: int | None = None, mounts=(), folder: Path | None = None,
+             way=()):
+    parent = os.getpid()
+
     def apply():  # pragma: no cover - runs in the child between fork and exec
-        _die_with_parent()
         for group in cgroups:
             (group / "cgroup.procs").write_text(str(os.getpid()))
         mb = 2**20
@@ -324,8 +473,20 @@ def _preexec(limits: Limits, cgroups: list[Path], user: int | None = None):
             rlimits.append((resource.RLIMIT_NPROC, limits.processes + _processes_now()))
         for name, value in rlimits:
             resource.setrlimit(name, (value, value))
-        if user is not None:  # rlimit as root: drop to an unprivileged user for good
+        if mounts:
+            grader = (os.getuid(), os.getgid())
+            _mount_tmpfs(list(mounts), user)
+            if limits.isolation == "rlimit" and grader[0] != 0:
+                _lock_mounts(grader)
+        if user is not None:  # rlimit as root: drop to an unprivileged user for good (no capabilities: no unmount)
+            if mounts:
+                _open_the_way(list(way))
             _drop_privileges()
+        if folder is not None:
+            os.chdir(folder)  # the tmpfs now mounted there, not the folder under it
+        _die_with_parent()  # last: the kernel clears it when the process changes its user
+        if os.getppid() != parent:  # the grader died before that
+            os._exit(1)
 
     return apply
 
@@ -360,22 +521,30 @@ class Sandbox:
 
     def start(self) -> None:
         """Start the worker and send it the job; it runs the cells and stops at each check cell (see
-        :meth:`next_event`). Under bwrap its folders are tmpfs inside the sandbox; under rlimit a private folder
-        named after this process (owned by the unprivileged user when the grader runs as root)."""
+        :meth:`next_event`). Its folder, named after this process, holds tmpfs limited in bytes and files where
+        :func:`private_tmpfs` works (under bwrap its folder and /tmp, under rlimit its folder, owned by the
+        unprivileged user when the grader runs as root); elsewhere bubblewrap's own tmpfs (bytes only) or, under
+        rlimit, a plain folder on the disk."""
         if self.limits.isolation == "bwrap" and not bwrap_works():
             raise SandboxError("bubblewrap is not available here: install it, or choose --isolation=rlimit")
         user = unprivileged_user() if self.limits.isolation == "rlimit" else None
-        if self.limits.isolation == "rlimit":
+        mounted = private_tmpfs(self.limits.isolation)
+        if self.limits.isolation == "rlimit" or mounted:
             self.folder = Path(tempfile.mkdtemp(prefix=f"{CGROUP_PREFIX}{os.getpid()}-"))
-            if user is not None:
-                os.chown(self.folder, user, user)
+        mounts = _tmpfs_mounts(self.folder, self.limits) if mounted else []
+        for path, _, _ in mounts:
+            path.mkdir(exist_ok=True)
+        if user is not None and not mounted:
+            os.chown(self.folder, user, user)
         cmd, env = _command(self.folder, self.limits)
         self.cgroups = _cgroups(self.limits)
-        # preexec_fn (limits, cgroups, user) is safe here: the command line grades each notebook in a
+        # preexec_fn (limits, cgroups, user, mounts) is safe here: the command line grades each notebook in a
         # single-threaded child process of its own.
+        workdir = self.folder if self.limits.isolation == "rlimit" else None
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     cwd=self.folder or "/", env=env, start_new_session=True, close_fds=True,
-                                     preexec_fn=_preexec(self.limits, self.cgroups, user))  # noqa: PLW1509
+                                     cwd="/", env=env, start_new_session=True, close_fds=True,
+                                     preexec_fn=_preexec(self.limits, self.cgroups, user, mounts, workdir,
+                                                         [*_readonly_paths(), str(self.folder)]))  # noqa: PLW1509
         job = json.dumps({"cells": self.cells, "cell_s": self.limits.cell_s}).encode()
         self._send({"op": wire.JOB}, {"job": np.frombuffer(job, dtype=np.uint8)})
 

@@ -69,7 +69,7 @@ def hybrid_bytes(config: HybridConfig, context: int, kv_dtype=torch.bfloat16, st
 
 def bytes_table(contexts=(4096, 32768, 262144, 1048576), kv_dtype=torch.bfloat16, state_dtype=torch.float32,
                 pure=("Llama-3-8B", "Qwen3-8B", "DeepSeek-V3"), hybrids=HYBRIDS) -> list[dict]:
-    """One row per model: layer layout, fixed state bytes, and bytes per sequence at each context.
+    """One row per model: layer counts (linear, attention), fixed state bytes, and bytes per sequence at each context.
 
     ``pure`` names the softmax-only models of chapter 14's table (:data:`~attention_course.modern.cache.PUBLISHED`)
     to compare with. Keys and values in ``kv_dtype`` (bfloat16), states in ``state_dtype`` (float32: transformers
@@ -77,11 +77,11 @@ def bytes_table(contexts=(4096, 32768, 262144, 1048576), kv_dtype=torch.bfloat16
     """
     rows = []
     for config in (c for c in PUBLISHED if c.name in pure):
-        rows.append({"model": config.name, "layers": f"{config.num_layers} attention", "state": 0,
+        rows.append({"model": config.name, "linear_layers": 0, "attention_layers": config.num_layers, "state": 0,
                      **{t: published_cache_bytes(config, t, kv_dtype) for t in contexts}, "source": config.source})
     for config in hybrids:
         full = 0 if config.attention is None else config.attention.num_layers
-        rows.append({"model": config.name, "layers": f"{config.linear_layers} linear + {full} attention",
+        rows.append({"model": config.name, "linear_layers": config.linear_layers, "attention_layers": full,
                      "state": state_bytes(config, state_dtype),
                      **{t: hybrid_bytes(config, t, kv_dtype, state_dtype) for t in contexts},
                      "source": config.source})

@@ -49,3 +49,23 @@ def hf_deltanet_forward(layer, x: Tensor) -> Tensor:
     quiet_transformers()
     with torch.no_grad():
         return layer(x)
+
+
+def build_hf_kimi_delta(*, dtype=torch.float32, seed: int = 0, scale: float = 0.3, **config):
+    """transformers' ``KimiLinearDeltaAttention`` from a config of the given sizes, every parameter ~ N(0, scale^2).
+
+    ``config`` holds KimiLinearConfig keyword arguments: hidden_size, linear_num_heads, linear_head_dim,
+    linear_conv_kernel_dim (and hidden_act to see a refusal).
+    """
+    from transformers import KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearDeltaAttention
+
+    quiet_transformers()
+    hf_config = KimiLinearConfig(num_hidden_layers=1, layer_types=["linear_attention"], intermediate_size=8,
+                                 vocab_size=16, pad_token_id=None, bos_token_id=None, eos_token_id=None, **config)
+    layer = KimiLinearDeltaAttention(hf_config, 0)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=generator))
+    return layer.to(dtype).eval()

@@ -101,6 +101,14 @@ class GatedDeltaNet(nn.Module):
         log_decay = -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)  # (B, T, H), <= 0
         return beta.transpose(1, 2), log_decay.transpose(1, 2)
 
+    def output_gate(self, x: Tensor) -> Tensor:
+        """silu(z) per value head (B, H, T, Dv): what multiplies the RMSNorm of the rule's outputs."""
+        return F.silu(self.heads(self.z_proj(x), self.num_v_heads))
+
+    def sequence_rule(self, *args) -> tuple[Tensor, Tensor]:
+        """The form :meth:`forward` computes a whole sequence with: the chunked one."""
+        return gated_delta_chunked(*args, chunk_size=self.chunk_size)
+
     def heads(self, x: Tensor, num_heads: int) -> Tensor:
         """(B, T, heads * Dh) -> (B, heads, T, Dh)."""
         b, t, _ = x.shape
@@ -115,7 +123,7 @@ class GatedDeltaNet(nn.Module):
         v = self.heads(v, self.num_v_heads)  # (B, H, T, Dv)
         beta, log_decay = self.gates(x)
         out, memory = rule(q, k, v, beta, log_decay, state.recurrent)  # (B, H, T, Dv)
-        out = self.norm(out) * F.silu(self.heads(self.z_proj(x), self.num_v_heads))  # gated RMSNorm per head
+        out = self.norm(out) * self.output_gate(x)  # gated RMSNorm per head
         return self.out_proj(merge_heads(out)), DeltaNetState(conv, memory)
 
     def check_input(self, x: Tensor, state: DeltaNetState | None) -> DeltaNetState:
@@ -142,7 +150,7 @@ class GatedDeltaNet(nn.Module):
         ``state`` continues a sequence (a prompt already read); None starts each sequence of the batch afresh.
         """
         state = self.check_input(x, state)
-        out, state = self.mix(x, state, lambda *args: gated_delta_chunked(*args, chunk_size=self.chunk_size))
+        out, state = self.mix(x, state, self.sequence_rule)
         return (out, state) if return_state else out
 
     def step(self, x_t: Tensor, state: DeltaNetState | None = None) -> tuple[Tensor, DeltaNetState]:

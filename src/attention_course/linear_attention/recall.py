@@ -10,15 +10,34 @@ value. Three memories:
   so the recent pairs stay legible and the old ones fade.
 
 A second experiment overwrites: the same keys are written again with new values; the right answer is the newest.
+
+Then the same question on a trained model (:func:`trained_recall`): chapter 12's training loop
+(:func:`~attention_course.training.train`) on its associative-recall task
+(:func:`~attention_course.tasks.associative_recall_batch`), one layer whose memory is softmax attention, linear
+attention or the delta rule (:class:`RecallModel`), with more pairs than the state has key dimensions.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from ..masks import causal_mask
 from ..modern.attention import attend
-from .rules import gated_delta_recurrent, l2_normalize, linear_attention_recurrent, read
+from ..tasks import associative_recall_batch
+from ..training import tagging_loss, train
+from .rules import (
+    elu_feature_map,
+    gated_delta_chunked,
+    gated_delta_recurrent,
+    l2_normalize,
+    linear_attention_parallel,
+    linear_attention_recurrent,
+    normalize_qk,
+    read,
+)
+
+MEMORIES = ("softmax", "linear", "delta")
 
 
 def _recalled(answers: Tensor, values: Tensor, targets: Tensor) -> Tensor:
@@ -72,3 +91,69 @@ def overwrite(num_keys: int = 8, key_dim: int = 16, writes: int = 4, trials: int
     newest = torch.arange((writes - 1) * num_keys, writes * num_keys)  # the last round's values
     return {memory: _recalled(memory_answers(keys, values, distinct, memory), values, newest).double().mean().item()
             for memory in ("softmax", "linear", "delta")}
+
+
+# ---------------------------------------------------------------- the same, trained
+
+
+class RecallModel(nn.Module):
+    """One layer, one head: embeddings of the key and value ids, q, k, v projections, a memory, a readout.
+
+    ``memory``: "softmax" (causal attention over every earlier position, a KV cache), "linear" (elu + 1 features,
+    a (key_dim, value_dim) state) or "delta" (unit q and k, beta = sigmoid of a projection, the same state; the
+    chunked form, as training runs it). Input (B, T) key and value ids -> logits (B, T, num_values).
+    """
+
+    def __init__(self, memory: str, num_keys: int = 64, num_values: int = 16, dim: int = 32, key_dim: int = 8,
+                 value_dim: int = 16):
+        super().__init__()
+        if memory not in MEMORIES:
+            raise ValueError(f"memory must be one of {MEMORIES}, got memory={memory!r}")
+        self.memory, self.sizes = memory, [key_dim, key_dim, value_dim]
+        self.key_embedding = nn.Embedding(num_keys, dim)
+        self.value_embedding = nn.Embedding(num_values + 1, dim)  # + the blank of a question
+        self.qkv = nn.Linear(dim, 2 * key_dim + value_dim)
+        self.beta = nn.Linear(dim, 1)  # the delta rule's writing strength (unused by the others)
+        self.readout = nn.Linear(value_dim, num_values)
+
+    def forward(self, key_ids: Tensor, value_ids: Tensor) -> Tensor:
+        x = self.key_embedding(key_ids) + self.value_embedding(value_ids)  # (B, T, D)
+        q, k, v = (y.unsqueeze(1) for y in self.qkv(x).split(self.sizes, -1))  # (B, 1, T, .): one head
+        if self.memory == "softmax":
+            out = attend(q, k, v, causal_mask(x.size(1), device=x.device), scale=q.size(-1) ** -0.5)[0]
+        elif self.memory == "linear":
+            out = linear_attention_parallel(elu_feature_map(q), elu_feature_map(k), v)
+        else:
+            beta = torch.sigmoid(self.beta(x)).squeeze(-1).unsqueeze(1)  # (B, 1, T)
+            out = gated_delta_chunked(*normalize_qk(q, k), v, beta, chunk_size=16)[0]
+        return self.readout(out.squeeze(1))  # (B, T, num_values)
+
+
+def recall_accuracy(model: RecallModel, batch: tuple[Tensor, ...]) -> float:
+    """Fraction of the batch's questions whose most likely value is the one stored with the key."""
+    key_ids, value_ids, targets, asked = batch
+    with torch.no_grad():
+        guess = model(key_ids, value_ids).argmax(-1)
+    return (guess == targets)[asked].float().mean().item()
+
+
+def trained_recall(memory: str, num_pairs: int = 16, key_dim: int = 8, steps: int = 300, batch_size: int = 64,
+                   seed: int = 0) -> tuple[RecallModel, float]:
+    """Train a :class:`RecallModel` with chapter 12's loop (AdamW, lr 1e-2, loss on the questions only) ->
+    (model, recall accuracy on 512 held-out sequences)."""
+    torch.manual_seed(seed)  # the initial weights
+    model = RecallModel(memory, key_dim=key_dim)
+
+    def loss_fn(m: nn.Module, batch: tuple[Tensor, ...]) -> Tensor:
+        key_ids, value_ids, targets, asked = batch
+        return tagging_loss(m(key_ids, value_ids), targets, asked)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tensors of a few thousand numbers: a second thread only waits at every operation
+    try:
+        train(model, lambda g: associative_recall_batch(batch_size, num_pairs, g), loss_fn, steps, lr=1e-2,
+              seed=seed)
+    finally:
+        torch.set_num_threads(threads)
+    held_out = associative_recall_batch(512, num_pairs, torch.Generator().manual_seed(seed + 1))
+    return model, recall_accuracy(model, held_out)

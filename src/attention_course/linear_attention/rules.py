@@ -5,15 +5,16 @@ S (B, H, Dk, Dv): a key k predicts the value ``k @ S``, a query q reads ``q @ S`
 
 * ``beta`` (B, H, T) in [0, 1], the writing strength of the delta rule (a learning rate);
 * ``log_decay`` (B, H, T) <= 0, the log of the gate alpha = exp(log_decay) that scales the state before each
-  write (Gated DeltaNet, Mamba-2); None means alpha = 1 (no forgetting).
+  write (Gated DeltaNet, Mamba-2); None means alpha = 1 (no forgetting). Kimi Linear's gate is a vector per
+  token, one alpha per key channel: log_decay (B, H, T, Dk) scales each row of the state (the recurrent form).
 
 The update is defined once, per token, in :func:`delta_step` (and :func:`linear_step` for plain linear attention).
 The forms that compute it:
 
 * recurrent (:func:`gated_delta_recurrent`): token by token, a (Dk, Dv) state, O(T) time, O(1) memory in T;
 * chunked (:func:`gated_delta_chunked`): chunk by chunk, the WY/UT representation of the chunk's updates as
-  matrix products (:func:`chunk_parts`), the state carried between chunks (:func:`chunk_apply`): what training
-  uses;
+  matrix products (:func:`chunk_parts`, all chunks at once), the state carried between chunks
+  (:func:`chunk_write`), the outputs read from it (:func:`chunk_read`, all chunks at once): what training uses;
 * parallel (:func:`gated_delta_parallel`): :func:`chunk_step` on one chunk as long as the sequence, a masked
   (T, T) matrix as softmax attention, no loop at all.
 
@@ -36,7 +37,8 @@ from ..validation import check_floating, check_int, check_rank
 
 
 def check_rule_inputs(q, k, v, beta=None, log_decay=None, state=None) -> None:
-    """Raise unless q, k (B, H_k, T, Dk), v (B, H, T, Dv), beta and log_decay (B, H, T), state (B, H, Dk, Dv).
+    """Raise unless q, k (B, H_k, T, Dk), v (B, H, T, Dv), beta (B, H, T), log_decay (B, H, T) or (B, H, T, Dk)
+    (a decay per key channel), state (B, H, Dk, Dv).
 
     H must be a multiple of H_k (grouped heads); log_decay must be <= 0 (alpha = exp(log_decay) <= 1).
     """
@@ -55,11 +57,12 @@ def check_rule_inputs(q, k, v, beta=None, log_decay=None, state=None) -> None:
         raise ValueError(f"value heads H={h} must be a multiple of query/key heads H_k={h_k}")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    for name, x in (("beta", beta), ("log_decay", log_decay)):
+    for name, x, shapes in (("beta", beta, [(b, h, t)]), ("log_decay", log_decay, [(b, h, t), (b, h, t, dk)])):
         if x is not None:
             check_floating(x, name)
-            if tuple(x.shape) != (b, h, t):
-                raise ValueError(f"{name} must be (B, H, T) = {(b, h, t)}, got {tuple(x.shape)}")
+            if tuple(x.shape) not in shapes:
+                allowed = " or ".join(map(str, shapes))
+                raise ValueError(f"{name} must be {allowed} (B, H, T[, Dk]), got {tuple(x.shape)}")
     if log_decay is not None and bool((log_decay > 0).any()):
         raise ValueError("log_decay must be <= 0: the gate alpha = exp(log_decay) may shrink the state, not grow it")
     if state is not None:
@@ -108,6 +111,19 @@ def normalize_qk(q: Tensor, k: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tenso
 # ---------------------------------------------------------------- the update, per token
 
 
+def check_per_head(log_decay) -> None:
+    """The chunked and parallel forms take one gate per head and token; a gate per channel runs token by token."""
+    if log_decay is not None and log_decay.dim() == 4:
+        raise ValueError("a decay per key channel, log_decay (B, H, T, Dk), runs in the recurrent form only "
+                         "(gated_delta_recurrent, linear_attention_recurrent)")
+
+
+def decay_state(state: Tensor, log_decay: Tensor) -> Tensor:
+    """alpha S: log_decay (B, H) scales the whole state of a head, (B, H, Dk) each of its rows (key channels)."""
+    alpha = log_decay.exp()
+    return state * (alpha[..., None, None] if alpha.dim() == state.dim() - 2 else alpha[..., None])
+
+
 def read(state: Tensor, q: Tensor) -> Tensor:
     """state (B, H, Dk, Dv), q (B, H, Dk) -> q @ S (B, H, Dv): what the memory returns for the query."""
     return (q.unsqueeze(-2) @ state).squeeze(-2)
@@ -115,17 +131,18 @@ def read(state: Tensor, q: Tensor) -> Tensor:
 
 def linear_step(state: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
     """Linear attention's update: S <- alpha S + k v^T (it adds, it never erases)."""
-    return state * log_decay.exp()[..., None, None] + k.unsqueeze(-1) * v.unsqueeze(-2)
+    return decay_state(state, log_decay) + k.unsqueeze(-1) * v.unsqueeze(-2)
 
 
 def delta_step(state: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor) -> Tensor:
     """The gated delta rule, one token: S <- alpha S, then S <- S + beta k (v - k @ S)^T.
 
-    state (B, H, Dk, Dv); k (B, H, Dk); v (B, H, Dv); beta, log_decay (B, H). First the gate forgets (alpha =
-    exp(log_decay)); then the state's prediction for k is moved a fraction beta towards v: one step of online
-    least squares on the loss |k @ S - v|^2 / 2, learning rate beta. With alpha = 1 it is DeltaNet's rule.
+    state (B, H, Dk, Dv); k (B, H, Dk); v (B, H, Dv); beta (B, H); log_decay (B, H), or (B, H, Dk) for a gate
+    per key channel (Kimi Linear). First the gate forgets (alpha = exp(log_decay)); then the state's prediction
+    for k is moved a fraction beta towards v: one step of online least squares on the loss |k @ S - v|^2 / 2,
+    learning rate beta. With alpha = 1 it is DeltaNet's rule.
     """
-    state = state * log_decay.exp()[..., None, None]
+    state = decay_state(state, log_decay)
     error = v - read(state, k)  # (B, H, Dv): what the memory gets wrong about this key
     return state + k.unsqueeze(-1) * (beta.unsqueeze(-1) * error).unsqueeze(-2)
 
@@ -151,6 +168,7 @@ def linear_attention_parallel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor
     q, k (B, H_k, T, Dk), v (B, H, T, Dv) -> (B, H, T, Dv). No softmax: the scores are used as they are.
     """
     check_rule_inputs(q, k, v, log_decay=log_decay)
+    check_per_head(log_decay)
     q, k = _grouped(q, k, v)
     _, log_decay = _defaults(v, None, log_decay)
     return ((q @ k.transpose(-2, -1)) * decay_matrix(log_decay)) @ v  # (B, H, T, T) @ (B, H, T, Dv)
@@ -207,70 +225,89 @@ def chunk_parts(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
     K' = (I + A)^-1 beta g K. The outputs mask (q_t . k_s) (g_t / g_s) with s <= t (the diagonal included: a
     query reads its own token's write).
 
-    Returns (W, K', masked scores (.., L, L), g (.., L, 1), g_L / g_s (.., L, 1)).
+    Returns (W, K', masked scores (.., L, L), g (.., L, 1), the keys decayed to the chunk's end (g_L / g_s) k_s).
     """
-    length = v.size(-2)
     decay = decay_matrix(log_decay)  # (.., L, L): g_t / g_s for s <= t, 0 above the diagonal
     g = log_decay.cumsum(-1).exp()[..., None]  # (.., L, 1): g_t
-    below = causal_mask(length, device=v.device).tril(-1)  # strictly lower: s < t
-    a = (beta[..., None] * (k @ k.transpose(-2, -1)) * decay).masked_fill(~below, 0.0)  # (.., L, L)
-    system = torch.eye(length, dtype=v.dtype, device=v.device) + a
+    a = (beta[..., None] * (k @ k.transpose(-2, -1)) * decay).tril(-1)  # (.., L, L): A, strictly lower
     writes, keys = torch.linalg.solve_triangular(  # one solve for [beta V | beta g K]
-        system, beta[..., None] * torch.cat([v, g * k], -1), upper=False, unitriangular=True
+        a, beta[..., None] * torch.cat([v, g * k], -1), upper=False, unitriangular=True  # reads I + A
     ).split([v.size(-1), k.size(-1)], dim=-1)
     scores = (q @ k.transpose(-2, -1)) * decay  # (.., L, L)
-    return writes, keys, scores, g, decay[..., -1, :, None]
+    return writes, keys, scores, g, k * decay[..., -1, :, None]
 
 
-def chunk_apply(state: Tensor, q: Tensor, k: Tensor, parts: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-    """A chunk's outputs (.., L, Dv) and the state after it (.., Dk, Dv), from the state before it and its parts."""
-    writes, keys, scores, g, to_end = parts
-    u = writes - keys @ state  # (.., L, Dv): what each token of the chunk writes
-    out = g * (q @ state) + scores @ u
-    return out, g[..., -1:, :] * state + (k * to_end).transpose(-2, -1) @ u  # (.., Dk, Dv)
+def chunk_write(state: Tensor, parts: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """From the state before a chunk (.., Dk, Dv): what its tokens write, U (.., L, Dv), and the state after it."""
+    writes, keys, _, g, keys_to_end = parts
+    u = writes - keys @ state  # (.., L, Dv): U = W - K' S_0
+    return u, g[..., -1:, :] * state + keys_to_end.transpose(-2, -1) @ u  # (.., Dk, Dv)
+
+
+def chunk_read(state: Tensor, q: Tensor, u: Tensor, parts: tuple[Tensor, ...]) -> Tensor:
+    """A chunk's outputs (.., L, Dv): the decayed start state read by q, plus the masked scores times the writes."""
+    _, _, scores, g, _ = parts
+    return g * (q @ state) + scores @ u
 
 
 def chunk_step(
     state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
 ) -> tuple[Tensor, Tensor]:
     """The L tokens of one chunk at once, from the state before it -> (out (B, H, L, Dv), state after it)."""
-    return chunk_apply(state, q, k, chunk_parts(q, k, v, beta, log_decay))
+    parts = chunk_parts(q, k, v, beta, log_decay)
+    u, after = chunk_write(state, parts)
+    return chunk_read(state, q, u, parts), after
+
+
+def chunks_step(
+    state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Consecutive chunks (chunks, B, H, L, ...) from the state before the first -> (out (chunks, B, H, L, Dv),
+    state after the last).
+
+    Only the state depends on the chunks before: the parts of every chunk (:func:`chunk_parts`) are computed at
+    once, then one short loop carries the state (:func:`chunk_write`: two small products per chunk), then every
+    chunk's outputs at once (:func:`chunk_read`).
+    """
+    parts = chunk_parts(q, k, v, beta, log_decay)
+    starts, writes = [], []
+    for i in range(q.size(0)):  # the one sequential part
+        starts.append(state)
+        u, state = chunk_write(state, [p[i] for p in parts])
+        writes.append(u)
+    return chunk_read(torch.stack(starts), q, torch.stack(writes), parts), state
 
 
 def gated_delta_chunked(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None = None, state: Tensor | None = None,
-    chunk_size: int = 64, group: int = 16,
+    chunk_size: int = 64, group: int = 8,
 ) -> tuple[Tensor, Tensor]:
-    """The gated delta rule chunk by chunk, the state carried between chunks.
+    """The gated delta rule chunk by chunk, the state carried between chunks. Equal to :func:`gated_delta_recurrent`.
 
-    Equal to :func:`gated_delta_recurrent`. The parts of ``group`` full chunks at a time (:func:`chunk_parts`)
-    are computed at once, on a (chunks, B, H, L, ...) copy; only :func:`chunk_apply` runs chunk after chunk; a
-    last, shorter chunk goes through :func:`chunk_step` (no padding). Work grows linearly in T for a fixed L.
+    The sequence is cut into chunks of ``chunk_size`` tokens, taken ``group`` chunks at a time
+    (:func:`chunks_step`), each group copied chunk-major, (chunks, B, H, L, ...), so that every product runs on
+    contiguous blocks and a group's (L, L) matrices stay in the CPU's cache. A ragged end is padded with tokens
+    that change nothing (k = v = 0, beta = 0, alpha = 1). Work grows linearly in T for a fixed L.
     """
     check_rule_inputs(q, k, v, beta, log_decay, state)
+    check_per_head(log_decay)
     check_int(chunk_size, "chunk_size")
+    check_int(group, "group")
     q, k = _grouped(q, k, v)
     beta, log_decay = _defaults(v, beta, log_decay)
     state = _zero_state(k, v) if state is None else state
-    full = v.size(2) // chunk_size * chunk_size
-
-    def chunks(x: Tensor, start: int, stop: int) -> Tensor:  # (B, H, T, ...) -> (chunks, B, H, L, ...)
-        return x[:, :, start:stop].unflatten(2, (-1, chunk_size)).movedim(2, 0).contiguous()
-
+    length = v.size(2)
+    pad = -length % chunk_size
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        beta, log_decay = (F.pad(x, (0, pad)) for x in (beta, log_decay))
+    inputs = [x.unflatten(2, (-1, chunk_size)) for x in (q, k, v, beta, log_decay)]  # (B, H, chunks, L, ...)
     outs = []
-    for start in range(0, full, group * chunk_size):  # a group of chunks at a time: their parts stay in cache
-        stop = min(start + group * chunk_size, full)
-        qs, ks = chunks(q, start, stop), chunks(k, start, stop)
-        parts = chunk_parts(qs, ks, *(chunks(x, start, stop) for x in (v, beta, log_decay)))
-        for i in range(qs.size(0)):
-            out, state = chunk_apply(state, qs[i], ks[i], [p[i] for p in parts])
-            outs.append(out)
-    if full < v.size(2):
-        rest = slice(full, None)
-        out, state = chunk_step(state, q[:, :, rest], k[:, :, rest], v[:, :, rest], beta[:, :, rest],
-                                log_decay[:, :, rest])
+    for first in range(0, inputs[0].size(2), group):
+        span = (x[:, :, first:first + group].movedim(2, 0).contiguous() for x in inputs)  # (chunks, B, H, L, ..)
+        out, state = chunks_step(state, *span)
         outs.append(out)
-    return torch.cat(outs, dim=2), state
+    return torch.cat(outs).movedim(0, 2).flatten(2, 3)[:, :, :length], state
 
 
 def gated_delta_parallel(
@@ -278,6 +315,7 @@ def gated_delta_parallel(
 ) -> tuple[Tensor, Tensor]:
     """The gated delta rule with no loop: one chunk as long as the sequence (a (T, T) system, like softmax's)."""
     check_rule_inputs(q, k, v, beta, log_decay, state)
+    check_per_head(log_decay)
     q, k = _grouped(q, k, v)
     beta, log_decay = _defaults(v, beta, log_decay)
     return chunk_step(_zero_state(k, v) if state is None else state, q, k, v, beta, log_decay)
