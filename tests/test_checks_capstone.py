@@ -1,15 +1,20 @@
 """The capstone's check: a right module passes; each deliberately wrong one is diagnosed with its code."""
 
+import copy
+import functools
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from attention_course import checks, merge_heads, split_heads
+from attention_course import causal_mask, checks, merge_heads, scaled_dot_product_attention, split_heads
 from attention_course.checks import hidden
 from attention_course.checks.questions import QUESTIONS
+from attention_course.distributed.launch import launch
 from attention_course.positions import apply_rope
+from attention_course.tasks import repeated_segment_batch
+from attention_course.training import tagging_loss, train
 
 
 def make_module(position="ok", rerotate=False, rotate_values=False, pairing="interleaved", mask="bottom-right",
@@ -106,10 +111,6 @@ def test_missing_layer_and_wrong_return():
         checks.check_rope_cached_attention(NoCache)
 
 
-def test_capstone_question_is_registered():
-    assert QUESTIONS["19.cache-what"].answer == "A"
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The registry's tables (tests/test_checks_planted.py)
 # ----------------------------------------------------------------------------------------------------------
@@ -165,4 +166,304 @@ PLANTED = [
     (rope_cached, make_module(cache_plain_keys=True), "cache-keys-unrotated"),
     (rope_cached, NoCacheReturned, "wrong-type"),
     (rope_cached, NoLinears, "missing-attribute"),
+]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The block, the TinyGPT and its generation, training, the induction score
+# ----------------------------------------------------------------------------------------------------------
+
+Attention = make_module()
+
+
+def make_block(order="pre", residual_attn=True, residual_mlp=True, activation=True, norm_stream=False,
+               named=False):
+    """The pre-LN block (an nn.Sequential MLP; ``named``: linear1/linear2 and F.gelu), or one planted mistake."""
+
+    class Block(nn.Module):
+        def __init__(self, d_model, num_heads, d_ff):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+            self.attn = Attention(d_model, num_heads)
+            if named:
+                self.mlp = nn.Module()
+                self.mlp.linear1, self.mlp.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+            else:
+                self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU() if activation else nn.Identity(),
+                                         nn.Linear(d_ff, d_model))
+
+        def ffn(self, x):
+            if named:
+                return self.mlp.linear2(nn.functional.gelu(self.mlp.linear1(x)))
+            return self.mlp(x)
+
+        def forward(self, x, cache=None):
+            if order == "post":
+                a, cache = self.attn(x, cache)
+                x = self.norm1(x + a)
+                return self.norm2(x + self.ffn(x)), cache
+            if norm_stream:
+                x = self.norm1(x)
+                a, cache = self.attn(x, cache)
+                x = self.norm2(x + a)
+                return x + self.ffn(x), cache
+            a, cache = self.attn(self.norm1(x), cache)
+            x = x + a if residual_attn else a
+            h = self.ffn(self.norm2(x))
+            return (x + h if residual_mlp else h), cache
+
+    return Block
+
+
+def make_gpt(block=None, final_norm=True):
+    block = block or make_block()
+
+    class TinyGPT(nn.Module):
+        def __init__(self, vocab_size, d_model, num_heads, num_layers, d_ff):
+            super().__init__()
+            self.tok_emb = nn.Embedding(vocab_size, d_model)
+            self.blocks = nn.ModuleList(block(d_model, num_heads, d_ff) for _ in range(num_layers))
+            self.norm = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+        def forward(self, ids, caches=None):
+            x, new = self.tok_emb(ids), []
+            for i, b in enumerate(self.blocks):
+                x, c = b(x, None if caches is None else caches[i])
+                new.append(c)
+            return self.head(self.norm(x) if final_norm else x), new
+
+    return TinyGPT
+
+
+TinyGPT = make_gpt()
+
+
+def make_generate(variant="ok"):
+    def generate(model, ids, max_new_tokens, use_cache=True):
+        caches, step, out = None, ids, []
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits = model(ids)[0][:, :1] if variant == "first-position" else model(ids)[0]
+            elif variant == "no-cache-passed":
+                logits, _ = model(step)
+            elif variant == "whole-sequence":
+                logits, caches = model(ids, caches)
+            else:
+                logits, caches = model(step, caches)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            ids, step = torch.cat([ids, nxt], 1), nxt
+            out.append(logits[:, -1])
+        return ids, torch.stack(out, 1)
+
+    return generate
+
+
+def generate_while(model, ids, max_new_tokens, use_cache=True):
+    """Another style: a while loop, the prompt fed once, logits gathered in a preallocated tensor."""
+    caches, new = None, ids
+    rows = []
+    while len(rows) < max_new_tokens:
+        logits, fresh = model(new if use_cache else ids, caches if use_cache else None)
+        caches = fresh if use_cache else None
+        last = logits[:, -1, :]
+        rows.append(last)
+        new = last.argmax(dim=-1)[:, None]
+        ids = torch.cat((ids, new), dim=-1)
+    return ids, torch.stack(rows, dim=1)
+
+
+def make_train(shift=True, steps=150, grad=True):
+    def train_induction(model):
+        def batch(g):
+            return repeated_segment_batch(32, 16, 64, g, min_segment=8)
+
+        def loss(m, b):
+            ids = b[0]
+            if not shift:
+                return tagging_loss(m(ids)[0], ids)
+            return tagging_loss(m(ids[:, :-1])[0], ids[:, 1:])
+
+        if steps:
+            with torch.enable_grad() if grad else torch.no_grad():
+                train(model, batch, loss, steps=steps, lr=1e-2)
+        return model
+
+    return train_induction
+
+
+_TRAINED = {}
+
+
+def trained_once(model):
+    """The right training, run once per test session (the score checks only need a trained model)."""
+    if "model" not in _TRAINED:
+        _TRAINED["model"] = make_train()(model)
+    return copy.deepcopy(_TRAINED["model"])
+
+
+def induction_scores(model, ids, copy_target):
+    """Attention weights recomputed from the inputs each block's attention receives (forward pre-hooks)."""
+    seen = []
+    hooks = [b.attn.register_forward_pre_hook(lambda m, a: seen.append(a[0])) for b in model.blocks]
+    try:
+        model(ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    t = ids.size(1)
+    previous = torch.cat([torch.full_like(ids[:, :1], -1), ids[:, :-1]], dim=1)
+    targets = (ids[:, :, None] == previous[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril(-1)
+    queries = targets.any(-1) & copy_target
+    rows = []
+    for block, x in zip(model.blocks, seen, strict=True):
+        a, pos = block.attn, torch.arange(t)
+        q = apply_rope(split_heads(a.w_q(x), a.num_heads), pos)
+        k = apply_rope(split_heads(a.w_k(x), a.num_heads), pos)
+        _, w = scaled_dot_product_attention(q, k, k, causal_mask(t, t))  # (B, H, T, T)
+        rows.append((w * targets[:, None]).sum(-1).transpose(1, 2)[queries].mean(0))
+    return torch.stack(rows)
+
+
+def score_variant(kind):
+    def scores(model, ids, copy_target):
+        if kind == "off-by-one":
+            return _score_with(model, ids, copy_target, earlier_occurrence=True)
+        if kind == "no-mask":
+            return induction_scores(model, ids, torch.ones_like(copy_target))
+        return _score_with(model, ids, copy_target)
+
+    return scores
+
+
+def _score_with(model, ids, copy_target, earlier_occurrence=False):
+    """Planted scores: on the earlier occurrence of the token itself, or counting the query's own position."""
+    seen = []
+    hooks = [b.attn.register_forward_pre_hook(lambda m, a: seen.append(a[0])) for b in model.blocks]
+    model(ids)
+    for hook in hooks:
+        hook.remove()
+    t = ids.size(1)
+    if not earlier_occurrence:
+        previous = torch.cat([torch.full_like(ids[:, :1], -1), ids[:, :-1]], dim=1)
+        targets = (ids[:, :, None] == previous[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril(0)
+    else:  # key j matches when ids[j] == ids[t]
+        targets = (ids[:, :, None] == ids[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril(-1)
+    queries = targets.any(-1) & copy_target
+    rows = []
+    for block, x in zip(model.blocks, seen, strict=True):
+        a, pos = block.attn, torch.arange(t)
+        q = apply_rope(split_heads(a.w_q(x), a.num_heads), pos)
+        k = apply_rope(split_heads(a.w_k(x), a.num_heads), pos)
+        _, w = scaled_dot_product_attention(q, k, k, causal_mask(t, t))
+        rows.append((w * targets[:, None]).sum(-1).transpose(1, 2)[queries].mean(0))
+    return torch.stack(rows)
+
+
+block_check = checks.check_capstone_block
+gen_check = checks.check_capstone_generation
+train_check = functools.partial(checks.check_capstone_training, TinyGPT)
+score_check = functools.partial(checks.check_capstone_induction_scores, TinyGPT, trained_once)
+
+CORRECT += [
+    (block_check, make_block()),
+    (block_check, make_block(named=True)),
+    (functools.partial(gen_check, generate=make_generate()), TinyGPT),
+    (functools.partial(gen_check, generate=generate_while), make_gpt(make_block(named=True))),
+    (train_check, make_train()),
+    (score_check, induction_scores),
+]
+PLANTED += [
+    (block_check, make_block(order="post"), "norm-wrong-place"),
+    (block_check, make_block(residual_attn=False), "residual-missing"),
+    (block_check, make_block(residual_mlp=False), "residual-missing"),
+    (block_check, make_block(activation=False), "ffn-activation-missing"),
+    (block_check, make_block(norm_stream=True), "norm-on-residual-stream"),
+    (functools.partial(gen_check, generate=make_generate()), make_gpt(final_norm=False), "final-norm-missing"),
+    (functools.partial(gen_check, generate=make_generate("first-position")), TinyGPT, "generate-wrong-position"),
+    (functools.partial(gen_check, generate=make_generate("no-cache-passed")), TinyGPT, "cache-not-passed-back"),
+    (functools.partial(gen_check, generate=make_generate("whole-sequence")), TinyGPT, "cache-fed-whole-sequence"),
+    (train_check, make_train(steps=0), "induction-not-learned"),
+    (train_check, make_train(shift=False), "targets-not-shifted"),
+    (train_check, make_train(grad=False), "raised-exception"),
+    (score_check, score_variant("off-by-one"), "induction-off-by-one"),
+    (score_check, score_variant("self"), "induction-includes-self"),
+    (score_check, score_variant("no-mask"), "induction-ignores-query-mask"),
+]
+
+
+def test_block_with_the_attention_of_the_capstone_under_hidden_cases(capsys):
+    with hidden.drawn_from(1):
+        checks.check_capstone_block(make_block())
+        checks.check_capstone_generation(TinyGPT, make_generate())
+    out = capsys.readouterr().out
+    assert "✓ Block: 4 sequences" in out and "✓ TinyGPT, generate: 4 models" in out
+
+
+def test_the_induction_question_is_registered():
+    assert QUESTIONS["19.induction-layer"].answer == "B"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Challenge: the heads sharded over two real processes
+# ----------------------------------------------------------------------------------------------------------
+
+
+def make_shard_rank(variant="ok"):
+    def shard_rank(rank, world_size, module, x):
+        local, width = module.num_heads // world_size, module.w_o.in_features // world_size
+        cols = slice(rank * width, (rank + 1) * width)
+        pos = torch.arange(x.size(1))
+        with torch.no_grad():
+            q, k, v = (split_heads(nn.functional.linear(x, w.weight[cols], w.bias[cols]), local)
+                       for w in (module.w_q, module.w_k, module.w_v))
+            q, k = apply_rope(q, pos), apply_rope(k, pos)
+            heads, _ = scaled_dot_product_attention(q, k, v, causal_mask(x.size(1), x.size(1)))
+            merged = merge_heads(heads)  # (B, T, D / P)
+            if variant == "reduced-heads":
+                torch.distributed.all_reduce(merged)
+            partial = merged @ module.w_o.weight[:, cols].T
+            if variant == "bias-per-rank":
+                partial = partial + module.w_o.bias
+            if variant not in ("not-reduced", "reduced-heads"):
+                torch.distributed.all_reduce(partial)
+            return partial if variant == "bias-per-rank" else partial + module.w_o.bias
+
+    return shard_rank
+
+
+def make_sharded(variant="ok"):
+    def sharded_attention(module, x, world_size):
+        return torch.stack(launch(make_shard_rank(variant), world_size, module, x, start_method="fork"))
+
+    return sharded_attention
+
+
+def gathered_heads_rank(rank, world_size, module, x):
+    """Another style: each rank runs a copy of the module whose w_o keeps only its heads' columns (the bias on
+    rank 0 only), then all_gather and a sum."""
+    width = module.w_o.in_features // world_size
+    local = copy.deepcopy(module)
+    with torch.no_grad():
+        keep = torch.zeros(module.w_o.in_features, dtype=torch.bool)
+        keep[rank * width:(rank + 1) * width] = True
+        local.w_o.weight[:, ~keep] = 0.0
+        if rank:
+            local.w_o.bias.zero_()
+        partial, _ = local(x)
+        parts = [torch.empty_like(partial) for _ in range(world_size)]
+        torch.distributed.all_gather(parts, partial)
+    return sum(parts)
+
+
+def gathered_sharded(module, x, world_size):
+    return torch.stack(launch(gathered_heads_rank, world_size, module, x, start_method="fork"))
+
+
+shard_check = functools.partial(checks.check_capstone_sharding, Attention)
+CORRECT += [(shard_check, make_sharded()), (shard_check, gathered_sharded)]
+PLANTED += [
+    (shard_check, make_sharded("not-reduced"), "g-forward-not-reduced"),
+    (shard_check, make_sharded("bias-per-rank"), "tp-bias-per-rank"),
+    (shard_check, make_sharded("reduced-heads"), "allreduce-before-output-projection"),
 ]

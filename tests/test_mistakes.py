@@ -67,7 +67,9 @@ def test_topics_and_chapters():
         "cow-refs-not-moved", "verify-mask-top-left", "verify-mask-sees-future", "verify-mask-drops-cache",
         "rejection-not-residual", "rejection-ratio-inverted", "rejection-always-accepts", "finished-left-in-batch",
         "retired-too-early"]
-    assert [m.code for m in mistakes.in_chapter(19)] == ["rope-not-applied", "cache-keys-unrotated"]
+    assert [m.code for m in mistakes.in_chapter(19)] == [
+        "rope-not-applied", "cache-keys-unrotated", "final-norm-missing", "generate-wrong-position",
+        "cache-not-passed-back", "cache-fed-whole-sequence", "targets-not-shifted", "induction-not-learned"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

@@ -678,7 +678,8 @@ mistake("keys-formed", "MLA: the keys formed from the latent cache, where absorp
 
 
 # ==================================================================================================================
-# The capstone, numbered 19 (causal multi-head attention with RoPE and a KV cache, end to end)
+# The capstone, numbered 19 (chapters 10 to 13 together: RoPE attention with a cache, pre-LN blocks, a TinyGPT
+# trained on the induction task, its generation and its induction head, its heads on two processes)
 # ==================================================================================================================
 
 mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
@@ -689,7 +690,33 @@ mistake("cache-keys-unrotated", "the KV cache holds the keys before RoPE, rotate
         "Your outputs are right, but your cache holds the keys as projected, before their rotation: every call "
         "then rotates the whole cache again, work that grows with the cache, and a cache handed to other code "
         "(or to the check) is not what the exercise asks for. A key's rotation depends on its own position only "
-        "(exercise 1 of this notebook).",
+        "(chapter 10).",
+        chapter=19, topic="capstone")
+mistake("final-norm-missing", "a pre-LN model without its final LayerNorm before the head",
+        "Your logits match the model without its final LayerNorm: in a pre-LN model nothing normalises the "
+        "residual stream after the last block, so the head must read norm(x), not x (chapter 11).",
+        chapter=19, topic="capstone")
+mistake("generate-wrong-position", "greedy generation reads the logits of another position than the last",
+        "Your generated tokens come from the logits of the FIRST position: the logits at position t predict "
+        "token t + 1, so the next token is chosen from the last position's logits, logits[:, -1].",
+        chapter=19, topic="capstone")
+mistake("cache-not-passed-back", "cached generation feeds the new token without the cache of the earlier ones",
+        "With the cache, your model sees only the newest token at each step: its logits match a model called on "
+        "that token alone. Pass the caches the previous call returned back into the next call.",
+        chapter=19, topic="capstone")
+mistake("cache-fed-whole-sequence", "cached generation feeds the whole sequence again on top of the cache",
+        "With the cache, your steps feed the whole sequence AND the cache: every token is cached again and sits "
+        "at a second, later position. Once the prompt is cached, feed only the newest token.",
+        chapter=19, topic="capstone")
+mistake("targets-not-shifted", "next-token training on targets that are the inputs themselves",
+        "Your model predicts the CURRENT token: it was trained with the inputs as their own targets. The logits "
+        "at position t predict token t + 1: compare model(ids[:, :-1]) with ids[:, 1:].",
+        chapter=19, topic="capstone")
+mistake("induction-not-learned", "the trained model does not copy the repeated half",
+        "After your training the model predicts only {detail} of the repeated half's tokens. A 2-layer model "
+        "learns to copy them within a few hundred steps (chapter 12): check that your loss covers every "
+        "position's next token, that training runs (the check calls it without autograd, as the grader does: "
+        "wrap it in torch.enable_grad()), and the learning rate and number of steps.",
         chapter=19, topic="capstone")
 
 

@@ -39,7 +39,14 @@ from .blocks import (
     check_rms_norm,
     check_swiglu,
 )
-from .capstone import check_rope_cached_attention
+from .capstone import (
+    check_capstone_block,
+    check_capstone_generation,
+    check_capstone_induction_scores,
+    check_capstone_sharding,
+    check_capstone_training,
+    check_rope_cached_attention,
+)
 from .core import (
     check_attention_one_query,
     check_float_mask_attention,
@@ -118,6 +125,11 @@ __all__ = [
     "check_repeat_kv",
     "check_copy_and_sum",
     "check_rope_cached_attention",
+    "check_capstone_block",
+    "check_capstone_generation",
+    "check_capstone_training",
+    "check_capstone_induction_scores",
+    "check_capstone_sharding",
     "check_rope_halves",
     "check_rope_left_padded",
     "check_rope_to_interleaved",

@@ -96,17 +96,19 @@ def _ended(err: SandboxError) -> Abort:
 
 
 def stand_in(sandbox: Sandbox, key: str, expr: str, info: dict):
-    """A function that calls the student's object ``expr`` in the sandbox: same name, same signature."""
+    """A function that calls the student's object ``expr`` in the sandbox: same name, same signature. Stand-ins
+    for objects in the sandbox travel to it as references, and an object it returns (a model it trained) comes
+    back as one."""
 
     def student_function(*args, **kwargs):
         from ..checks import observe
 
         specs = observe.remote_specs()  # the check's observers, run around the call in the sandbox
         try:
-            header, arrays = sandbox.call(key, expr, args, kwargs, observe=specs)
+            header, arrays = sandbox.call(key, expr, args, kwargs, keep=_keep, observe=specs)
         except SandboxError as err:
             raise _ended(err) from None
-        result = _reply(header, arrays, None, args, kwargs)
+        result = _reply(header, arrays, lambda tree: Remote(sandbox, key, str(tree.get("id")), tree), args, kwargs)
         if specs:
             try:
                 observe.absorb(header.get("observed"))
