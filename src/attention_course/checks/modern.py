@@ -372,7 +372,7 @@ def check_absorbed_output(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 out = as_array(call(fn, args, label, positional=4), "result", case)
             ref = mla_output_variant(weights, c, w_uv, w_o)
             if close(out, ref, 1e-4, RTOL):
-                for watch, what in zip(watches, ("values", "heads' outputs")):
+                for watch, what in zip(watches, ("values", "heads' outputs"), strict=False):
                     if watch.formed:
                         raise fail("values-formed", detail=f"a tensor holding the {shape_text(values.shape)} {what}",
                                    case=case)
