@@ -410,10 +410,10 @@ number_question(
     why="d/ds [50 tanh(s / 50)] = 1 - tanh(s / 50)^2 (the 50 and the 1 / 50 cancel): at s = 150, 1 - tanh(3)^2 "
         "= 0.0099, a hundred times flatter than the gradient 1 at s = 0.",
     known=lambda: {
-        1 - math.tanh(3.0): "that is 1 - tanh(3): the derivative of tanh is 1 - tanh^2, squared.",
-        50 * (1 - math.tanh(3.0) ** 2): "the cap's 50 cancels with the 1 / 50 of the chain rule.",
-        1 / math.cosh(3.0): "that is sech(3); the derivative of tanh is sech^2 = 1 - tanh^2.",
-        50 * math.tanh(3.0): "that is the capped score itself, not its gradient.",
+        1 - math.tanh(3.0): ("wrong-answer", "that is 1 - tanh(3): the derivative of tanh is 1 - tanh^2, squared."),
+        50 * (1 - math.tanh(3.0) ** 2): ("wrong-answer", "the cap's 50 cancels with the 1 / 50 of the chain rule."),
+        1 / math.cosh(3.0): ("wrong-answer", "that is sech(3); the derivative of tanh is sech^2 = 1 - tanh^2."),
+        50 * math.tanh(3.0): ("wrong-answer", "that is the capped score itself, not its gradient."),
     },
     hint="Differentiate cap * tanh(s / cap) with respect to s with the chain rule, then put s = 150, cap = 50.",
 )
@@ -431,14 +431,14 @@ number_question(
     why="the keys' weights sum to S / (S + e^z) with S = sum(e^s): so e^z = S (1 - 0.6) / 0.6 and "
         "z = logsumexp(1, 2, 0.5) + log(0.4 / 0.6) = 2.46 - 0.41 = 2.06.",
     known=lambda: {
-        math.log((1 - _SINK_SHARE) / _SINK_SHARE): "that forgets the keys' scores: the sink competes with "
-            "sum(e^s), not with 1.",
-        _logsumexp(_SINK_SCORES) + math.log(_SINK_SHARE / (1 - _SINK_SHARE)): "the ratio is upside down: 0.6 is "
-            "the keys' share, the sink's is 0.4.",
-        _logsumexp(_SINK_SCORES) + math.log(1 - _SINK_SHARE): "e^z / (S + e^z) = 0.4 has S + e^z, not S, in "
-            "its denominator.",
-        math.log(sum(_SINK_SCORES)) + math.log((1 - _SINK_SHARE) / _SINK_SHARE): "sum the exponentials of the "
-            "scores, not the scores.",
+        math.log((1 - _SINK_SHARE) / _SINK_SHARE): (
+            "wrong-answer", "that forgets the keys' scores: the sink competes with sum(e^s), not with 1."),
+        _logsumexp(_SINK_SCORES) + math.log(_SINK_SHARE / (1 - _SINK_SHARE)): (
+            "wrong-answer", "the ratio is upside down: 0.6 is the keys' share, the sink's is 0.4."),
+        _logsumexp(_SINK_SCORES) + math.log(1 - _SINK_SHARE): (
+            "wrong-answer", "e^z / (S + e^z) = 0.4 has S + e^z, not S, in its denominator."),
+        math.log(sum(_SINK_SCORES)) + math.log((1 - _SINK_SHARE) / _SINK_SHARE): (
+            "wrong-answer", "sum the exponentials of the scores, not the scores."),
     },
     hint="Write the keys' total weight S / (S + e^z) with S = sum of e^score, set it to 0.6 and solve for z.",
 )
