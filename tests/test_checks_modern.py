@@ -324,3 +324,36 @@ def test_formed_keys_are_seen_in_any_layout():
         with observe.FormedTensors(keys) as watch:
             fn(q, c, w)
         assert watch.formed is formed, fn
+
+
+def test_olmo2_reference_equals_transformers_olmo2_attention(monkeypatch):
+    """The checker's reference is what transformers' Olmo2Attention rotates: q_norm over all heads, then RoPE."""
+    import numpy as np
+    from transformers import Olmo2Config
+    from transformers.models.olmo2 import modeling_olmo2
+
+    from attention_course.checks.modern import olmo2_qk_variant
+
+    torch.manual_seed(0)
+    config = Olmo2Config(hidden_size=40, num_attention_heads=3, num_key_value_heads=3, head_dim=8)
+    config._attn_implementation = "eager"
+    layer = modeling_olmo2.Olmo2Attention(config, layer_idx=0).double()
+    with torch.no_grad():
+        layer.q_norm.weight.uniform_(0.5, 2.0)
+    x, positions = torch.randn(2, 5, 40, dtype=torch.float64), torch.arange(3, 8)
+    rotated = {}
+    real_rope = modeling_olmo2.apply_rotary_pos_emb
+
+    def keep_queries(q, k, cos, sin, *args, **kwargs):
+        rotated["q"] = real_rope(q, k, cos, sin, *args, **kwargs)[0]
+        return real_rope(q, k, cos, sin, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_olmo2, "apply_rotary_pos_emb", keep_queries)
+    cos, sin = modeling_olmo2.Olmo2RotaryEmbedding(config)(x, positions[None].expand(2, -1))
+    layer(x, (cos.double(), sin.double()), None)
+    ref = olmo2_qk_variant(layer.q_proj(x).detach().numpy(), positions.numpy(),
+                           layer.q_norm.weight.detach().numpy(), 3, config.rms_norm_eps)
+    assert np.abs(rotated["q"].detach().numpy() - ref).max() < 1e-5  # Olmo2RMSNorm computes in float32
+    per_head = olmo2_qk_variant(layer.q_proj(x).detach().numpy(), positions.numpy(),
+                                layer.q_norm.weight.detach().numpy(), 3, config.rms_norm_eps, norm="per-head")
+    assert np.abs(rotated["q"].detach().numpy() - per_head).max() > 1e-2
