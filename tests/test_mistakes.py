@@ -56,7 +56,7 @@ def test_topics_and_chapters():
         "residual-init-wrong-layers", "init-norm-or-bias"]
     assert [m.code for m in mistakes.in_chapter(14)] == [
         "cap-on-probabilities", "cap-after-mask", "norm-after-rope", "sink-given-value", "sink-ignored",
-        "absorption-transposed", "keys-formed"]
+        "absorption-transposed", "keys-formed", "norm-per-head", "values-formed", "heads-split-wrong"]
     assert [m.code for m in mistakes.in_chapter(15)] == [
         "mod-roles-swapped", "mod-window-off-by-one", "bias-sign-flipped", "doc-id-wrong-index"]
     assert [m.code for m in mistakes.in_chapter(17)] == [

@@ -675,6 +675,21 @@ mistake("keys-formed", "MLA: the keys formed from the latent cache, where absorp
         "(B, H, T, N) keys: what can move onto the query instead of onto c? (chapter 14, 'DeepSeek-V2/V3: "
         "multi-head latent attention')",
         chapter=14, topic="modern")
+mistake("norm-per-head", "OLMo 2's QK-norm taken per head instead of over all heads' features",
+        "Your result normalises each head's Dh features apart (Qwen3's form). OLMo 2's q_norm and k_norm are one "
+        "RMSNorm over the whole projection, H * Dh features per token, applied BEFORE the split into heads: the "
+        "mean of x^2 runs over all heads at once, and the weight has H * Dh entries.",
+        chapter=14, topic="modern")
+mistake("values-formed", "MLA: the values or the heads' outputs formed, where W_uv folds into the output projection",
+        "Your output is right, but your code formed {detail}. With W_uv folded into W_o (per head, "
+        "w_uv[h].T @ w_o[:, head h's columns].T: (C, D), computed once from the weights), each head needs only "
+        "weights @ c, of the latent's width: the (B, H, T, V) values and outputs never exist.",
+        chapter=14, topic="modern")
+mistake("heads-split-wrong", "the output projection's columns split into heads in the wrong order",
+        "Your result matches w_o's columns read as (V, H): feature-major. The heads are concatenated head-major "
+        "before the output projection: head h owns the columns h * V to (h + 1) * V of w_o "
+        "(w_o.view(D, H, V)[:, h]).",
+        chapter=14, topic="modern")
 
 
 # ==================================================================================================================

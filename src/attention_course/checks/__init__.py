@@ -64,7 +64,14 @@ from .kernels import check_causal_tiles, check_dk, check_lse, check_tile_loop
 from .kv_cache import check_grouped_query_attention, check_kv_cache_bytes, check_repeat_kv
 from .linear import check_delta_chunk, check_delta_update, check_gated_delta_rule, check_linear_recurrent
 from .masks import check_causal_mask, check_padding_mask
-from .modern import check_absorbed_scores, check_qk_norm_rope, check_sink_attention, check_softcap_attention
+from .modern import (
+    check_absorbed_output,
+    check_absorbed_scores,
+    check_olmo2_qk_norm,
+    check_qk_norm_rope,
+    check_sink_attention,
+    check_softcap_attention,
+)
 from .modules import (
     check_einsum_attention,
     check_keras_attention,
@@ -83,6 +90,7 @@ __all__ = [
     "CODES",
     "DEFAULT_TIMEOUT",
     "CheckFailed",
+    "check_absorbed_output",
     "check_absorbed_scores",
     "check_alibi_attention",
     "check_additive_mask",
@@ -115,6 +123,7 @@ __all__ = [
     "check_multi_head_attention",
     "check_number",
     "check_numpy_attention",
+    "check_olmo2_qk_norm",
     "check_padding_mask",
     "check_parameter_count",
     "check_post_ln_block",

@@ -1,4 +1,5 @@
-"""Checks of chapter 14: soft-capping, QK-norm before RoPE, sinks in a sliding window, MLA's absorbed scores.
+"""Checks of chapter 14: soft-capping, QK-norm before RoPE (per head and over all heads), sinks in a sliding window,
+MLA's absorbed scores and absorbed output, and the chapter's questions.
 
 Every reference is float64 NumPy written for the checker; each ``*_variant`` builder is the reference with one
 deliberate deviation, the mistake whose code it is listed under.
@@ -7,6 +8,7 @@ deliberate deviation, the mistake whose code it is listed under.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import torch
@@ -249,6 +251,142 @@ def check_absorbed_scores(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# QK-norm over all heads at once (OLMo 2), then RoPE
+# ----------------------------------------------------------------------------------------------------------
+
+
+def olmo2_qk_variant(x, positions, weight, n_heads, eps, *, norm="whole", order="norm-first", pairing="halves"):
+    """x (B, T, H * Dh) -> (B, H, T, Dh): RMSNorm over the H * Dh features with ``weight`` (H * Dh,), then the
+    split into heads and RoPE; ``norm="per-head"`` normalises each head's Dh features apart (Qwen3's form)."""
+    b, t, width = x.shape
+
+    def rms(y):
+        return y / np.sqrt((y**2).mean(axis=-1, keepdims=True) + eps)
+
+    def heads(y):
+        return y.reshape(b, t, n_heads, width // n_heads).transpose(0, 2, 1, 3)
+
+    if order == "rope-first":
+        rotated = rope_variant(heads(x), positions, pairing=pairing)
+        return heads(rms(rotated.transpose(0, 2, 1, 3).reshape(b, t, width)) * weight)
+    if norm == "per-head":
+        normed = heads(x).transpose(0, 2, 1, 3)  # (B, T, H, Dh)
+        normed = (rms(normed) * weight.reshape(n_heads, -1)).reshape(b, t, width)
+    else:
+        normed = rms(x) * weight
+    return rope_variant(heads(normed), positions, pairing=pairing)
+
+
+# (B, T, H, Dh, first position)
+_OLMO_CASES = [(1, 5, 2, 4, 0), (2, 4, 3, 8, 2), (1, 6, 4, 6, 0), (2, 7, 1, 16, 9)]
+
+
+def check_olmo2_qk_norm(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(x, positions, weight, n_heads, eps)`` -> (B, H, T, Dh): OLMo 2's QK-norm. x (B, T, H * Dh)
+    float32 projected queries (or keys), positions (T,) int64, weight (H * Dh,): an RMSNorm over all H * Dh
+    features of a token (``x / sqrt(mean(x^2) + eps) * weight``), THEN the split into heads (head-major: head h
+    owns features h * Dh to (h + 1) * Dh), THEN RoPE in the halves pairing (base 10000). Diagnoses
+    ``[norm-per-head]``, ``[norm-after-rope]`` and ``[rope-wrong-pairing]``."""
+    label = "olmo2_qk_norm"
+
+    def body():
+        rng = np.random.default_rng(18)
+        sizes = list(_OLMO_CASES) + [(2, t, h, 8, 1) for h, t, _ in hidden.sink_sizes()]
+        for i, (b, t, h, dh, start) in enumerate(sizes, 1):
+            width = h * dh
+            # heads of unequal sizes, so that one norm over all heads differs from a norm per head
+            x = rng.standard_normal((b, t, width)) * np.repeat(rng.uniform(0.3, 3.0, size=h), dh)
+            weight, eps = rng.uniform(0.5, 2.0, size=width), 1e-6
+            positions = np.arange(start, start + t)
+            case = (f"case {i} of {len(sizes)}: x of shape {shape_text(x.shape)}, n_heads={h}, positions "
+                    f"{start}..{positions[-1]}")
+            args = {"x": to_framework(x, "torch"), "positions": torch.from_numpy(positions),
+                    "weight": to_framework(weight, "torch"), "n_heads": h, "eps": eps}
+            out = as_array(call(fn, args, label, positional=5), "result", case)
+            ref = olmo2_qk_variant(x, positions, weight, h, eps)
+            if close(out, ref, ATOL, RTOL):
+                continue
+
+            def variant(x=x, p=positions, w=weight, h=h, **how):
+                return olmo2_qk_variant(x, p, w, h, eps, **how), None
+
+            candidates = [
+                ("norm-per-head", "", lambda: variant(norm="per-head")),
+                ("norm-after-rope", "", lambda: variant(order="rope-first")),
+                ("rope-wrong-pairing", "you pair neighbours (x_2i, x_2i+1); OLMo 2's checkpoints pair feature i with "
+                 "feature i + Dh/2 (rotate_half)", lambda: variant(pairing="interleaved")),
+            ]
+            diagnose(out, None, candidates, case, ref, None, what="result", atol=ATOL, rtol=RTOL)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} random cases (1 to 4 heads of unequal sizes, positions "
+                "from 0 and later) match one RMSNorm over all heads, then halves RoPE per head")
+
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MLA: W_uv absorbed into the output projection
+# ----------------------------------------------------------------------------------------------------------
+
+# (B, H, T, C (latent width), V (value features per head), D (model width))
+_MLA_OUT_CASES = [(1, 2, 4, 6, 3, 5), (2, 3, 5, 4, 4, 7), (1, 1, 6, 3, 5, 4), (2, 4, 3, 8, 2, 6)]
+
+
+def mla_output_variant(weights, c, w_uv, w_o, *, split="head-major"):
+    """(B, T, D) = the heads' outputs weights @ (c @ w_uv[h].T), concatenated, @ w_o.T; ``split="feature-major"``
+    reads w_o's columns as (V, H) instead of (H, V)."""
+    h, v_dim, _ = w_uv.shape
+    values = c[:, None] @ np.swapaxes(w_uv, -1, -2)  # (B, H, T, V)
+    heads = weights @ values  # (B, H, T, V)
+    if split == "feature-major":
+        w_o = w_o.reshape(-1, v_dim, h).transpose(0, 2, 1).reshape(-1, h * v_dim)
+    b, _, t, _ = heads.shape
+    return heads.transpose(0, 2, 1, 3).reshape(b, t, h * v_dim) @ w_o.T
+
+
+def check_absorbed_output(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(weights, c, w_uv, w_o)`` -> (B, T, D): MLA's output with W_uv folded into the output projection.
+    weights (B, H, T, T) attention weights, the latent cache c (B, T, C), w_uv (H, V, C) (head h's values would be
+    ``c @ w_uv[h].T``), w_o (D, H * V) the output projection's weight (heads concatenated head-major, out = merged
+    @ w_o.T). The rule is enforced: neither the values (B, H, T, V) nor the heads' outputs (B, H, T, V) may be
+    formed (every tensor the code creates is watched). Diagnoses ``[values-formed]`` and ``[heads-split-wrong]``."""
+    label = "absorbed_output"
+    watched = observe.observable(fn)
+    if watched:
+        observe.warm_up()  # before the time limit starts
+
+    def body():
+        rng = np.random.default_rng(19)
+        sizes = list(_MLA_OUT_CASES) + [(2, h, t, 6, 3, 5) for h, t, _ in hidden.sink_sizes()]
+        for i, (b, h, t, c_dim, v_dim, d) in enumerate(sizes, 1):
+            weights = _softmax(rng.standard_normal((b, h, t, t)))
+            c = rng.standard_normal((b, t, c_dim))
+            w_uv, w_o = rng.standard_normal((h, v_dim, c_dim)), rng.standard_normal((d, h * v_dim))
+            case = (f"case {i} of {len(sizes)}: weights {shape_text(weights.shape)}, c {shape_text(c.shape)}, "
+                    f"w_uv {shape_text(w_uv.shape)}, w_o {shape_text(w_o.shape)}")
+            args = {name: to_framework(a, "torch") for name, a in
+                    (("weights", weights), ("c", c), ("w_uv", w_uv), ("w_o", w_o))}
+            values = c[:, None] @ np.swapaxes(w_uv, -1, -2)  # (B, H, T, V): what absorption avoids forming
+            with contextlib.ExitStack() as stack:
+                watches = [stack.enter_context(observe.FormedTensors(target)) for target in (
+                    (values, weights @ values) if watched else ())]
+                out = as_array(call(fn, args, label, positional=4), "result", case)
+            ref = mla_output_variant(weights, c, w_uv, w_o)
+            if close(out, ref, 1e-4, RTOL):
+                for watch, what in zip(watches, ("values", "heads' outputs"), strict=False):
+                    if watch.formed:
+                        raise fail("values-formed", detail=f"a tensor holding the {shape_text(values.shape)} {what}",
+                                   case=case)
+                continue
+            candidates = [("heads-split-wrong", "", lambda a=weights, c=c, u=w_uv, o=w_o: (
+                mla_output_variant(a, c, u, o, split="feature-major"), None))]
+            diagnose(out, None, candidates, case, ref, None, what="result", atol=1e-4, rtol=RTOL)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} random cases (1 to 4 heads, latent wider and narrower "
+                "than the model) match the output of the expanded values, none of them formed")
+
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Questions
 # ----------------------------------------------------------------------------------------------------------
 
@@ -265,4 +403,42 @@ number_question(
             "cache-keys-only", "that is half the cache: count keys AND values (the factor 2)."),
     },
     hint="Count the global and the local layers apart: bytes per layer and token = 2 (K, V) * 8 heads * 256 * 2.",
+)
+
+number_question(
+    "14.softcap-gradient", answer=lambda: 1 - math.tanh(3.0) ** 2, rtol=1e-3,
+    why="d/ds [50 tanh(s / 50)] = 1 - tanh(s / 50)^2 (the 50 and the 1 / 50 cancel): at s = 150, 1 - tanh(3)^2 "
+        "= 0.0099, a hundred times flatter than the gradient 1 at s = 0.",
+    known=lambda: {
+        1 - math.tanh(3.0): ("wrong-answer", "that is 1 - tanh(3): the derivative of tanh is 1 - tanh^2, squared."),
+        50 * (1 - math.tanh(3.0) ** 2): ("wrong-answer", "the cap's 50 cancels with the 1 / 50 of the chain rule."),
+        1 / math.cosh(3.0): ("wrong-answer", "that is sech(3); the derivative of tanh is sech^2 = 1 - tanh^2."),
+        50 * math.tanh(3.0): ("wrong-answer", "that is the capped score itself, not its gradient."),
+    },
+    hint="Differentiate cap * tanh(s / cap) with respect to s with the chain rule, then put s = 150, cap = 50.",
+)
+
+_SINK_SCORES, _SINK_SHARE = (1.0, 2.0, 0.5), 0.6
+
+
+def _logsumexp(values) -> float:
+    return math.log(sum(math.exp(v) for v in values))
+
+
+number_question(
+    "14.sink-logit", answer=lambda: _logsumexp(_SINK_SCORES) + math.log((1 - _SINK_SHARE) / _SINK_SHARE),
+    rtol=1e-3,
+    why="the keys' weights sum to S / (S + e^z) with S = sum(e^s): so e^z = S (1 - 0.6) / 0.6 and "
+        "z = logsumexp(1, 2, 0.5) + log(0.4 / 0.6) = 2.46 - 0.41 = 2.06.",
+    known=lambda: {
+        math.log((1 - _SINK_SHARE) / _SINK_SHARE): (
+            "wrong-answer", "that forgets the keys' scores: the sink competes with sum(e^s), not with 1."),
+        _logsumexp(_SINK_SCORES) + math.log(_SINK_SHARE / (1 - _SINK_SHARE)): (
+            "wrong-answer", "the ratio is upside down: 0.6 is the keys' share, the sink's is 0.4."),
+        _logsumexp(_SINK_SCORES) + math.log(1 - _SINK_SHARE): (
+            "wrong-answer", "e^z / (S + e^z) = 0.4 has S + e^z, not S, in its denominator."),
+        math.log(sum(_SINK_SCORES)) + math.log((1 - _SINK_SHARE) / _SINK_SHARE): (
+            "wrong-answer", "sum the exponentials of the scores, not the scores."),
+    },
+    hint="Write the keys' total weight S / (S + e^z) with S = sum of e^score, set it to 0.6 and solve for z.",
 )
