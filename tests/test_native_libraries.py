@@ -23,3 +23,13 @@ def test_tensorflow_then_triton_after_the_package():
     done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() in ("JITFunction", "InterpretedFunction")
+
+
+def test_the_course_processes_skip_the_iri_grammar():
+    """nbformat's schema uses no "iri" string format: a grading, kernel or generator process does not pay the second
+    of CPU that rfc3987_syntax spends building its grammar when jsonschema imports it; notebooks still validate."""
+    code = ("import sys, attention_course.course, nbformat\n"
+            "nbformat.validate(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('1')]))\n"
+            "print(sys.modules.get('rfc3987_syntax', 'not imported'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "None"

@@ -15,3 +15,11 @@
 
 Needs the ``course`` extra (``pip install attention_course[course]``: nbformat, nbclient, ipykernel).
 """
+
+import sys
+
+# nbformat imports jsonschema, which imports rfc3987_syntax when it is installed (Jupyter's event schemas bring it)
+# and that module builds a grammar when imported: about 1 s of CPU in every grading, kernel and generator process,
+# for jsonschema's "iri" string formats, which no notebook schema uses. Marked absent, jsonschema skips them.
+sys.modules.setdefault("rfc3987_syntax", None)
+
