@@ -1,6 +1,7 @@
 """The field guide's checks (chapter 7) and the additive float masks (chapter 4): each named mistake is reported
 for a deliberately wrong implementation; correct ones pass; additive_mask agrees with PyTorch's own masking."""
 
+import itertools
 import math
 
 import pytest
@@ -35,8 +36,14 @@ def test_a_module_deterministic_but_not_in_its_state_dict_is_named():
     """Weights drawn in forward() from a fixed seed: two calls agree, but nothing is saved or trained."""
 
     class SeededLinearInForward(bug_zoo.ZooMultiHeadAttention):
+        instances = itertools.count()  # a different draw per instance (id() repeats once an instance is freed)
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.seed = next(self.instances)  # a plain attribute: not in the state dict
+
         def forward(self, query, key, value, mask=None):
-            gen = torch.Generator().manual_seed(id(self) % 1000)  # a different draw per instance
+            gen = torch.Generator().manual_seed(self.seed)
             weight = torch.randn(query.size(-1), query.size(-1), generator=gen)
             return super().forward(query, key, value, mask) @ weight
 
