@@ -438,8 +438,7 @@ def check_decoder_block(cls, *, test_dropout: bool = True, timeout: float = DEFA
 
 
 def _check_ffn_body(cls, label, test_dropout):
-    configs = [(8, 32, (2, 5)), (12, 20, (3, 4)), (6, 6, (1, 7))]
-    configs += [(d_model, d_ff, (b, t)) for d_model, _, d_ff, b, t, _ in hidden.block_sizes()]
+    configs = _part_configs([(8, 32, (2, 5)), (12, 20, (3, 4)), (6, 6, (1, 7))])
     for i, (d_model, d_ff, (b, t)) in enumerate(configs, 1):
         ref = _randomised(block.FeedForward(d_model, d_ff, "relu"), seed=40 + i)
         x = torch.randn(b, t, d_model, generator=torch.Generator().manual_seed(50 + i))
