@@ -1,6 +1,8 @@
 """Chapter 17: the gated delta rule's chunked form against its token-by-token loop and against SDPA (CPU fp32).
 
-Heads H=8, Dk=Dv=64, batch 1, chunk 64 (transformers' and flash-linear-attention's), T from 1k to 16k. Candidates,
+Heads H=8, Dk=Dv=64, batch 1, T from 1k to 16k, chunks of 32 tokens: on this CPU the fastest of 16, 32, 64 and
+128 (the sweep at T=4096 is printed: smaller chunks do fewer (L, L) products per token but more sequential steps;
+transformers' and flash-linear-attention's 64 suits a GPU, whose kernels pay no cost per step). Candidates,
 timed side by side per T: the chunked form (``gated_delta_chunked``), PyTorch's fused causal softmax attention
 (``scaled_dot_product_attention(is_causal=True)``) on the same q, k, v, and (T <= 4096, it is slow) the recurrent
 loop (``gated_delta_recurrent``). Decoding one token at context 16k: one delta-rule step on the fixed state against
@@ -29,7 +31,8 @@ import torch.nn.functional as F
 
 from attention_course import linear_attention as la
 
-H, D, CHUNK = 8, 64, 64
+H, D, CHUNK = 8, 64, 32
+CHUNK_SWEEP = (16, 32, 64, 128)
 LENGTHS = (1024, 2048, 4096, 8192, 16384)
 LOOP_LENGTHS = (1024, 4096)
 DECODE_CONTEXT = 16384
@@ -81,6 +84,14 @@ def products_floor(t: int):
         torch.bmm(square, x)
 
     return run
+
+
+def chunk_sweep(repeats: int) -> list:
+    """Rows [chunk, fastest ms] of the chunked form at T=4096 for each chunk size in CHUNK_SWEEP."""
+    x = inputs(4096)
+    candidates = {chunk: functools.partial(la.gated_delta_chunked, *x, chunk_size=chunk) for chunk in CHUNK_SWEEP}
+    times = common.interleaved(candidates, repeats=repeats + 2)
+    return [[chunk, f"{common.fastest(times[chunk]) * 1e3:.1f}"] for chunk in CHUNK_SWEEP]
 
 
 def cpu_times(repeats: int) -> dict:
@@ -151,6 +162,10 @@ def main(repeats: int = 3) -> dict:
     headers = ["T", "chunked ms", "sdpa causal ms", "loop ms", "sdpa / chunked", "loop / chunked"]
     print()
     print(common.markdown_table(headers, rows))
+    sweep_headers = ["chunk size (T=4096)", "chunked fastest ms"]
+    sweep_rows = chunk_sweep(repeats)
+    print()
+    print(common.markdown_table(sweep_headers, sweep_rows))
 
     speedup = results[4096]["loop"] / results[4096]["chunked"]
     slope = exponent(LENGTHS, [results[t]["chunked"] for t in LENGTHS])
@@ -183,7 +198,8 @@ def main(repeats: int = 3) -> dict:
     print()
     print(common.markdown_table(["target", "measured", "result"], targets))
     common.save("bench_linear_attention", config, table={"headers": headers, "rows": rows},
-                time_table={"headers": decode_headers, "rows": decode_rows}, targets=targets)
+                time_table={"headers": decode_headers, "rows": decode_rows},
+                extra_tables=[{"headers": sweep_headers, "rows": sweep_rows}], targets=targets)
     return {"speedup": speedup, "exponent": slope, "cpu_speedup": cpu_speedup, "cpu_exponent": cpu_slope,
             "overtakes": overtakes, **decode_stats}
 

@@ -171,6 +171,8 @@ def readme() -> str:
         out.append(table(r["table"]))
         if "time_table" in r:
             out += ["", table(r["time_table"])]
+        for extra in r.get("extra_tables", []):
+            out += ["", table(extra)]
         if "peak_gflops" in r and name != "bench_peak":
             out += ["", f"Attainable peak in this run: {r['peak_gflops']:.0f} GFLOP/s."]
         if "targets" in r:

@@ -159,7 +159,7 @@ def decay_matrix(log_decay: Tensor) -> Tensor:
     gamma = log_decay.cumsum(-1)  # (B, H, T): log(alpha_1 ... alpha_t)
     gaps = gamma[..., :, None] - gamma[..., None, :]  # (B, H, T, T): log of the product from s+1 to t
     allowed = causal_mask(log_decay.size(-1), device=log_decay.device)
-    return gaps.masked_fill(~allowed, float("-inf")).exp()  # exp(-inf) = 0 above the diagonal, never overflows
+    return gaps.masked_fill_(~allowed, float("-inf")).exp_()  # exp(-inf) = 0 above the diagonal, never overflows
 
 
 def linear_attention_parallel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | None = None) -> Tensor:
@@ -229,25 +229,33 @@ def chunk_parts(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor
     """
     decay = decay_matrix(log_decay)  # (.., L, L): g_t / g_s for s <= t, 0 above the diagonal
     g = log_decay.cumsum(-1).exp()[..., None]  # (.., L, 1): g_t
-    a = (beta[..., None] * (k @ k.transpose(-2, -1)) * decay).tril(-1)  # (.., L, L): A, strictly lower
+    beta_k = beta[..., None] * k
+    # A with its diagonal and upper part left in: the solve reads only the strictly lower part (unitriangular)
+    a = (beta_k @ k.transpose(-2, -1)) * decay  # (.., L, L)
     writes, keys = torch.linalg.solve_triangular(  # one solve for [beta V | beta g K]
-        a, beta[..., None] * torch.cat([v, g * k], -1), upper=False, unitriangular=True  # reads I + A
+        a, torch.cat([beta[..., None] * v, g * beta_k], -1), upper=False, unitriangular=True  # reads I + A
     ).split([v.size(-1), k.size(-1)], dim=-1)
     scores = (q @ k.transpose(-2, -1)) * decay  # (.., L, L)
     return writes, keys, scores, g, k * decay[..., -1, :, None]
 
 
+def _add_product(x: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
+    """x + alpha a @ b over any leading axes, as one kernel (torch.baddbmm on the axes flattened)."""
+    flat = [t.reshape(-1, *t.shape[-2:]) for t in (x, a, b)]
+    return torch.baddbmm(*flat, alpha=alpha).view(x.shape)
+
+
 def chunk_write(state: Tensor, parts: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
     """From the state before a chunk (.., Dk, Dv): what its tokens write, U (.., L, Dv), and the state after it."""
     writes, keys, _, g, keys_to_end = parts
-    u = writes - keys @ state  # (.., L, Dv): U = W - K' S_0
-    return u, g[..., -1:, :] * state + keys_to_end.transpose(-2, -1) @ u  # (.., Dk, Dv)
+    u = _add_product(writes, keys, state, alpha=-1)  # (.., L, Dv): U = W - K' S_0
+    return u, _add_product(g[..., -1:, :] * state, keys_to_end.transpose(-2, -1), u)  # (.., Dk, Dv)
 
 
 def chunk_read(state: Tensor, q: Tensor, u: Tensor, parts: tuple[Tensor, ...]) -> Tensor:
     """A chunk's outputs (.., L, Dv): the decayed start state read by q, plus the masked scores times the writes."""
     _, _, scores, g, _ = parts
-    return g * (q @ state) + scores @ u
+    return _add_product((g * q) @ state, scores, u)
 
 
 def chunk_step(
@@ -284,10 +292,10 @@ def gated_delta_chunked(
 ) -> tuple[Tensor, Tensor]:
     """The gated delta rule chunk by chunk, the state carried between chunks. Equal to :func:`gated_delta_recurrent`.
 
-    The sequence is cut into chunks of ``chunk_size`` tokens, taken ``group`` chunks at a time
-    (:func:`chunks_step`), each group copied chunk-major, (chunks, B, H, L, ...), so that every product runs on
-    contiguous blocks and a group's (L, L) matrices stay in the CPU's cache. A ragged end is padded with tokens
-    that change nothing (k = v = 0, beta = 0, alpha = 1). Work grows linearly in T for a fixed L.
+    The sequence is cut into chunks of ``chunk_size`` tokens, copied once chunk-major, (chunks, B, H, L, ...), and
+    taken ``group`` chunks at a time (:func:`chunks_step`): every product then runs on contiguous blocks, and a
+    group's (L, L) matrices stay in the CPU's cache. A ragged end is padded with tokens that change nothing
+    (k = v = 0, beta = 0, alpha = 1). Work grows linearly in T for a fixed L.
     """
     check_rule_inputs(q, k, v, beta, log_decay, state)
     check_per_head(log_decay)
@@ -301,13 +309,13 @@ def gated_delta_chunked(
     if pad:
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
         beta, log_decay = (F.pad(x, (0, pad)) for x in (beta, log_decay))
-    inputs = [x.unflatten(2, (-1, chunk_size)) for x in (q, k, v, beta, log_decay)]  # (B, H, chunks, L, ...)
+    inputs = [x.unflatten(2, (-1, chunk_size)).movedim(2, 0).contiguous()  # (chunks, B, H, L, ...)
+              for x in (q, k, v, beta, log_decay)]
     outs = []
-    for first in range(0, inputs[0].size(2), group):
-        span = (x[:, :, first:first + group].movedim(2, 0).contiguous() for x in inputs)  # (chunks, B, H, L, ..)
-        out, state = chunks_step(state, *span)
-        outs.append(out)
-    return torch.cat(outs).movedim(0, 2).flatten(2, 3)[:, :, :length], state
+    for first in range(0, inputs[0].size(0), group):
+        out, state = chunks_step(state, *(x[first:first + group] for x in inputs))
+        outs.append(out.movedim(0, 2))  # (B, H, chunks, L, Dv): cat then writes the output's own layout at once
+    return torch.cat(outs, dim=2).flatten(2, 3)[:, :, :length], state
 
 
 def gated_delta_parallel(
