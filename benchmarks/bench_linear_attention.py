@@ -1,9 +1,9 @@
 """Chapter 17: the gated delta rule's chunked form against its token-by-token loop and against SDPA (CPU fp32).
 
-Heads H=8, Dk=Dv=64, batch 1, T from 1k to 16k, chunks of 32 tokens: on this CPU the fastest of 16, 32, 64 and
-128 (the sweep at T=4096 is printed: smaller chunks do fewer (L, L) products per token but more sequential steps;
-transformers' and flash-linear-attention's 64 suits a GPU, whose kernels pay no cost per step). Candidates,
-timed side by side per T: the chunked form (``gated_delta_chunked``), PyTorch's fused causal softmax attention
+Heads H=8, Dk=Dv=64, batch 1, T from 1k to 16k. The chunk size is chosen first, in the same run: the fastest of
+16, 32, 64 and 128 tokens at T=4096 (the sweep is printed: smaller chunks do fewer (L, L) products per token but
+take more sequential steps, each a few small kernels; transformers' and flash-linear-attention's 64 suits a GPU's
+fused kernels). Candidates, timed side by side per T: the chunked form (``gated_delta_chunked``), PyTorch's fused causal softmax attention
 (``scaled_dot_product_attention(is_causal=True)``) on the same q, k, v, and (T <= 4096, it is slow) the recurrent
 loop (``gated_delta_recurrent``). Decoding one token at context 16k: one delta-rule step on the fixed state against
 one query attending a 16k-token KV cache (SDPA), time and bytes kept per sequence.
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from attention_course import linear_attention as la
 
-H, D, CHUNK = 8, 64, 32
+H, D = 8, 64
 CHUNK_SWEEP = (16, 32, 64, 128)
 LENGTHS = (1024, 2048, 4096, 8192, 16384)
 LOOP_LENGTHS = (1024, 4096)
@@ -55,11 +55,11 @@ def exponent(lengths, times) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
-def make_candidates(t: int) -> dict:
+def make_candidates(t: int, chunk: int) -> dict:
     """The timed calls at length t (the token loop only up to LOOP_LENGTHS: it is slow)."""
     q, k, v, beta, log_decay = inputs(t)
     candidates = {
-        "chunked": lambda: la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=CHUNK),
+        "chunked": lambda: la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=chunk),
         "sdpa causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
     if t in LOOP_LENGTHS:
@@ -67,13 +67,13 @@ def make_candidates(t: int) -> dict:
     return candidates
 
 
-def products_floor(t: int):
+def products_floor(t: int, chunk: int):
     """The chunked form's matrix products and triangular solve alone at length t, no elementwise work: a lower
     bound on its time with PyTorch's kernels. Per chunk and head: K K^T and Q K^T (L, D, L), the solve of the
     (L, L) system for 2D right-hand sides, K' S and K^T U (state pass), Q S and scores @ U (outputs)."""
-    n = H * t // CHUNK
-    x, xt, square = torch.randn(n, CHUNK, D), torch.randn(n, D, CHUNK), torch.randn(n, CHUNK, CHUNK)
-    state, lower, rhs = torch.randn(n, D, D), square.tril(-1) * 0.1, torch.randn(n, CHUNK, 2 * D)
+    n = H * t // chunk
+    x, xt, square = torch.randn(n, chunk, D), torch.randn(n, D, chunk), torch.randn(n, chunk, chunk)
+    state, lower, rhs = torch.randn(n, D, D), square.tril(-1) * 0.1, torch.randn(n, chunk, 2 * D)
 
     def run():
         for _ in range(2):
@@ -86,15 +86,15 @@ def products_floor(t: int):
     return run
 
 
-def chunk_sweep(repeats: int) -> list:
-    """Rows [chunk, fastest ms] of the chunked form at T=4096 for each chunk size in CHUNK_SWEEP."""
+def chunk_sweep(repeats: int) -> tuple[int, list]:
+    """(the fastest chunk size at T=4096, rows [chunk, fastest ms] for each size in CHUNK_SWEEP)."""
     x = inputs(4096)
     candidates = {chunk: functools.partial(la.gated_delta_chunked, *x, chunk_size=chunk) for chunk in CHUNK_SWEEP}
-    times = common.interleaved(candidates, repeats=repeats + 2)
-    return [[chunk, f"{common.fastest(times[chunk]) * 1e3:.1f}"] for chunk in CHUNK_SWEEP]
+    fastest = {chunk: common.fastest(ts) for chunk, ts in common.interleaved(candidates, repeats=repeats + 2).items()}
+    return min(fastest, key=fastest.get), [[chunk, f"{fastest[chunk] * 1e3:.1f}"] for chunk in CHUNK_SWEEP]
 
 
-def cpu_times(repeats: int) -> dict:
+def cpu_times(repeats: int, chunk: int) -> dict:
     """{(form, T): fastest CPU seconds of one call} on one torch thread (the loop and the floor at T=4096)."""
     torch.set_num_threads(1)
     try:
@@ -102,10 +102,10 @@ def cpu_times(repeats: int) -> dict:
         with torch.inference_mode():
             for t in LENGTHS:
                 x = inputs(t)
-                forms = {"chunked": functools.partial(la.gated_delta_chunked, *x, chunk_size=CHUNK)}
+                forms = {"chunked": functools.partial(la.gated_delta_chunked, *x, chunk_size=chunk)}
                 if t == 4096:
                     forms["loop"] = functools.partial(la.gated_delta_recurrent, *x)
-                    forms["products floor"] = products_floor(t)
+                    forms["products floor"] = products_floor(t, chunk)
                 for name, fn in forms.items():
                     fn()  # warm-up
                     runs = []
@@ -119,10 +119,10 @@ def cpu_times(repeats: int) -> dict:
     return found
 
 
-def decode(repeats: int) -> tuple[list, dict]:
+def decode(repeats: int, chunk: int) -> tuple[list, dict]:
     """One new token at context DECODE_CONTEXT: a delta step on the state vs SDPA over the KV cache."""
     q, k, v, beta, log_decay = inputs(DECODE_CONTEXT, seed=1)
-    state = la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=CHUNK)[1]  # the prompt, read once
+    state = la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=chunk)[1]  # the prompt, read once
     cache_k, cache_v = k.contiguous(), v.contiguous()
     q1, k1, v1, b1, g1 = (x[:, :, -1] for x in (q, k, v, beta, log_decay))
 
@@ -141,16 +141,23 @@ def decode(repeats: int) -> tuple[list, dict]:
 
 
 def main(repeats: int = 3) -> dict:
-    config = common.setup("bench_linear_attention", {"heads": H, "head_dim": D, "chunk": CHUNK, "lengths": LENGTHS})
-    small = inputs(200, torch.float64)  # correctness first, in float64
+    config = common.setup("bench_linear_attention", {"heads": H, "head_dim": D, "chunk sizes": CHUNK_SWEEP,
+                                                     "lengths": LENGTHS})
+    small = inputs(200, torch.float64)  # correctness first, in float64, at every chunk size
     ref, ref_state = la.gated_delta_recurrent(*small)
-    out, state = la.gated_delta_chunked(*small, chunk_size=CHUNK)
-    common.check("chunked vs recurrent (float64, T=200)", common.max_abs_diff(out, ref), 1e-10)
-    common.check("chunked vs recurrent final state", common.max_abs_diff(state, ref_state), 1e-10)
+    for chunk in CHUNK_SWEEP:
+        out, state = la.gated_delta_chunked(*small, chunk_size=chunk)
+        common.check(f"chunked ({chunk}) vs recurrent (float64, T=200)", common.max_abs_diff(out, ref), 1e-10)
+        common.check(f"chunked ({chunk}) vs recurrent final state", common.max_abs_diff(state, ref_state), 1e-10)
 
+    chunk, sweep_rows = chunk_sweep(repeats)
+    sweep_headers = ["chunk size (T=4096)", "chunked fastest ms"]
+    print()
+    print(common.markdown_table(sweep_headers, sweep_rows))
+    print(f"\nchunk size for the rest of this run: {chunk}\n")
     results, rows = {}, []
     for t in LENGTHS:
-        candidates = make_candidates(t)
+        candidates = make_candidates(t, chunk)
         times = common.interleaved(candidates, repeats=repeats if t in LOOP_LENGTHS else repeats + 2)
         results[t] = {name: common.fastest(ts) for name, ts in times.items()}
         loop = results[t].get("loop")
@@ -159,23 +166,19 @@ def main(repeats: int = 3) -> dict:
                      f"{results[t]['sdpa causal'] / results[t]['chunked']:.2f}",
                      "-" if loop is None else f"{loop / results[t]['chunked']:.0f}x"])
         print(f"  T={t}: " + ", ".join(f"{n} {s * 1e3:.1f} ms" for n, s in results[t].items()), flush=True)
-    headers = ["T", "chunked ms", "sdpa causal ms", "loop ms", "sdpa / chunked", "loop / chunked"]
+    headers = ["T", f"chunked ({chunk}) ms", "sdpa causal ms", "loop ms", "sdpa / chunked", "loop / chunked"]
     print()
     print(common.markdown_table(headers, rows))
-    sweep_headers = ["chunk size (T=4096)", "chunked fastest ms"]
-    sweep_rows = chunk_sweep(repeats)
-    print()
-    print(common.markdown_table(sweep_headers, sweep_rows))
 
     speedup = results[4096]["loop"] / results[4096]["chunked"]
     slope = exponent(LENGTHS, [results[t]["chunked"] for t in LENGTHS])
     overtakes = next((t for t in LENGTHS if results[t]["chunked"] < results[t]["sdpa causal"]), None)
-    cpu = cpu_times(repeats)
+    cpu = cpu_times(repeats, chunk)
     cpu_speedup = cpu["loop", 4096] / cpu["chunked", 4096]
     cpu_slope = exponent(LENGTHS, [cpu["chunked", t] for t in LENGTHS])
     cpu_bound = cpu["loop", 4096] / cpu["products floor", 4096]
     print("\none thread, CPU time: " + ", ".join(f"{n} T={t} {s * 1e3:.1f} ms" for (n, t), s in cpu.items()))
-    decode_rows, decode_stats = decode(repeats)
+    decode_rows, decode_stats = decode(repeats, chunk)
     decode_headers = [f"decode 1 token at context {DECODE_CONTEXT}", "fastest ms", "median ms", "MiB kept"]
     print()
     print(common.markdown_table(decode_headers, decode_rows))
@@ -199,9 +202,9 @@ def main(repeats: int = 3) -> dict:
     print(common.markdown_table(["target", "measured", "result"], targets))
     common.save("bench_linear_attention", config, table={"headers": headers, "rows": rows},
                 time_table={"headers": decode_headers, "rows": decode_rows},
-                extra_tables=[{"headers": sweep_headers, "rows": sweep_rows}], targets=targets)
-    return {"speedup": speedup, "exponent": slope, "cpu_speedup": cpu_speedup, "cpu_exponent": cpu_slope,
-            "overtakes": overtakes, **decode_stats}
+                extra_tables=[{"headers": sweep_headers, "rows": sweep_rows}], targets=targets, chunk=chunk)
+    return {"chunk": chunk, "speedup": speedup, "exponent": slope, "cpu_speedup": cpu_speedup,
+            "cpu_exponent": cpu_slope, "overtakes": overtakes, **decode_stats}
 
 
 if __name__ == "__main__":
