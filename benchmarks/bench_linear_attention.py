@@ -3,10 +3,10 @@
 Heads H=8, Dk=Dv=64, batch 1, T from 1k to 16k. The chunk size is chosen first, in the same run: the fastest of
 16, 32, 64 and 128 tokens at T=4096 (the sweep is printed: smaller chunks do fewer (L, L) products per token but
 take more sequential steps, each a few small kernels; transformers' and flash-linear-attention's 64 suits a GPU's
-fused kernels). Candidates, timed side by side per T: the chunked form (``gated_delta_chunked``), PyTorch's fused causal softmax attention
-(``scaled_dot_product_attention(is_causal=True)``) on the same q, k, v, and (T <= 4096, it is slow) the recurrent
-loop (``gated_delta_recurrent``). Decoding one token at context 16k: one delta-rule step on the fixed state against
-one query attending a 16k-token KV cache (SDPA), time and bytes kept per sequence.
+fused kernels). Candidates, timed side by side per T: the chunked form (``gated_delta_chunked``), PyTorch's fused
+causal softmax attention (``scaled_dot_product_attention(is_causal=True)``) on the same q, k, v, and (T <= 4096, it
+is slow) the recurrent loop (``gated_delta_recurrent``). Decoding one token at context 16k: one delta-rule step on
+the fixed state against one query attending a 16k-token KV cache (SDPA), time and bytes kept per sequence.
 
 Targets: chunked >= 10x faster than the loop at T=4096; chunked time linear in T (log-log fit exponent < 1.2);
 the T at which the chunked form overtakes SDPA causal is reported (no target: it depends on the CPU). The same

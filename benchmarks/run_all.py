@@ -65,16 +65,18 @@ NOTES = {
         "time per token of the last and first quarters of the 256 decoding steps (prefill excluded)."
     ),
     "bench_linear_attention": (
-        "Chapter 17. The chunked form (`linear_attention.gated_delta_chunked`) computes every chunk's (64, 64) "
-        "matrices and triangular solve 8 chunks at a time, carries the (Dk, Dv) state between chunks with two "
-        "small products per chunk, then reads all the chunks' outputs at once; the loop (`gated_delta_recurrent`) "
-        "takes one small step per token (about ten small kernels); SDPA causal is PyTorch's fused softmax "
-        "attention on the same q, k, v (a different computation, timed for its cost). The *one thread, CPU time* "
-        "rows time both forms on one torch thread by the CPU time of the timing thread, which other jobs disturb "
-        "far less than wall time; *products and solve alone* times just the chunked form's batched matrix "
-        "products and `torch.linalg.solve_triangular` at T=4096 (no elementwise work): the loop over that is the "
-        "most any chunked form built from PyTorch's kernels could gain on one thread of this CPU. Decoding "
-        "compares one delta-rule step on the state with one query over a 16k-token KV cache (float32, batch 1)."
+        "Chapter 17. The chunked form (`linear_attention.gated_delta_chunked`) copies q, k, v chunk-major once, "
+        "computes the (L, L) matrices and triangular solve of a group of chunks at once, carries the (Dk, Dv) "
+        "state between chunks with two fused multiply-adds per chunk, then reads the group's outputs at once; "
+        "its chunk size L is the fastest of the sweep at T=4096 in the same run (second table). The loop "
+        "(`gated_delta_recurrent`) takes one small step per token (about ten small kernels); SDPA causal is "
+        "PyTorch's fused softmax attention on the same q, k, v (a different computation, timed for its cost). The "
+        "*one thread, CPU time* rows time both forms on one torch thread by the CPU time of the timing thread, "
+        "which other jobs disturb far less than wall time; *products and solve alone* times just the chunked "
+        "form's batched matrix products and `torch.linalg.solve_triangular` at T=4096 (no elementwise work): the "
+        "loop over that is the most any chunked form built from PyTorch's kernels could gain on one thread of "
+        "this CPU. Decoding compares one delta-rule step on the state with one query over a 16k-token KV cache "
+        "(float32, batch 1)."
     ),
     "bench_training": (
         "One step = forward, cross-entropy, backward and AdamW on the same batch. The nn.TransformerEncoder model "
