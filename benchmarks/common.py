@@ -23,8 +23,12 @@ from importlib import metadata
 from pathlib import Path
 
 # torch's OpenMP threads busy-wait at every barrier; on a shared 2-core machine a descheduled spinning
-# thread turns a 2 ms step into 100 ms. Passive waiting keeps timings sane (set before torch loads).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# thread turns a 2 ms step into 100 ms. Passive waiting keeps timings sane (set before torch loads). A script timing
+# hundreds of small kernels per call sets KEEP_OMP_WAIT_POLICY before importing this module and keeps OpenMP's
+# default (spin briefly, then sleep), as every PyTorch program runs: passive threads are woken for each kernel, and
+# the wake-ups then cost more than the kernels (chapter 17's chunked form: slower on two threads than on one).
+if not os.environ.get("KEEP_OMP_WAIT_POLICY"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
@@ -66,7 +70,7 @@ def setup(name: str, extra: dict | None = None) -> dict:
         "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default (spin briefly, then sleep)"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": version("numpy"),

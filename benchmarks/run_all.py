@@ -65,7 +65,9 @@ NOTES = {
         "time per token of the last and first quarters of the 256 decoding steps (prefill excluded)."
     ),
     "bench_linear_attention": (
-        "Chapter 17. The chunked form (`linear_attention.gated_delta_chunked`) copies q, k, v chunk-major once, "
+        "Chapter 17. Run with OpenMP's default wait policy, not PASSIVE (see `benchmarks/common.py`: the "
+        "chunked form launches hundreds of small kernels per call, and waking passive threads for each costs more "
+        "than it gains). The chunked form (`linear_attention.gated_delta_chunked`) copies q, k, v chunk-major once, "
         "computes the (L, L) matrices and triangular solve of a group of chunks at once, carries the (Dk, Dv) "
         "state between chunks with two fused multiply-adds per chunk, then reads the group's outputs at once; "
         "its chunk size L is the fastest of the sweep at T=4096 in the same run (second table). The loop "
