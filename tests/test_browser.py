@@ -6,7 +6,7 @@ no error traceback outside cells tagged `raises-exception`, the sidebar and the 
 and the search page finds "softmax". Screenshots of the intro and of every chapter go to _build/screenshots/.
 
 Pages read as a reader reads them (book/_static/course.css; each page is loaded once, at 1280 px, and the same visit
-measures its layout there, then resized to a 390 px phone's width and, for a chapter, reloaded in dark mode), with
+measures its layout there, then resized to a 390 px phone's width and, for a chapter, switched to dark mode), with
 these rules:
 - on a 390 px phone no page is wider than the screen;
 - at 1280 px no display equation is wider than its column (long ones are split into aligned lines); at 390 px one
@@ -179,9 +179,23 @@ MEASURE_LOADED = f"""async () => {{
 }}"""
 # Run after the window was resized: waits until the transitions it started (the theme's sliding sidebars) have ended,
 # so the layout is the one the page has when loaded at that width, then INSPECT_LAYOUT.
-MEASURE_RESIZED = f"""async () => {{
+SETTLED = """async () => {
   await Promise.all(document.getAnimations()
     .filter(a => a.effect && a.effect.getComputedTiming().endTime !== Infinity).map(a => a.finished.catch(() => null)));
+}"""
+MEASURE_RESIZED = f"""async () => {{
+  await ({SETTLED})();
+  return ({INSPECT_LAYOUT})();
+}}"""
+# Run after the system's colour scheme turned dark: the theme's own listener (its "auto" mode, the default) sets the
+# page's theme in place, as a reader's system switching to dark does; waits for that, and for the transitions the
+# new colours and the resize back to a laptop's width started, then INSPECT_LAYOUT.
+MEASURE_DARK = f"""async () => {{
+  const until = performance.now() + 10000;  // else measured as it is (a test checks the theme)
+  while (document.documentElement.dataset.theme !== "dark" && performance.now() < until)
+    await new Promise(resolve => requestAnimationFrame(resolve));
+  getComputedStyle(document.body).color;  // the new style computed: its transitions have started
+  await ({SETTLED})();
   return ({INSPECT_LAYOUT})();
 }}"""
 
@@ -255,8 +269,6 @@ def crawl(site, browser):
 
     def route(route):
         url = route.request.url
-        if url.startswith(site):
-            return route.continue_()
         found = MATHJAX_REQUEST.search(url)
         if found:
             mathjax_requests.append(url)
@@ -271,7 +283,7 @@ def crawl(site, browser):
 
     context = browser.new_context(viewport={"width": DESKTOP, "height": HEIGHT}, color_scheme="light",
                                   device_scale_factor=1)
-    context.route("**/*", route)
+    context.route(lambda url: not url.startswith(site), route)  # the site's own requests go straight to it
     page = context.new_page()
     page.set_default_navigation_timeout(NAVIGATION_TIMEOUT_MS)
     errors: list[str] = []
@@ -304,8 +316,7 @@ def crawl(site, browser):
         page.set_viewport_size({"width": DESKTOP, "height": HEIGHT})
         if chapter:
             page.emulate_media(color_scheme="dark")
-            page.reload(wait_until="load")
-            visit.dark = page.evaluate(MEASURE_LOADED)["layout"]
+            visit.dark = page.evaluate(MEASURE_DARK)
             page.emulate_media(color_scheme="light")
         visit.errors = list(dict.fromkeys(errors))
         visits[docname] = visit
@@ -330,8 +341,9 @@ def layouts(crawl):
     The phone is the loaded page's window resized to 390 px, once the transitions that started have ended: the pages
     set their width to the device's (viewport meta tag), and no style depends on touch, so a phone's browser lays
     them out alike (on 2026-11-26 every record on every page equalled that of a separate `is_mobile`, `has_touch`
-    context loading each page at 390 px). Dark mode is a reload with the system's colour scheme dark: the theme
-    reads it when the page loads."""
+    context loading each page at 390 px). Dark mode is the system's colour scheme turned dark on the loaded page: the
+    theme's listener switches the page in place, as it does for a reader (on 2026-11-26 every record on every page
+    equalled that of the page reloaded with the scheme dark, which the theme reads when it loads)."""
     visits = crawl.visits.values()
     return {(DESKTOP, "light"): {v.docname: v.layout for v in visits},
             (PHONE, "light"): {v.docname: v.phone for v in visits},
