@@ -3,12 +3,13 @@ every exercise notebook as handed out gets none, in one parallel batch with the 
 (chapters 2, 3, 6, 7, 11 and the capstone) are judged by reference from the grader's process, so this also proves
 that their checks work through the sandbox's wire.
 
-The routine run (`make test`) grades one chapter of each kind (ROUTINE): function exercises with number and choice
-questions (1), module exercises judged by reference (2), Keras layers and TensorFlow tensors across the wire (6) and
-the capstone's cached RoPE module (19); the checkers are also run on right and planted wrong answers in-process by
-tests/test_checks_*.py. `COURSE_GRADE_ALL=1` (or `make grade-course`) grades every chapter: run it after adding or
-changing an exercise notebook or a checker (all 30 notebooks took 166 s in `make test` on an idle 2-core machine;
-the routine run grades 8 of them)."""
+The routine run (`make test`) grades one chapter of each kind (ROUTINE): module exercises judged by reference (2),
+Keras layers and TensorFlow tensors across the wire (6) and the capstone's cached RoPE module (19); function exercises
+with number and choice questions (chapter 1's solution and exercise notebooks, the same two files) are graded in
+tests/test_grade.py's module run, so not twice. The checkers are also run on right and planted wrong answers
+in-process by tests/test_checks_*.py. `COURSE_GRADE_ALL=1` (or `make grade-course`) grades every chapter: run it
+after adding or changing an exercise notebook or a checker (all 30 notebooks took 166 s in `make test` on an idle
+2-core machine; the routine run grades 6 of them)."""
 
 import json
 import os
@@ -22,7 +23,7 @@ import pytest
 from attention_course.course import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUTINE = ("01", "02", "06", "19")
+ROUTINE = ("02", "06", "19")  # chapter 1: tests/test_grade.py
 GRADE_ALL = os.environ.get("COURSE_GRADE_ALL") == "1"
 SOLUTIONS = [path for path in sorted((ROOT / "solutions").glob("*.ipynb")) if GRADE_ALL or path.name[:2] in ROUTINE]
 

@@ -27,6 +27,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from attention_course import checks
 from attention_course.course import canonical, cli, grade, judge, references, sandbox, wire
+from attention_course.course.results import NotebookResult
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_soft_lookup_exercises.ipynb"
@@ -35,8 +36,9 @@ NAME = "01_soft_lookup_exercises.ipynb"
 FIXTURES = ROOT / "tests" / "data" / "grader"
 # Generous limits cost nothing where nothing hangs, and keep an honest notebook green on a loaded machine. Only the
 # hang attack (it ignores the per-cell alarm) runs into the notebook limit: it is graded on its own, side by side
-# with the batch, under a short one (HANG_S).
-CELL_S, NOTEBOOK_S, HANG_S, JOBS = 30, 120, 15, 2
+# with the batch, under a short one (HANG_S: its loop holds a core until then; its sandbox starts and reaches the loop
+# in 2-3 s on a loaded machine).
+CELL_S, NOTEBOOK_S, HANG_S, JOBS = 30, 120, 8, 2
 MARKER = f"attention-grade-survivor-{uuid.uuid4().hex}"
 FORGED = "FORGED-LINE"
 
@@ -286,7 +288,9 @@ def test_a_function_that_never_returns_fails_alone(tmp_path, body, code):
     check = next(i for i, c in enumerate(nb.cells) if "exercise-4" in c.metadata.get("tags", []))
     nb.cells.insert(check, new_code_cell(f"def causal_mask(t_q, t_k=None):\n    {body}"))
     nbformat.write(nb, tmp_path / NAME)
-    result = grade.grade_notebook(tmp_path / NAME, reference=None, limits=sandbox.Limits(cell_s=8, notebook_s=120))
+    # the loop runs until the check's time limit (the cell limit): short, and still 5 times the slowest of the
+    # notebook's checks (1 s on an idle machine)
+    result = grade.grade_notebook(tmp_path / NAME, reference=None, limits=sandbox.Limits(cell_s=5, notebook_s=120))
     assert [(e.passed, e.code) for e in result.exercises] == [(True, None)] * 3 + [(False, code), (True, None)]
 
 
@@ -301,29 +305,38 @@ def test_the_rlimit_fallback_grades_the_same(tmp_path):
     assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
 
 
-def test_under_rlimit_a_process_in_a_new_session_dies_with_a_killed_grader(tmp_path):
-    """The rlimit backend has no PID namespace: a process the submission starts in a new session escapes the
-    process-group kill, and when the submission then kills its grader process the orphan would live on under init.
-    The command line's processes are subreapers: the orphan is re-parented to the top-level grader, which kills
-    it, and the batch goes on."""
+@pytest.fixture(scope="module")
+def rlimit_run(tmp_path_factory):
+    """One command line run under --isolation=rlimit where bubblewrap is not on PATH, two notebooks side by side:
+    one that starts a process in a new session and kills its grader process, and the solved one."""
+    tmp = tmp_path_factory.mktemp("rlimit")
     marker = f"attention-grade-orphan-{uuid.uuid4().hex}"
     attack = ("import os, subprocess, sys\n"
               f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],\n"
               "                 start_new_session=True)\n"
               "os.kill(os.getppid(), 9)")
-    nbformat.write(_with_cell(attack), tmp_path / f"orphan_{NAME}")
-    shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
+    nbformat.write(_with_cell(attack), tmp / f"orphan_{NAME}")
+    shutil.copy(FIXTURES / "solutions" / NAME, tmp / f"solved_{NAME}")
     args = ["--jsonl", "-j", "2", "--isolation", "rlimit", "--timeout", str(CELL_S), "--notebook-timeout", "120",
             "--solutions",
-            str(FIXTURES / "solutions"), str(tmp_path / f"orphan_{NAME}"), str(tmp_path / f"solved_{NAME}")]
-    done = _run(args, timeout=600)
-    results = {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
-    assert results[f"solved_{NAME}"]["passed"] == 5 and results[f"orphan_{NAME}"]["passed"] == 0
+            str(FIXTURES / "solutions"), str(tmp / f"orphan_{NAME}"), str(tmp / f"solved_{NAME}")]
+    done = _run(args, timeout=600, PATH=str(tmp))  # no bwrap on PATH
     time.sleep(1)
     survivors = _survivors(marker)
     for pid in survivors:
         os.kill(int(pid), 9)
-    assert survivors == []
+    results = {Path(r["notebook"]).name.replace(f"_{NAME}", ""): r for r in map(json.loads, done.stdout.splitlines())}
+    return {"results": results, "survivors": survivors}
+
+
+def test_under_rlimit_a_process_in_a_new_session_dies_with_a_killed_grader(rlimit_run):
+    """The rlimit backend has no PID namespace: a process the submission starts in a new session escapes the
+    process-group kill, and when the submission then kills its grader process the orphan would live on under init.
+    The command line's processes are subreapers: the orphan is re-parented to the top-level grader, which kills
+    it, and the batch goes on."""
+    results = rlimit_run["results"]
+    assert results["solved"]["passed"] == 5 and results["orphan"]["passed"] == 0
+    assert rlimit_run["survivors"] == []
 
 
 def test_a_forged_verdict_from_the_sandbox_does_not_count(monkeypatch):
@@ -569,15 +582,21 @@ def _forging_notebook():
 def test_report_text_is_escaped_for_each_format(tmp_path):
     """Exception messages and titles from a submission reach every format escaped: no escape code or forged line
     in the table, no formula in the CSV, one ASCII line per result in JSON lines. (Before, the table carried the
-    escape codes and a line starting FORGED-LINE, and the CSV a cell starting with =.) Under bubblewrap only: the
-    text is escaped where the results are formatted, in the grader, after either backend has delivered it."""
-    backend = "bwrap"
+    escape codes and a line starting FORGED-LINE, and the CSV a cell starting with =.) Graded once, by the command
+    line under bubblewrap: the text is escaped where the results are formatted, in the grader, after either backend
+    has delivered it; the command line's process builds each result from its child's JSON line and writes it in the
+    format asked for (cli._Writer), so the table and the CSV are that result written by the same writer."""
     nbformat.write(_forging_notebook(), tmp_path / "forging.ipynb")
-    outputs = {}
-    for fmt in ("table", "--csv", "--jsonl"):
-        done = _run([*([fmt] if fmt != "table" else []), "--no-reference", "--isolation", backend, "--timeout",
-                     str(CELL_S), "--notebook-timeout", "120", str(tmp_path / "forging.ipynb")], timeout=600)
-        outputs[fmt] = done.stdout
+    done = _run(["--jsonl", "--no-reference", "--isolation", "bwrap", "--timeout", str(CELL_S), "--notebook-timeout",
+                 "120", str(tmp_path / "forging.ipynb")], timeout=600)
+    outputs = {"--jsonl": done.stdout}
+    for fmt in ("table", "csv"):
+        out = io.StringIO()
+        writer = cli._Writer(fmt, out)
+        for line in done.stdout.splitlines():
+            writer.add(NotebookResult.from_dict(json.loads(line)))
+        writer.finish([])
+        outputs["--csv" if fmt == "csv" else fmt] = out.getvalue()
     table = outputs["table"]
     assert "\x1b" not in table and "\x07" not in table and "\u2028" not in table
     assert not any(line.startswith(FORGED) for line in table.splitlines()) and "FAIL  [ValueError]" in table
@@ -588,16 +607,16 @@ def test_report_text_is_escaped_for_each_format(tmp_path):
     assert len(lines) == 1 and lines[0].isascii() and json.loads(lines[0])["exercises"][0]["message"].startswith("=1+2")
 
 
-def test_without_bubblewrap_the_grader_refuses_unless_the_weaker_mode_is_asked_for(tmp_path):
+def test_without_bubblewrap_the_grader_refuses_unless_the_weaker_mode_is_asked_for(tmp_path, rlimit_run):
     """Where bubblewrap is missing (here: not on PATH), grading stops with a clear message; --isolation=rlimit
-    grades, and the report says so. (Before, the grader silently used its rlimit backend and said nothing.)"""
+    grades (the rlimit run above, with the same PATH), and the report says so. (Before, the grader silently used
+    its rlimit backend and said nothing.)"""
     shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / NAME)
     common = ["--jsonl", "--timeout", str(CELL_S), "--notebook-timeout", "120", "--solutions",
               str(FIXTURES / "solutions"), str(tmp_path / NAME)]
     refused = _run(common, timeout=600, PATH=str(tmp_path))
     assert refused.returncode == 2 and "bubblewrap is not available" in refused.stderr and refused.stdout == ""
-    weaker = _run(["--isolation", "rlimit", *common], timeout=600, PATH=str(tmp_path))
-    result = json.loads(weaker.stdout)
+    result = rlimit_run["results"]["solved"]
     assert result["passed"] == 5 and result["isolation"].startswith("rlimit (weaker")
 
 
