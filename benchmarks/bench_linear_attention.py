@@ -3,19 +3,23 @@
 Heads H=8, Dk=Dv=64, batch 1, T from 1k to 16k. The chunk size is chosen first, in the same run: the fastest of
 16, 32, 64 and 128 tokens at T=4096 (the sweep is printed: smaller chunks do fewer (L, L) products per token but
 take more sequential steps, each a few small kernels; transformers' and flash-linear-attention's 64 suits a GPU's
-fused kernels). Candidates, timed side by side per T: the chunked form (``gated_delta_chunked``), PyTorch's fused
-causal softmax attention (``scaled_dot_product_attention(is_causal=True)``) on the same q, k, v, and (T <= 4096, it
-is slow) the recurrent loop (``gated_delta_recurrent``). Decoding one token at context 16k: one delta-rule step on
-the fixed state against one query attending a 16k-token KV cache (SDPA), time and bytes kept per sequence.
+fused kernels). Candidates, timed side by side per T: the chunked form (``gated_delta_chunked``) in PyTorch's
+eager kernels, the same with its per-group step compiled (``step=torch.compile(chunks_step)``: the compiler fuses
+the step's elementwise work into fewer passes over memory, as a GPU kernel would; compiled once, before timing),
+PyTorch's fused causal softmax attention (``scaled_dot_product_attention(is_causal=True)``) on the same q, k, v, and
+(T <= 4096, it is slow) the recurrent loop (``gated_delta_recurrent``). Decoding one token at context 16k: one
+delta-rule step on the fixed state against one query attending a 16k-token KV cache (SDPA), time and bytes kept per
+sequence.
 
 Threads: 2, with OpenMP's default wait policy (the other benchmarks set PASSIVE; see common.py).
 
-Targets: chunked >= 10x faster than the loop at T=4096; chunked time linear in T (log-log fit exponent < 1.2);
-the T at which the chunked form overtakes SDPA causal is reported (no target: it depends on the CPU). The same
-two ratios are also reported on ONE torch thread by the CPU time of the timing thread (``time.thread_time``):
-the work each form does, which other jobs on a shared machine disturb far less than wall time; with them, the
-loop against the chunked form's matrix products and triangular solve alone (``products_floor``): the most the
-chunked form could gain over the loop with PyTorch's kernels on this CPU, whatever its elementwise work.
+Targets: the chunked form with its compiled step >= 10x faster than the loop at T=4096, and its time linear in T
+(log-log fit exponent < 1.2); the eager chunked form's ratios are reported beside them, and the T at which the
+compiled form overtakes SDPA causal (no target: it depends on the CPU). The eager form's ratios are also reported
+on ONE torch thread by the CPU time of the timing thread (``time.thread_time``): the work each form does, which
+other jobs on a shared machine disturb far less than wall time; with them, the loop against the chunked form's
+matrix products and triangular solve alone (``products_floor``): the most the chunked form could gain over the
+loop with PyTorch's eager kernels on one thread of this CPU, whatever its elementwise work.
 
 Usage: python benchmarks/bench_linear_attention.py [--repeats N]
 """
@@ -28,8 +32,8 @@ import math
 import os
 import time
 
-# OpenMP's default wait policy, not the other benchmarks' PASSIVE (common.py says why): measured here, the chunked
-# form took 58 ms on two passive threads and 46 ms on one; 34 ms on two threads with the default policy
+# OpenMP's default wait policy, not the other benchmarks' PASSIVE (common.py says why). Measured on this machine,
+# idle, T=4096, chunks of 64: 94 ms on two passive threads, 57 ms on one thread, 32-35 ms on two default threads
 os.environ["KEEP_OMP_WAIT_POLICY"] = "1"
 import common  # noqa: E402  (before torch: it sets the TF log level, and OMP_WAIT_POLICY unless told to keep it)
 import torch
@@ -61,16 +65,32 @@ def exponent(lengths, times) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
-def make_candidates(t: int, chunk: int) -> dict:
+def make_candidates(t: int, chunk: int, compiled_step) -> dict:
     """The timed calls at length t (the token loop only up to LOOP_LENGTHS: it is slow)."""
     q, k, v, beta, log_decay = inputs(t)
     candidates = {
         "chunked": lambda: la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=chunk),
+        "compiled": lambda: la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=chunk, step=compiled_step),
         "sdpa causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
     if t in LOOP_LENGTHS:
         candidates["loop"] = lambda: la.gated_delta_recurrent(q, k, v, beta, log_decay)
     return candidates
+
+
+def compile_step(chunk: int):
+    """torch.compile(chunks_step) for groups of `chunk`-token chunks: (the compiled step, seconds to compile), its
+    output checked against the float64 recurrence at T=1024 (every group of every T here has the same shape)."""
+    compiled = torch.compile(la.chunks_step, dynamic=False)
+    x = inputs(1024)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out, state = la.gated_delta_chunked(*x, chunk_size=chunk, step=compiled)
+    seconds = time.perf_counter() - start
+    ref, ref_state = la.gated_delta_recurrent(*(t.double() for t in x))
+    common.check("compiled step (float32) vs recurrent (float64), T=1024", common.max_abs_diff(out, ref), 1e-4)
+    common.check("compiled step final state", common.max_abs_diff(state, ref_state), 1e-4)
+    return compiled, seconds
 
 
 def products_floor(t: int, chunk: int):
@@ -160,25 +180,31 @@ def main(repeats: int = 3) -> dict:
     sweep_headers = ["chunk size (T=4096)", "chunked fastest ms"]
     print()
     print(common.markdown_table(sweep_headers, sweep_rows))
-    print(f"\nchunk size for the rest of this run: {chunk}\n")
+    print(f"\nchunk size for the rest of this run: {chunk}")
+    compiled_step, compile_s = compile_step(chunk)
+    print(f"torch.compile(chunks_step) compiled in {compile_s:.0f} s (not part of any timed run)\n")
     results, rows = {}, []
     for t in LENGTHS:
-        candidates = make_candidates(t, chunk)
-        times = common.interleaved(candidates, repeats=repeats if t in LOOP_LENGTHS else repeats + 2)
-        results[t] = {name: common.fastest(ts) for name, ts in times.items()}
-        loop = results[t].get("loop")
-        rows.append([t, f"{results[t]['chunked'] * 1e3:.1f}", f"{results[t]['sdpa causal'] * 1e3:.1f}",
-                     "-" if loop is None else f"{loop * 1e3:.0f}",
-                     f"{results[t]['sdpa causal'] / results[t]['chunked']:.2f}",
-                     "-" if loop is None else f"{loop / results[t]['chunked']:.0f}x"])
-        print(f"  T={t}: " + ", ".join(f"{n} {s * 1e3:.1f} ms" for n, s in results[t].items()), flush=True)
-    headers = ["T", f"chunked ({chunk}) ms", "sdpa causal ms", "loop ms", "sdpa / chunked", "loop / chunked"]
+        times = common.interleaved(make_candidates(t, chunk, compiled_step),
+                                   repeats=repeats if t in LOOP_LENGTHS else repeats + 2)
+        ms = {name: common.fastest(ts) * 1e3 for name, ts in times.items()}
+        results[t] = ms
+        loop = ms.get("loop")
+        rows.append([t, f"{ms['chunked']:.1f}", f"{ms['compiled']:.1f}", f"{ms['sdpa causal']:.1f}",
+                     "-" if loop is None else f"{loop:.0f}", f"{ms['sdpa causal'] / ms['compiled']:.2f}",
+                     "-" if loop is None else f"{loop / ms['chunked']:.1f}x",
+                     "-" if loop is None else f"{loop / ms['compiled']:.1f}x"])
+        print(f"  T={t}: " + ", ".join(f"{n} {v:.1f} ms" for n, v in ms.items()), flush=True)
+    headers = ["T", f"chunked ({chunk}) ms", "compiled ms", "sdpa causal ms", "loop ms", "sdpa / compiled",
+               "loop / chunked", "loop / compiled"]
     print()
     print(common.markdown_table(headers, rows))
 
-    speedup = results[4096]["loop"] / results[4096]["chunked"]
-    slope = exponent(LENGTHS, [results[t]["chunked"] for t in LENGTHS])
-    overtakes = next((t for t in LENGTHS if results[t]["chunked"] < results[t]["sdpa causal"]), None)
+    speedup = results[4096]["loop"] / results[4096]["compiled"]
+    eager_speedup = results[4096]["loop"] / results[4096]["chunked"]
+    slope = exponent(LENGTHS, [results[t]["compiled"] for t in LENGTHS])
+    eager_slope = exponent(LENGTHS, [results[t]["chunked"] for t in LENGTHS])
+    overtakes = next((t for t in LENGTHS if results[t]["compiled"] < results[t]["sdpa causal"]), None)
     cpu = cpu_times(repeats, chunk)
     cpu_speedup = cpu["loop", 4096] / cpu["chunked", 4096]
     cpu_slope = exponent(LENGTHS, [cpu["chunked", t] for t in LENGTHS])
@@ -189,15 +215,17 @@ def main(repeats: int = 3) -> dict:
     print()
     print(common.markdown_table(decode_headers, decode_rows))
     targets = [
-        [f"chunked >= {MIN_LOOP_SPEEDUP:.0f}x faster than the loop at T=4096", f"{speedup:.1f}x",
+        [f"chunked, compiled step, >= {MIN_LOOP_SPEEDUP:.0f}x faster than the loop at T=4096", f"{speedup:.1f}x",
          common.verdict(speedup >= MIN_LOOP_SPEEDUP)],
-        [f"chunked time linear in T: log-log exponent < {MAX_EXPONENT}", f"{slope:.2f}",
+        [f"chunked, compiled step, time linear in T: log-log exponent < {MAX_EXPONENT}", f"{slope:.2f}",
          common.verdict(slope < MAX_EXPONENT)],
-        ["one thread, CPU time: loop / chunked at T=4096 (reported)", f"{cpu_speedup:.1f}x", "-"],
+        ["chunked, eager: loop / chunked at T=4096 (reported)", f"{eager_speedup:.1f}x", "-"],
+        ["chunked, eager: log-log exponent (reported)", f"{eager_slope:.2f}", "-"],
+        ["one thread, CPU time: loop / chunked (eager) at T=4096 (reported)", f"{cpu_speedup:.1f}x", "-"],
         ["one thread, CPU time: loop / (the chunked form's products and solve alone) at T=4096 (reported)",
          f"{cpu_bound:.1f}x", "-"],
-        ["one thread, CPU time: chunked log-log exponent (reported)", f"{cpu_slope:.2f}", "-"],
-        ["T at which chunked overtakes SDPA causal (reported)",
+        ["one thread, CPU time: chunked (eager) log-log exponent (reported)", f"{cpu_slope:.2f}", "-"],
+        ["T at which the compiled chunked form overtakes SDPA causal (reported)",
          "not within 16k" if overtakes is None else str(overtakes), "-"],
         [f"decode at {DECODE_CONTEXT}: KV cache time / state time (reported)", f"{decode_stats['decode_speedup']:.1f}x",
          "-"],
@@ -208,8 +236,10 @@ def main(repeats: int = 3) -> dict:
     print(common.markdown_table(["target", "measured", "result"], targets))
     common.save("bench_linear_attention", config, table={"headers": headers, "rows": rows},
                 time_table={"headers": decode_headers, "rows": decode_rows},
-                extra_tables=[{"headers": sweep_headers, "rows": sweep_rows}], targets=targets, chunk=chunk)
-    return {"chunk": chunk, "speedup": speedup, "exponent": slope, "cpu_speedup": cpu_speedup,
+                extra_tables=[{"headers": sweep_headers, "rows": sweep_rows}], targets=targets, chunk=chunk,
+                compile_s=compile_s)
+    return {"chunk": chunk, "speedup": speedup, "eager_speedup": eager_speedup, "exponent": slope,
+            "compile_s": compile_s, "cpu_speedup": cpu_speedup,
             "cpu_exponent": cpu_slope, "overtakes": overtakes, **decode_stats}
 
 

@@ -117,6 +117,22 @@ def test_gradients_of_chunked_equal_recurrent():
         assert (a - b).abs().max() < 1e-10
 
 
+def test_chunked_runs_each_group_through_the_given_step():
+    """`step` (the benchmark passes torch.compile(chunks_step), checked there against the recurrence) gets every
+    group of `group` chunks, chunk-major, and the state between them; a ragged last group is shorter."""
+    q, k, v, beta, log_decay = draw_inputs(np.random.default_rng(5), t=19)
+    groups = []
+
+    def step(state, *group):
+        groups.append(tuple(group[0].shape[:2]))  # (chunks, B)
+        return la.chunks_step(state, *group)
+
+    out, state = la.gated_delta_chunked(q, k, v, beta, log_decay, chunk_size=4, group=2, step=step)
+    ref, ref_state = la.gated_delta_recurrent(q, k, v, beta, log_decay)
+    assert (out - ref).abs().max() < 1e-12 and (state - ref_state).abs().max() < 1e-12
+    assert groups == [(2, q.size(0)), (2, q.size(0)), (1, q.size(0))]  # 5 chunks of 4 tokens (19 padded to 20)
+
+
 def test_grouped_heads_share_queries_and_keys():
     rng = np.random.default_rng(2)
     q, k, v, beta, log_decay = draw_inputs(rng, t=9)

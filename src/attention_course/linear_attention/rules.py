@@ -25,6 +25,8 @@ heads): each query/key head serves ``H // H_k`` consecutive value heads
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -288,14 +290,18 @@ def chunks_step(
 
 def gated_delta_chunked(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor | None = None, state: Tensor | None = None,
-    chunk_size: int = 64, group: int = 8,
+    chunk_size: int = 64, group: int = 8, step: Callable[..., tuple[Tensor, Tensor]] = chunks_step,
 ) -> tuple[Tensor, Tensor]:
     """The gated delta rule chunk by chunk, the state carried between chunks. Equal to :func:`gated_delta_recurrent`.
 
     The sequence is cut into chunks of ``chunk_size`` tokens, copied once chunk-major, (chunks, B, H, L, ...), and
-    taken ``group`` chunks at a time (:func:`chunks_step`): every product then runs on contiguous blocks, and a
-    group's (L, L) matrices stay in the CPU's cache. A ragged end is padded with tokens that change nothing
-    (k = v = 0, beta = 0, alpha = 1). Work grows linearly in T for a fixed L.
+    taken ``group`` chunks at a time by ``step`` (:func:`chunks_step`): every product then runs on contiguous
+    blocks, and a group's (L, L) matrices stay in the CPU's cache. A ragged end is padded with tokens that change
+    nothing (k = v = 0, beta = 0, alpha = 1). Work grows linearly in T for a fixed L.
+
+    ``step=torch.compile(chunks_step)`` fuses each group's elementwise work into fewer passes over memory
+    (chapter 15's compiler): it compiles for the first group's shape, which every full group shares (a shorter
+    last group compiles once more).
     """
     check_rule_inputs(q, k, v, beta, log_decay, state)
     check_per_head(log_decay)
@@ -313,7 +319,7 @@ def gated_delta_chunked(
               for x in (q, k, v, beta, log_decay)]
     outs = []
     for first in range(0, inputs[0].size(0), group):
-        out, state = chunks_step(state, *(x[first:first + group] for x in inputs))
+        out, state = step(state, *(x[first:first + group] for x in inputs))
         outs.append(out.movedim(0, 2))  # (B, H, chunks, L, Dv): cat then writes the output's own layout at once
     return torch.cat(outs, dim=2).flatten(2, 3)[:, :, :length], state
 
