@@ -10,6 +10,7 @@ from attention_course import checks, numpy_ref
 from attention_course.checks import core, masks
 from attention_course.checks.questions import QUESTIONS, ChoiceQuestion, NumberQuestion
 
+checks.load_all()  # every topic's questions registered (the package imports its checkers when first used)
 CHOICES = sorted(qid for qid, q in QUESTIONS.items() if isinstance(q, ChoiceQuestion))
 NUMBERS = sorted(qid for qid, q in QUESTIONS.items() if isinstance(q, NumberQuestion))
 

@@ -65,6 +65,14 @@ _DESCRIPTIONS: dict[str, str] = {}
 CODES = MappingProxyType(_DESCRIPTIONS)
 _EXAMPLES: dict[str, tuple[str, str]] = {}  # bug_zoo name -> (code, check)
 _CODE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+_MESSAGE_CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]\s*")  # a diagnosis code at the start of a message
+
+
+def split_code(message: str) -> tuple[str | None, str]:
+    """``("missing-scale", "the rest")`` for ``"[missing-scale] the rest"``; ``(None, message)`` without a code.
+    The one reader of a message's code (the checks, the grader's verdicts and hints)."""
+    match = _MESSAGE_CODE.match(message)
+    return (match.group(1), message[match.end():]) if match else (None, message)
 
 
 def mistake(code: str, description: str, hint: str = "", *, chapter: int | None = None, topic: str = "runner",

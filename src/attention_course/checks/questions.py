@@ -137,6 +137,10 @@ def number_question(qid: str, *, answer: float | Callable[[], float], why: str, 
 
 
 def _question(qid, kind):
+    if isinstance(qid, str) and qid not in QUESTIONS:
+        from . import load_all  # a question lives beside its topic's checkers, imported when first used
+
+        load_all()
     question = QUESTIONS.get(qid) if isinstance(qid, str) else None
     if question is None:
         known = ", ".join(sorted(QUESTIONS)) or "none"

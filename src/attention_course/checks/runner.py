@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-import re
 import signal
 import threading
 import time
@@ -33,17 +32,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..mistakes import MISTAKES, hint
+from ..mistakes import MISTAKES, hint, split_code
 
 DEFAULT_TIMEOUT = 10.0
-CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]\s*")  # a diagnosis code at the start of a message
-
-
-def split_code(message: str) -> tuple[str | None, str]:
-    """``("missing-scale", "the rest")`` for ``"[missing-scale] the rest"``; ``(None, message)`` without a code.
-    The one reader of a message's code (the checks, the grader's verdicts and hints)."""
-    match = CODE.match(message)
-    return (match.group(1), message[match.end():]) if match else (None, message)
 
 
 class CheckFailed(AssertionError):

@@ -24,8 +24,7 @@ import io
 
 import numpy as np
 
-from ..checks.runner import split_code
-from ..mistakes import hint
+from ..mistakes import hint, split_code
 from . import wire
 from .canonical import CheckCall
 from .sandbox import Sandbox, SandboxError

@@ -22,8 +22,7 @@ import io
 import json
 from dataclasses import asdict, dataclass, field
 
-from ..checks.runner import split_code
-from ..mistakes import CODES
+from ..mistakes import CODES, split_code
 
 TOTAL = "total"  # the `exercise` of a notebook's total row in the CSV
 CSV_HEADER = ["notebook", "exercise", "title", "level", "passed", "points", "max_points", "code", "message",
