@@ -33,3 +33,25 @@ def test_the_course_processes_skip_the_iri_grammar():
             "print(sys.modules.get('rfc3987_syntax', 'not imported'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "None"
+
+
+def test_the_graders_processes_import_no_torch():
+    """The grader's command line, its per-notebook process and the sandbox worker import torch only when a notebook
+    needs it (about 1.5 s of CPU each time): the package and its checks load their modules when first used."""
+    program = ("import sys, attention_course.course.cli, attention_course.course.worker, attention_course.checks; "
+               "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
+
+
+def test_every_lazy_name_resolves_and_is_exported():
+    import attention_course
+    from attention_course import checks
+
+    for package in (attention_course, checks):
+        assert set(package._LAZY) | ({"CODES"} if package is checks else set()) == set(package.__all__)
+        assert all(callable(getattr(package, name)) or name == "DEFAULT_TIMEOUT" for name in package._LAZY)
+        assert set(package.__all__) <= set(dir(package))
+    with pytest.raises(AttributeError, match="no attribute 'check_nothing'"):
+        checks.check_nothing  # noqa: B018
