@@ -1,5 +1,8 @@
 """Chapter 11's experiments on deep stacks: the gradients at initialisation against depth (Xiong et al.'s
-Theorem 1) and a short training run at a high learning rate, post-LN vs pre-LN, with and without a warm-up."""
+Theorem 1), and the training run behind its post-LN vs pre-LN, warm-up verdicts (those checked by nbval in the
+chapter: see below)."""
+
+import math
 
 import pytest
 import torch
@@ -10,10 +13,6 @@ from attention_course.training import train
 CHANCE = 2.30  # ln 10: the loss of a uniform guess over 10 digits
 
 
-def tail(losses, n=10):
-    return sum(losses[-n:]) / n
-
-
 def test_top_gradient_against_depth():
     """Post-LN's top block keeps its gradient as the stack deepens; pre-LN's shrinks like 1 / sqrt(L)."""
     top = {(nf, depth): depth_statistics(nf, depth=depth, d_model=32, num_seeds=2, seq_len=8)["ffn_gradient"][-1]
@@ -22,21 +21,14 @@ def test_top_gradient_against_depth():
     assert 0.3 < top[True, 16] / top[True, 4] < 0.7  # 1 / sqrt(4) = 0.5
 
 
-@pytest.fixture(scope="module")
-def runs():
-    runs = {(nf, warmup): train_on_reversal(nf, warmup, steps=150) for nf in (False, True) for warmup in (0, 100)}
-    runs["no residual"] = train_on_reversal(False, 100, residual=False)
-    return runs
-
-
-def test_warmup_and_order(runs):
-    """The chapter's verdicts, with the chapter's settings (6 blocks, lr 1e-2, 150 steps)."""
-    assert tail(runs[False, 0]) > 2.0  # post-LN without warm-up: stuck near chance
-    assert tail(runs[False, 100]) < 1.0  # ... with a warm-up it learns
-    assert tail(runs[True, 0]) < 0.1 and tail(runs[True, 100]) < 0.1  # pre-LN learns either way
-    assert tail(runs["no residual"]) > 2.0  # post-LN with warm-up, without residual connections: stuck
-    assert all(len(losses) == 150 for losses in runs.values())
-    assert all(abs(losses[0] - CHANCE) < 0.5 for losses in runs.values())
+def test_train_on_reversal_gives_one_loss_per_step_from_chance():
+    """The function's contract on short runs. The chapter's verdicts on its full runs (post-LN without a warm-up
+    stuck near chance, with one below 1.0, pre-LN below 0.1 either way, no residual stuck) are chapter 11's printed
+    lines, with these thresholds, which nbval checks against a fresh run of the notebook: not trained twice here."""
+    for norm_first, warmup, residual in ((False, 0, True), (True, 100, True), (False, 100, False)):
+        losses = train_on_reversal(norm_first, warmup, steps=5, residual=residual)
+        assert len(losses) == 5 and all(math.isfinite(x) for x in losses)
+        assert abs(losses[0] - CHANCE) < 0.5
 
 
 def test_warmup_schedule():
