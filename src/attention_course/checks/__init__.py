@@ -31,6 +31,7 @@ cases) and :mod:`.observe` (what the student's code computes and calls).
 
 import importlib
 
+from ..lazy_exports import lazy_exports
 from ..mistakes import CODES
 
 # The checkers import torch (and some, TensorFlow or transformers) when first used, not when this package is imported:
@@ -68,18 +69,7 @@ _LAZY = {
     "check_retire": "serving", "check_verify_mask": "serving",
     "check_sliding_window_attention": "tiles",
 }
-
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    globals()[name] = value  # once: the next lookup finds it
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 def load_all() -> None:
