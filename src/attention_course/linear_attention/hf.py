@@ -13,7 +13,8 @@ import logging
 import torch
 from torch import Tensor
 
-from ..modern.hf import build_hf_attention, hf_forward  # noqa: F401  (Qwen3-Next's attention: family "qwen3_next")
+# build_hf_attention and hf_forward are re-exported: Qwen3-Next's attention is family "qwen3_next" there
+from ..modern.hf import build_hf_attention, hf_forward, random_weights  # noqa: F401
 
 KERNEL_LOGGER = "transformers.integrations.hub_kernels"
 
@@ -36,12 +37,7 @@ def build_hf_gated_deltanet(*, dtype=torch.float32, seed: int = 0, scale: float 
     quiet_transformers()
     hf_config = Qwen3NextConfig(num_hidden_layers=1, layer_types=["linear_attention"], intermediate_size=8,
                                 vocab_size=16, **config)
-    layer = Qwen3NextGatedDeltaNet(hf_config, 0)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=generator))
-    return layer.to(dtype).eval()
+    return random_weights(Qwen3NextGatedDeltaNet(hf_config, 0), seed=seed, dtype=dtype, scale=scale)
 
 
 def hf_deltanet_forward(layer, x: Tensor) -> Tensor:
@@ -63,9 +59,4 @@ def build_hf_kimi_delta(*, dtype=torch.float32, seed: int = 0, scale: float = 0.
     quiet_transformers()
     hf_config = KimiLinearConfig(num_hidden_layers=1, layer_types=["linear_attention"], intermediate_size=8,
                                  vocab_size=16, pad_token_id=None, bos_token_id=None, eos_token_id=None, **config)
-    layer = KimiLinearDeltaAttention(hf_config, 0)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=generator))
-    return layer.to(dtype).eval()
+    return random_weights(KimiLinearDeltaAttention(hf_config, 0), seed=seed, dtype=dtype, scale=scale)

@@ -60,11 +60,15 @@ def build_hf_attention(family: str, layer_idx: int = 0, *, dtype=torch.float64, 
     hf_config = getattr(importlib.import_module("transformers"), config_name)(
         intermediate_size=8, vocab_size=16, attn_implementation="eager", **config
     )
-    layer = getattr(hf_module, attention_name)(hf_config, layer_idx)
+    return random_weights(getattr(hf_module, attention_name)(hf_config, layer_idx), seed=seed, dtype=dtype)
+
+
+def random_weights(layer: torch.nn.Module, *, seed: int, dtype, scale: float = 0.3) -> torch.nn.Module:
+    """Every parameter of ``layer`` drawn ~ N(0, scale^2) from a seeded generator; the layer in ``dtype``, eval mode."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in layer.parameters():
-            p.copy_(0.3 * torch.randn(p.shape, generator=generator))
+            p.copy_(scale * torch.randn(p.shape, generator=generator))
     return layer.to(dtype).eval()
 
 
