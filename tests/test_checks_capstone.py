@@ -302,8 +302,8 @@ def trained_once(model):
     return copy.deepcopy(_TRAINED["model"])
 
 
-def induction_scores(model, ids, copy_target):
-    """Attention weights recomputed from the inputs each block's attention receives (forward pre-hooks)."""
+def _attention_inputs(model, ids):
+    """What each block's attention receives on ids (forward pre-hooks), one (B, T, D) tensor per block."""
     seen = []
     hooks = [b.attn.register_forward_pre_hook(lambda m, a: seen.append(a[0])) for b in model.blocks]
     try:
@@ -311,9 +311,22 @@ def induction_scores(model, ids, copy_target):
     finally:
         for hook in hooks:
             hook.remove()
+    return seen
+
+
+def _previous_token_targets(ids, diagonal):
+    """(B, T, T): key j is a target of query t when ids[j - 1] == ids[t] and j <= t + diagonal."""
     t = ids.size(1)
     previous = torch.cat([torch.full_like(ids[:, :1], -1), ids[:, :-1]], dim=1)
-    targets = (ids[:, :, None] == previous[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril(-1)
+    return (ids[:, :, None] == previous[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril(diagonal)
+
+
+def induction_scores(model, ids, copy_target, targets=None):
+    """Attention weights recomputed from the inputs each block's attention receives, summed over each query's
+    targets (by default the tokens after earlier occurrences of the query's token), averaged over the queries."""
+    seen = _attention_inputs(model, ids)
+    targets = _previous_token_targets(ids, -1) if targets is None else targets
+    t = ids.size(1)
     queries = targets.any(-1) & copy_target
     rows = []
     for block, x in zip(model.blocks, seen, strict=True):
@@ -326,43 +339,25 @@ def induction_scores(model, ids, copy_target):
 
 
 def score_variant(kind):
+    """Planted scores: on the earlier occurrence of the token itself, over every query, or counting the query's own
+    position."""
     def scores(model, ids, copy_target):
-        if kind == "off-by-one":
-            return _score_with(model, ids, copy_target, earlier_occurrence=True)
+        if kind == "off-by-one":  # key j matches when ids[j] == ids[t]
+            t = ids.size(1)
+            same = (ids[:, :, None] == ids[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril(-1)
+            return induction_scores(model, ids, copy_target, same)
         if kind == "no-mask":
             return induction_scores(model, ids, torch.ones_like(copy_target))
-        return _score_with(model, ids, copy_target)
+        return induction_scores(model, ids, copy_target, _previous_token_targets(ids, 0))
 
     return scores
-
-
-def _score_with(model, ids, copy_target, earlier_occurrence=False):
-    """Planted scores: on the earlier occurrence of the token itself, or counting the query's own position."""
-    seen = []
-    hooks = [b.attn.register_forward_pre_hook(lambda m, a: seen.append(a[0])) for b in model.blocks]
-    model(ids)
-    for hook in hooks:
-        hook.remove()
-    t = ids.size(1)
-    if not earlier_occurrence:
-        previous = torch.cat([torch.full_like(ids[:, :1], -1), ids[:, :-1]], dim=1)
-        targets = (ids[:, :, None] == previous[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril(0)
-    else:  # key j matches when ids[j] == ids[t]
-        targets = (ids[:, :, None] == ids[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril(-1)
-    queries = targets.any(-1) & copy_target
-    rows = []
-    for block, x in zip(model.blocks, seen, strict=True):
-        a, pos = block.attn, torch.arange(t)
-        q = apply_rope(split_heads(a.w_q(x), a.num_heads), pos)
-        k = apply_rope(split_heads(a.w_k(x), a.num_heads), pos)
-        _, w = scaled_dot_product_attention(q, k, k, causal_mask(t, t))
-        rows.append((w * targets[:, None]).sum(-1).transpose(1, 2)[queries].mean(0))
-    return torch.stack(rows)
 
 
 block_check = checks.check_capstone_block
 gen_check = checks.check_capstone_generation
 train_check = functools.partial(checks.check_capstone_training, TinyGPT)
+
+
 score_check = functools.partial(checks.check_capstone_induction_scores, TinyGPT, trained_once)
 
 CORRECT += [
