@@ -437,15 +437,22 @@ def check_decoder_block(cls, *, test_dropout: bool = True, timeout: float = DEFA
     run_check(_keeping_rng(lambda: _check_decoder_body(cls, "DecoderBlock", test_dropout)), timeout)
 
 
-def _check_ffn_body(cls, label, test_dropout):
-    configs = _part_configs([(8, 32, (2, 5)), (12, 20, (3, 4)), (6, 6, (1, 7))])
+def _ffn_cases(cls, label, configs, make_ref, seed):
+    """For each (d_model, d_ff, (B, T)) of configs: (i, d_model, d_ff, ref, x, case, out), ref = make_ref(d_model,
+    d_ff) with random weights (seed + i), x (B, T, D) drawn from seed + 10 + i, and out the student's module
+    ``cls(d_model, d_ff)``, loaded with ref's weights, run on x."""
     for i, (d_model, d_ff, (b, t)) in enumerate(configs, 1):
-        ref = _randomised(block.FeedForward(d_model, d_ff, "relu"), seed=40 + i)
-        x = torch.randn(b, t, d_model, generator=torch.Generator().manual_seed(50 + i))
+        ref = _randomised(make_ref(d_model, d_ff), seed=seed + i)
+        x = torch.randn(b, t, d_model, generator=torch.Generator().manual_seed(seed + 10 + i))
         case = f"case {i} of {len(configs)}: d_model={d_model}, d_ff={d_ff}; x of shape {shape_text(x.shape)}"
         module = _build(cls, label, (d_model, d_ff), None)
         _load(module, ref, label)
-        out = _run(module, {"x": x}, label, case, positional=1)
+        yield i, d_model, d_ff, ref, x, case, _run(module, {"x": x}, label, case, positional=1)
+
+
+def _check_ffn_body(cls, label, test_dropout):
+    configs = _part_configs([(8, 32, (2, 5)), (12, 20, (3, 4)), (6, 6, (1, 7))])
+    for i, d_model, d_ff, ref, x, case, out in _ffn_cases(cls, label, configs, block.FeedForward, seed=40):
         with torch.no_grad():
             expected = ref(x).numpy()
             linear = ref.linear2(ref.linear1(x)).numpy()
@@ -574,13 +581,7 @@ def _swiglu_candidates(ref, x):
 
 def _check_swiglu_body(cls, label):
     configs = _part_configs([(8, 24, (2, 5)), (12, 20, (3, 4)), (6, 6, (1, 7))])
-    for i, (d_model, d_ff, (b, t)) in enumerate(configs, 1):
-        ref = _randomised(block.SwiGLU(d_model, d_ff), seed=90 + i)
-        x = torch.randn(b, t, d_model, generator=torch.Generator().manual_seed(100 + i))
-        case = f"case {i} of {len(configs)}: d_model={d_model}, d_ff={d_ff}; x of shape {shape_text(x.shape)}"
-        module = _build(cls, label, (d_model, d_ff), None)
-        _load(module, ref, label)
-        out = _run(module, {"x": x}, label, case, positional=1)
+    for _, _, _, ref, x, case, out in _ffn_cases(cls, label, configs, block.SwiGLU, seed=90):
         with torch.no_grad():
             expected = ref(x).numpy()
         if not close(out, expected, ATOL, RTOL):
