@@ -33,6 +33,7 @@ from attention_course.serving import (
     speculative_sample,
     wasted_positions,
 )
+from attention_course.serving.speculative import expected_speedup, expected_tokens_per_pass, fit_acceptance
 
 VOCAB = 53
 WORKLOADS = settings(max_examples=2, deadline=None, database=None)
@@ -392,3 +393,50 @@ def test_allocator_hands_out_every_block_once():
     assert alloc.num_free == 0
     alloc.release(1)
     assert alloc.num_free == 1 and alloc.allocate() == 1
+
+
+# ---------------------------------------------------------------- the expected tokens per verify pass
+
+
+def simulated_tokens_per_pass(alpha, k, passes, g):
+    """Monte Carlo reference: each pass accepts proposals while independent coin flips (probability alpha) succeed,
+    then yields the accepted ones plus the target's own token."""
+    flips = torch.rand(passes, k, generator=g, dtype=torch.float64) < alpha  # (passes, k)
+    accepted = flips.int().cumprod(dim=1).sum(dim=1)  # leading successes
+    return float((accepted + 1).double().mean())
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.68, 0.95, 1.0])
+def test_expected_tokens_per_pass_matches_a_simulation_and_the_closed_form(alpha):
+    g = torch.Generator().manual_seed(0)
+    for k in (1, 3, 8):
+        formula = expected_tokens_per_pass(alpha, k)
+        assert abs(simulated_tokens_per_pass(alpha, k, 40000, g) - formula) < 0.05, (alpha, k)
+        closed = k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+        assert formula == pytest.approx(closed, rel=1e-12)
+    assert expected_speedup(alpha, 3, 0.0) == expected_tokens_per_pass(alpha, 3)
+    assert expected_speedup(alpha, 3, 1 / 3) == pytest.approx(expected_tokens_per_pass(alpha, 3) / 2)
+
+
+def test_fit_acceptance_recovers_a_planted_alpha():
+    ks = range(1, 9)
+    for alpha in (0.2, 0.55, 0.68, 0.9):
+        exact = [expected_tokens_per_pass(alpha, k) for k in ks]
+        assert fit_acceptance(ks, exact) == pytest.approx(alpha, abs=1e-4)
+    g = torch.Generator().manual_seed(1)
+    measured = [simulated_tokens_per_pass(0.6, k, 4000, g) for k in ks]  # noisy, like a measured curve
+    assert abs(fit_acceptance(ks, measured) - 0.6) < 0.02
+    assert abs(fit_acceptance(ks, [k + 1 for k in ks]) - 1.0) < 1e-9  # every proposal accepted
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: expected_tokens_per_pass(1.5, 3), ValueError, "alpha must be a probability in"),
+    (lambda: expected_tokens_per_pass("0.5", 3), TypeError, "alpha must be a float"),
+    (lambda: expected_tokens_per_pass(0.5, 0), ValueError, "k must be >= 1"),
+    (lambda: expected_speedup(0.5, 3, -1), ValueError, "draft_cost must be a number >= 0"),
+    (lambda: fit_acceptance([1, 2], [1.5]), ValueError, "of one length"),
+    (lambda: fit_acceptance([1], [1.5], resolution=2), ValueError, "resolution must be in"),
+])
+def test_speculative_formula_refuses_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

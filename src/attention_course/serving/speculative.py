@@ -183,3 +183,51 @@ def output_distribution(p: Tensor, q: Tensor) -> Tensor:
     a = accept_probability(p, q)
     rejected = (q * (1 - a)).sum()
     return q * a + rejected * residual_distribution(p, q)
+
+
+# ---------------------------------------------------------------- how many tokens a verify pass brings
+
+
+def _check_alpha(alpha: float) -> None:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"alpha must be a float, got {type(alpha).__name__} {alpha!r}")
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be a probability in [0, 1], got alpha={alpha}")
+
+
+def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    """Expected tokens one verify pass yields when each of its k proposals is accepted with probability alpha,
+    independently (Leviathan et al. 2023, eq. 1).
+
+    The pass yields its (i + 1)-th token (i = 0..k) exactly when the first i proposals were all accepted,
+    probability alpha^i: E = sum_i alpha^i = (1 - alpha^(k + 1)) / (1 - alpha), and k + 1 when alpha = 1.
+    """
+    _check_alpha(alpha)
+    check_int(k, "k")
+    return sum(alpha**i for i in range(k + 1))  # the sum, not the quotient: no 0 / 0 at alpha = 1
+
+
+def expected_speedup(alpha: float, k: int, draft_cost: float) -> float:
+    """Tokens per unit of target-pass cost against plain decoding (one token per pass): E / (1 + k * draft_cost),
+    with ``draft_cost`` the cost of one draft pass in target passes (Leviathan et al. 2023, Theorem 3.8)."""
+    if isinstance(draft_cost, bool) or not isinstance(draft_cost, (int, float)) or draft_cost < 0:
+        raise ValueError(f"draft_cost must be a number >= 0, got draft_cost={draft_cost!r}")
+    return expected_tokens_per_pass(alpha, k) / (1 + k * draft_cost)
+
+
+def fit_acceptance(ks, tokens_per_pass, resolution: float = 1e-4) -> float:
+    """The least-squares alpha: the one whose :func:`expected_tokens_per_pass` is nearest the measured tokens per
+    verify pass at each k (sum of squared differences), searched on a grid of step ``resolution`` over [0, 1]."""
+    ks, measured = list(ks), [float(m) for m in tokens_per_pass]
+    if not ks or len(ks) != len(measured):
+        raise ValueError(f"ks and tokens_per_pass must be non-empty and of one length, got {len(ks)} and "
+                         f"{len(measured)}")
+    for k in ks:
+        check_int(k, "k")
+    if not 0 < resolution < 1:
+        raise ValueError(f"resolution must be in (0, 1), got resolution={resolution}")
+    alphas = torch.linspace(0, 1, round(1 / resolution) + 1, dtype=torch.float64)  # (A,)
+    powers = alphas[:, None] ** torch.arange(max(ks) + 1, dtype=torch.float64)  # (A, kmax + 1): alpha^i
+    expected = torch.stack([powers[:, : k + 1].sum(-1) for k in ks], dim=-1)  # (A, len(ks))
+    error = (expected - torch.tensor(measured, dtype=torch.float64)).pow(2).sum(-1)  # (A,)
+    return float(alphas[error.argmin()])
