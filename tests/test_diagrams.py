@@ -107,3 +107,22 @@ def test_induction_circuit_names_both_heads_and_the_key_path():
     shown = [*fig.axes[0].texts, fig.axes[0].title]  # the axis itself is off: its tick labels are not drawn
     assert min(t.get_fontsize() for t in shown) >= 11
     assert fig.get_size_inches()[0] <= 7
+
+
+def test_mla_cache_counts_what_is_cached_and_the_work_of_each_form():
+    """Chapter 14's MLA figure: DeepSeek-V3's 512 + 64 cached numbers, 320 against 1088 multiply-adds per pair."""
+    drawn = "\n".join(texts(diagrams.mla_cache()))
+    for part in ("c (512) + k_rope (64) = 576 numbers", "all 128 heads", "k = [W_uk c, k_rope] (192)",
+                 "v = W_uv c (128)", "= 320 mult-adds", "= 1088 mult-adds", "expanded (prefill)",
+                 "absorbed (decode)"):
+        assert part in drawn, part
+    small = "\n".join(texts(diagrams.mla_cache(num_heads=3, kv_lora_rank=10, qk_rope_head_dim=4,
+                                               qk_nope_head_dim=6, v_head_dim=5)))
+    assert "= 15 mult-adds" in small and "= 24 mult-adds" in small and "all 3 heads" in small
+    fig = diagrams.mla_cache()
+    shown = [*fig.axes[0].texts, fig.axes[0].title]
+    assert min(t.get_fontsize() for t in shown) >= 11 and fig.get_size_inches()[0] <= 7
+    with pytest.raises(ValueError, match="kv_lora_rank must be >= 1, got 0"):
+        diagrams.mla_cache(kv_lora_rank=0)
+    with pytest.raises(TypeError, match="num_heads must be an int, got float"):
+        diagrams.mla_cache(num_heads=2.0)

@@ -179,3 +179,42 @@ def test_transformers_allocates_the_predicted_cache_shared_gemma4():
     held = hf_cache_bytes(_tiny_lm_cache(transformers.Gemma4ForCausalLM, config, 20))
     assert held == cache.published_cache_bytes(predicted, 20, torch.float32, between_steps=True)
     assert held == 2 * 2 * 8 * 4 * (20 + 5)
+
+
+def test_mla_costs_match_the_published_table_and_the_modules_tensors():
+    v3 = cache.mla_costs(cache.DEEPSEEK_V3_MLA)
+    deepseek = next(c for c in cache.PUBLISHED if c.name == "DeepSeek-V3")
+    assert v3["latent bytes/token"] == cache.scheme_bytes_per_token(deepseek, "MLA")  # 61 * 576 * 2
+    assert v3["expanded bytes/token"] == 61 * 128 * (192 + 128) * 2
+    assert (v3["expanded MACs/pair"], v3["absorbed MACs/pair"]) == (128 * 320, 128 * 1088)
+    # The course's MLA layer: the tensors its two forms attend over, counted per token.
+    from attention_course import modern
+    sizes = cache.MLASizes(1, 3, kv_lora_rank=10, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5)
+    layer = modern.MultiHeadLatentAttention(24, 3, q_lora_rank=None, kv_lora_rank=10, qk_nope_head_dim=6,
+                                            qk_rope_head_dim=4, v_head_dim=5)
+    t = 7
+    c, k_rope = layer.latents(torch.randn(1, t, 24), torch.arange(t))  # (1, 1, T, C), (1, 1, T, R)
+    w_uk, w_uv = layer.up_projections()  # (H, N, C), (H, V, C)
+    keys = torch.cat([c @ w_uk.transpose(-2, -1), k_rope.expand(-1, 3, -1, -1)], dim=-1)  # (1, H, T, N + R)
+    values = c @ w_uv.transpose(-2, -1)  # (1, H, T, V)
+    costs = cache.mla_costs(sizes, torch.float32)
+    assert costs["latent bytes/token"] == (c.numel() + k_rope.numel()) * 4 // t
+    assert costs["expanded bytes/token"] == (keys.numel() + values.numel()) * 4 // t
+    assert costs["expanded MACs/pair"] == 3 * (keys.size(-1) + values.size(-1))
+    assert costs["absorbed MACs/pair"] == 3 * (c.size(-1) + k_rope.size(-1) + c.size(-1))
+
+
+def test_transformers_caches_the_mla_latent():
+    """transformers' DeepseekV3 caches the latent and k_rope (C + R per token and layer), not the expanded keys and
+    values it attends over (it re-expands them at every step)."""
+    import transformers
+
+    from attention_course.modern.hf import hf_cache_bytes
+    config = transformers.DeepseekV3Config(
+        vocab_size=50, hidden_size=24, intermediate_size=16, moe_intermediate_size=8, num_hidden_layers=2,
+        num_attention_heads=3, num_key_value_heads=3, q_lora_rank=12, kv_lora_rank=10, qk_rope_head_dim=4,
+        qk_nope_head_dim=6, v_head_dim=5, n_routed_experts=2, num_experts_per_tok=1, first_k_dense_replace=2)
+    held = hf_cache_bytes(_tiny_lm_cache(transformers.DeepseekV3ForCausalLM, config, 9))
+    sizes = cache.MLASizes(2, 3, 10, 4, 6, 5)
+    assert held == 9 * cache.mla_costs(sizes, torch.float32)["latent bytes/token"] == 9 * 2 * (10 + 4) * 4
+    assert held < 9 * cache.mla_costs(sizes, torch.float32)["expanded bytes/token"]

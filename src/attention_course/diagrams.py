@@ -213,3 +213,50 @@ def induction_circuit() -> Figure:
     ax.set_title("The induction circuit on \"... A B ... A\" → B", fontsize=12)
     fig.tight_layout()
     return fig
+
+
+def mla_cache(num_heads: int = 128, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64, qk_nope_head_dim: int = 128,
+              v_head_dim: int = 128) -> Figure:
+    """Chapter 14's multi-head latent attention: what a token caches (the latent c and one rotated key k_rope,
+    shared by every head), and the two ways to attend over it: expanded into per-head keys and values, or with
+    W_uk absorbed into the query and W_uv applied after the weights. Sizes default to DeepSeek-V3's; the labels
+    count the multiply-adds per (query, key) pair and head of each form. Drawn directly in the chapter (no SVG)."""
+    for name, value in (("num_heads", num_heads), ("kv_lora_rank", kv_lora_rank),
+                        ("qk_rope_head_dim", qk_rope_head_dim), ("qk_nope_head_dim", qk_nope_head_dim),
+                        ("v_head_dim", v_head_dim)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    c, r, n, v = kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim
+    fig, ax = _canvas(7.0, 5.0, 10.0, 7.1)
+    font = 11
+
+    def box(x, y, text, colour, width, height):
+        ax.add_patch(FancyBboxPatch((x - width / 2, y - height / 2), width, height, boxstyle="round,pad=0.05",
+                                    facecolor=colour, edgecolor="black", linewidth=1.0))
+        ax.text(x, y, text, ha="center", va="center", fontsize=font)
+
+    def arrow(start, end):
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, linewidth=1.0, color="black"))
+
+    box(1.0, 6.2, "token\nx_t", COLOURS["input"], 1.3, 0.9)
+    box(6.0, 6.2, f"cached per token and layer:\nc ({c}) + k_rope ({r}) = {c + r} numbers,\nshared by all "
+        f"{num_heads} heads", COLOURS["weights"], 6.0, 1.2)
+    arrow((1.7, 6.2), (2.9, 6.2))
+    ax.text(2.3, 6.45, "W_dkv", ha="center", va="bottom", fontsize=font, style="italic")
+    for x, title in ((2.45, "expanded (prefill)"), (7.55, "absorbed (decode)")):
+        arrow((x + (1.0 if x < 5 else -1.0), 5.55), (x, 4.85))
+        ax.text(x, 4.55, title, ha="center", va="center", fontsize=font, weight="bold")
+    box(2.45, 3.2, f"per head h:\nk = [W_uk c, k_rope] ({n + r})\nv = W_uv c ({v})", COLOURS["key"], 4.7, 1.5)
+    box(7.55, 3.2, f"per head h:\nq' = [W_ukᵀ q_nope, q_rope]\n({c + r}) · [c, k_rope]", COLOURS["query"], 4.7,
+        1.5)
+    box(2.45, 1.0, f"scores {n + r} + output {v}\n= {n + r + v} mult-adds per\npair and head", COLOURS["op"], 4.7,
+        1.4)
+    box(7.55, 1.0, f"scores {c + r} + output {c}\n= {2 * c + r} mult-adds per\npair and head (W_uv after)",
+        COLOURS["op"], 4.7, 1.4)
+    arrow((2.45, 2.4), (2.45, 1.75))
+    arrow((7.55, 2.4), (7.55, 1.75))
+    ax.set_title("Multi-head latent attention: one latent cached, two ways to read it", fontsize=12)
+    fig.tight_layout()
+    return fig

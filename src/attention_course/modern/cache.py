@@ -100,3 +100,37 @@ def cache_table(context: int = 8192, dtype=torch.bfloat16, configs=PUBLISHED) ->
          "features": ", ".join(c.features), "source": c.source}
         for c in configs
     ]
+
+
+@dataclass(frozen=True)
+class MLASizes:
+    """The sizes of multi-head latent attention that decide its cache and its work (DeepSeek-V2/V3 names):
+    C = ``kv_lora_rank``, R = ``qk_rope_head_dim``, N = ``qk_nope_head_dim``, V = ``v_head_dim``."""
+
+    num_layers: int
+    num_heads: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+
+DEEPSEEK_V3_MLA = MLASizes(61, 128, 512, 64, 128, 128)  # DeepSeek-V3 (deepseekai2024v3), its config.json sizes
+
+
+def mla_costs(sizes: MLASizes, dtype=torch.bfloat16) -> dict:
+    """What MLA caches per token and what attention does per (query, key) pair, expanded against absorbed.
+
+    Expanded (the plain form): a cache of every head's key [W_uk c, k_rope] (N + R) and value W_uv c (V); a pair
+    costs H (N + R) multiply-adds for the scores and H V for the output. Absorbed: a cache of the latent c and
+    k_rope only (C + R, shared by the heads); a pair costs H (C + R) for the scores and H C for the output (the
+    weights average the latent, W_uv comes after). transformers 5.24's DeepseekV3Attention caches the latent and
+    re-expands it into keys and values at every step.
+    Bytes are per token over all layers; multiply-adds per pair, one layer, all heads.
+    """
+    size = torch.empty((), dtype=dtype).element_size()
+    h, c, r, n, v = (sizes.num_heads, sizes.kv_lora_rank, sizes.qk_rope_head_dim, sizes.qk_nope_head_dim,
+                     sizes.v_head_dim)
+    return {"expanded bytes/token": sizes.num_layers * h * (n + r + v) * size,
+            "latent bytes/token": sizes.num_layers * (c + r) * size,
+            "expanded MACs/pair": h * (n + r + v), "absorbed MACs/pair": h * (c + r + c)}
