@@ -487,3 +487,20 @@ def test_costs():
     assert costs.chunked_flops(4096, 64, 8, 8) == 64 * one_chunk  # linear in T for a fixed chunk
     with pytest.raises(ValueError, match="chunk must be >= 1"):
         costs.chunked_flops(10, 0, 8, 8)
+
+
+def test_recurrence_figure_shows_plain_linear_attention():
+    """The figure opens the section on plain linear attention: its update, no gate or beta introduced later."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attention_course.linear_attention import diagrams
+
+    figure = diagrams.recurrence()
+    drawn = [t.get_text() for t in figure.findobj(matplotlib.text.Text)]
+    assert any(text.startswith("S ← S + k vᵀ") for text in drawn)
+    assert not any("β" in text or "α" in text for text in drawn)
+    assert figure.axes[0].get_title() == "Linear attention as a recurrence"
+    plt.close(figure)

@@ -33,13 +33,13 @@ def recurrence(steps: int = 4) -> Figure:
         x = 1.0 + 2.4 * t
         _box(ax, x, 2.7, f"S{'₀₁₂₃₄₅₆₇₈₉'[t]}", COLOURS["weights"], width=1.3)
         _arrow(ax, (x - 1.75, 2.7), (x - 0.7, 2.7))
-        _box(ax, x - 1.2, 0.8, f"k, v, β, α\nof token {t}", COLOURS["key"], width=1.9, height=0.9)
+        _box(ax, x - 1.2, 0.8, f"k, v\nof token {t}", COLOURS["key"], width=1.9, height=0.9)
         _arrow(ax, (x - 1.2, 1.3), (x - 1.2, 2.6))
         _box(ax, x, 4.6, f"o{'₀₁₂₃₄₅₆₇₈₉'[t]} = q S{'₀₁₂₃₄₅₆₇₈₉'[t]}", COLOURS["output"], width=1.9)
         _arrow(ax, (x, 3.15), (x, 4.15))
-    ax.text(1.0 + 1.2 * steps, -0.45, "S ← αS + β k (v − k S)ᵀ     one (Dk, Dv) state per head, whatever T",
+    ax.text(1.0 + 1.2 * steps, -0.45, "S ← S + k vᵀ     one (Dk, Dv) state per head, whatever T",
             ha="center", fontsize=FONT, style="italic")
-    ax.set_title("Linear attention as a recurrence (Gated DeltaNet's update)", fontsize=FONT + 1)
+    ax.set_title("Linear attention as a recurrence", fontsize=FONT + 1)
     fig.tight_layout()
     return fig
 
