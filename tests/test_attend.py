@@ -201,6 +201,12 @@ def test_bad_options_are_named():
         attend(q, k, v, scale=0.0)
     with pytest.raises(TypeError, match="mask must be boolean"):
         attend(q, k, v, torch.ones(3, 5))
+    with pytest.raises(TypeError, match="scale must be a number"):
+        attend(q, k, v, scale="1")
+    with pytest.raises(ValueError, match="at most 4 dimensions"):
+        attend(*(x[None] for x in (q, k, v)), score_mod=softcap_mod(2.0))
+    with pytest.raises(ValueError, match="score_mod returned shape \\(1, 2, 3, 5\\)"):  # two heads' biases, one head
+        attend(q[0, 0], k[0, 0], v[0, 0], score_mod=lambda score, b, h, q_idx, kv_idx: score + torch.zeros(2, 1, 1))
 
 
 def test_a_planted_wrong_backend_fails_the_comparison():
@@ -224,3 +230,19 @@ def test_importing_functional_imports_neither_flex_nor_blockwise():
             "assert not any(m in sys.modules for m in ('attention_course.flex', 'attention_course.blockwise', "
             "'torch.nn.attention.flex_attention')), 'imported too early'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_modules_name_their_backend_when_built():
+    from attention_course import MultiHeadAttention
+
+    with pytest.raises(ValueError, match="unknown attention backend 'fused'"):
+        MultiHeadAttention(8, 2, backend="fused")
+    with pytest.raises(TypeError, match="backend must be a string"):
+        MultiHeadAttention(8, 2, backend=True)
+    with pytest.raises(TypeError, match="register\\(name, fn\\)"):
+        register("broken", None)
+    module = MultiHeadAttention(8, 2, backend="blockwise").double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    eager = MultiHeadAttention(8, 2).double().eval()
+    eager.load_state_dict(module.state_dict())
+    assert (module(x, is_causal=True) - eager(x, is_causal=True)).abs().max() < 1e-12
