@@ -8,8 +8,8 @@ Candidates (same weights in all of them; all called under torch.inference_mode()
                       faster than eval mode on this CPU
   nn.MHA hint (, train) the same plus is_causal=True, a hint that lets it drop the mask and call SDPA with is_causal
                       (reported, no target)
-  scratch             attention_course.MultiHeadAttention(use_sdpa=False): every step written out
-  scratch+sdpa        attention_course.MultiHeadAttention(use_sdpa=True)
+  scratch             attention_course.MultiHeadAttention(backend="eager"): every step written out
+  scratch+sdpa        attention_course.MultiHeadAttention(backend="sdpa")
 
 Targets: fused takes at most 0.85x the time of nn.MultiheadAttention with the causal mask (the faster of its eval and
 train modes); fused reaches >= 0.75 of the attainable peak counting useful FLOPs only: projections 4 * 2*B*T*D^2 plus
@@ -48,9 +48,9 @@ def build(d: int, h: int, params: dict):
     """The candidate modules, all loaded with the same numpy_ref parameters, in eval mode."""
     fused = FusedSelfAttention(d, h)
     fused.load_numpy_params(params)
-    scratch = MultiHeadAttention(d, h, use_sdpa=False)
+    scratch = MultiHeadAttention(d, h, backend="eager")
     scratch.load_numpy_params(params)
-    scratch_sdpa = MultiHeadAttention(d, h, use_sdpa=True)
+    scratch_sdpa = MultiHeadAttention(d, h, backend="sdpa")
     scratch_sdpa.load_numpy_params(params)
     torch_mha = scratch.to_torch(batch_first=True)
     modules = [m.float().eval() for m in (fused, torch_mha, scratch, scratch_sdpa)]

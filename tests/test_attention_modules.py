@@ -37,7 +37,7 @@ class Spec:
 SPECS = {
     "single_head": Spec(lambda h, **kw: SingleHeadAttention(D, 6, **kw), causal=None, heads=(1,)),
     "multi_head": Spec(lambda h, **kw: MultiHeadAttention(D, h, **kw)),
-    "multi_head_sdpa": Spec(lambda h, **kw: MultiHeadAttention(D, h, use_sdpa=True, **kw)),
+    "multi_head_sdpa": Spec(lambda h, **kw: MultiHeadAttention(D, h, backend="sdpa", **kw)),
     "einsum": Spec(lambda h, **kw: EinsumMultiHeadAttention(D, h, **kw)),
     "fused": Spec(lambda h, **kw: FusedSelfAttention(D, h, **kw), cross=False),
     "cached_causal": Spec(lambda h, **kw: CausalSelfAttention(D, h, **kw), cross=False, mask=False, causal="always"),

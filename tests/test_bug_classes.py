@@ -104,7 +104,7 @@ def triu_causal_mask(t_q, t_k=None, device=None):
 
 def test_triu_mask_in_the_module(assert_matches_reference, monkeypatch):
     suite_check(assert_matches_reference, MultiHeadAttention(D_MODEL, NUM_HEADS))
-    monkeypatch.setattr(multi_head, "causal_mask", triu_causal_mask)
+    monkeypatch.setattr(functional, "causal_mask", triu_causal_mask)  # the module's is_causal goes through attend
     assert_caught(assert_matches_reference, MultiHeadAttention(D_MODEL, NUM_HEADS))
 
 
@@ -134,15 +134,13 @@ def test_our_mask_handed_to_nn_multihead_attention_without_inverting():
 # --- scaling by the sequence length instead of sqrt(d_k) ---------------------------------------------------------
 
 
-def scaled_by_length(q, k, v, mask=None, dropout_p=0.0):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(k.size(-2))  # BUG: sqrt(Tk) instead of sqrt(Dk)
-    weights = masked_softmax(scores, mask)
-    return weights @ v, weights
+def attend_scaled_by_length(q, k, v, mask=None, **options):
+    return functional._attend(q, k, v, mask, **options, scale=1 / math.sqrt(k.size(-2)))  # BUG: sqrt(Tk)
 
 
 def test_scaling_by_sequence_length(assert_matches_reference, monkeypatch):
     suite_check(assert_matches_reference, MultiHeadAttention(D_MODEL, NUM_HEADS))
-    monkeypatch.setattr(multi_head, "scaled_dot_product_attention", scaled_by_length)
+    monkeypatch.setattr(multi_head, "_attend", attend_scaled_by_length)
     assert_caught(assert_matches_reference, MultiHeadAttention(D_MODEL, NUM_HEADS))
 
 
@@ -161,8 +159,8 @@ def merge_heads_without_transpose(x):
 
 def test_heads_split_without_transpose(assert_matches_reference, monkeypatch):
     suite_check(assert_matches_reference, MultiHeadAttention(D_MODEL, NUM_HEADS))
-    monkeypatch.setattr(multi_head, "split_heads", split_heads_without_transpose)
-    monkeypatch.setattr(multi_head, "merge_heads", merge_heads_without_transpose)
+    monkeypatch.setattr(multi_head, "_split_heads", split_heads_without_transpose)
+    monkeypatch.setattr(multi_head, "_merge_heads", merge_heads_without_transpose)
     assert_caught(assert_matches_reference, MultiHeadAttention(D_MODEL, NUM_HEADS))
     # With one head the bug is invisible: that is why the suite runs several head counts.
     suite_check(assert_matches_reference, MultiHeadAttention(D_MODEL, 1), num_heads=1)

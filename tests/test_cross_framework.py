@@ -44,7 +44,7 @@ def _torch(*arrays):
 def _run_torch_module(module, query, key, value, mask):
     """Load PARAMS, run in eval mode; (out, weights) as float32 arrays (weights None on the fused path)."""
     module.load_numpy_params(PARAMS)
-    want_weights = not getattr(module, "use_sdpa", False)  # asking for weights would bypass the fused kernel
+    want_weights = getattr(module, "backend", "eager") == "eager"  # asking for weights would bypass the fused kernel
     with torch.no_grad():
         result = module.eval()(*_torch(query, key, value), mask=torch.from_numpy(mask), return_weights=want_weights)
     return (result[0].numpy(), result[1].numpy()) if want_weights else (result.numpy(), None)
@@ -65,7 +65,7 @@ def _run_keras(num_heads, query, key, value, mask):
 IMPLEMENTATIONS = {  # name -> run(num_heads, query, key, value, mask) -> (out, weights or None)
     "torch": lambda h, *data: _run_torch_module(MultiHeadAttention(D, h, kdim=KDIM, vdim=VDIM), *data),
     "torch_sdpa": lambda h, *data: _run_torch_module(
-        MultiHeadAttention(D, h, kdim=KDIM, vdim=VDIM, use_sdpa=True), *data
+        MultiHeadAttention(D, h, kdim=KDIM, vdim=VDIM, backend="sdpa"), *data
     ),
     "torch_einsum": lambda h, *data: _run_torch_module(EinsumMultiHeadAttention(D, h, kdim=KDIM, vdim=VDIM), *data),
     "torch_loop": _run_loop,

@@ -3,6 +3,10 @@
 nn.MultiheadAttention's attn_mask and key_padding_mask use True = NOT allowed: it gets ``~mask`` throughout.
 """
 
+import collections
+import inspect
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -168,7 +172,7 @@ def test_sdpa_path_matches_reference(is_causal):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 5, D_MODEL))
     mask = rng.random((2, 1, 5, 5)) < 0.5  # includes fully masked rows
-    module = MultiHeadAttention(D_MODEL, 2, use_sdpa=True).double().eval()
+    module = MultiHeadAttention(D_MODEL, 2, backend="sdpa").double().eval()
     module.load_numpy_params(params)
     ref_mask = mask & numpy_ref.causal_mask(5) if is_causal else mask
     expected, _ = numpy_ref.multi_head_attention(x, x, x, params, 2, ref_mask)
@@ -181,10 +185,10 @@ def test_sdpa_path_matches_reference(is_causal):
     np.testing.assert_allclose(unmasked.numpy(), expected_unmasked, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("use_sdpa", [False, True])
-def test_gradcheck_through_module_with_a_fully_masked_row(use_sdpa):
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_gradcheck_through_module_with_a_fully_masked_row(backend):
     torch.manual_seed(0)
-    module = MultiHeadAttention(4, 2, kdim=3, use_sdpa=use_sdpa).double()
+    module = MultiHeadAttention(4, 2, kdim=3, backend=backend).double()
     query = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
     key = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
     value = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
@@ -203,16 +207,16 @@ class TestDropout:
         without.load_state_dict(with_dropout.state_dict())
         return with_dropout, without.eval()
 
-    @pytest.mark.parametrize("use_sdpa", [False, True])
-    def test_eval_is_identity(self, use_sdpa):
-        with_dropout, without = self.pair(use_sdpa=use_sdpa)
+    @pytest.mark.parametrize("backend", ["eager", "sdpa"])
+    def test_eval_is_identity(self, backend):
+        with_dropout, without = self.pair(backend=backend)
         query, _, _ = inputs()
         with torch.no_grad():
             torch.testing.assert_close(with_dropout.eval()(query), without(query), rtol=0, atol=0)
 
-    @pytest.mark.parametrize("use_sdpa", [False, True])
-    def test_train_drops_and_is_reproducible_with_a_seed(self, use_sdpa):
-        with_dropout, without = self.pair(use_sdpa=use_sdpa)
+    @pytest.mark.parametrize("backend", ["eager", "sdpa"])
+    def test_train_drops_and_is_reproducible_with_a_seed(self, backend):
+        with_dropout, without = self.pair(backend=backend)
         query, _, _ = inputs()
         with torch.no_grad():
             torch.manual_seed(3)
@@ -232,3 +236,45 @@ class TestDropout:
         assert (dropped == 0).any()
         kept = dropped != 0
         torch.testing.assert_close(dropped[kept] * 0.5, weights[kept])
+
+
+def counted_validation(monkeypatch) -> collections.Counter:
+    """Count every call into validation.py's functions, wherever they were imported (private ones included)."""
+    from attention_course import validation
+
+    counts = collections.Counter()
+    originals = {f: name for name, f in vars(validation).items()
+                 if inspect.isfunction(f) and f.__module__ == validation.__name__}
+
+    def counting(name, f):
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            return f(*args, **kwargs)
+        return counted
+
+    wrapped = {f: counting(name, f) for f, name in originals.items()}
+    for module in [m for key, m in sys.modules.items() if key.startswith("attention_course")]:
+        for attr, value in list(vars(module).items()):
+            if inspect.isfunction(value) and value in wrapped:
+                monkeypatch.setattr(module, attr, wrapped[value])
+    return counts
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_forward_validates_at_the_edge_and_trusts_inside(monkeypatch, backend):
+    """One forward with a padding mask and is_causal: at most 12 validation calls (48 before), the mask's dtype
+    checked once; a wrong mask still gets the same messages."""
+    module = MultiHeadAttention(16, 4, backend=backend).eval()
+    x, mask = torch.randn(2, 5, 16), padding_mask([3, 5], 5)
+    counts = counted_validation(monkeypatch)
+    module(x, mask=mask, is_causal=True)
+    assert sum(counts.values()) <= 12 and counts["check_boolean"] == 1, counts
+    counts.clear()
+    module(x, mask=mask, is_causal=True, return_weights=True)
+    assert sum(counts.values()) <= 12, counts
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        module(x, mask=mask.float())
+    with pytest.raises(ValueError, match="does not broadcast to attention scores \\(2, 4, 5, 5\\)"):
+        module(x, mask=torch.ones(2, 1, 5, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="query must be 3-D \\(B, T, D\\)"):
+        module(x[0])

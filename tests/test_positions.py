@@ -268,7 +268,7 @@ def test_multi_head_rope_matches_reference(num_heads, pairing, use_mask, rng):
         )
     np.testing.assert_allclose(out.numpy(), ref_out, rtol=0, atol=1e-10)
     np.testing.assert_allclose(weights.numpy(), ref_weights, rtol=0, atol=1e-10)
-    mha.use_sdpa = True
+    mha.backend = "sdpa"
     with torch.no_grad():
         fast = mha(*map(torch.from_numpy, (query, key, value)), mask=torch_mask)
     np.testing.assert_allclose(fast.numpy(), ref_out, rtol=0, atol=1e-10)

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import torch
 
-from . import online_softmax
-from .masks import causal_mask, combine_masks
+from . import functional, online_softmax
+from .functional import apply_score_mod
+from .tiles import causal_block_range
 from .validation import broadcast_shape, check_attention_inputs
 
 
@@ -38,18 +39,6 @@ def _batch_shape(q, k, v, mask) -> tuple[int, ...]:
     """Validate the inputs (clear errors naming the shapes) and return the broadcast batch shape (...)."""
     check_attention_inputs(q, k, v, mask)
     return broadcast_shape(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-
-
-def causal_block_range(q_start: int, q_stop: int, t_q: int, t_k: int) -> tuple[int, int]:
-    """Keys that a block of queries [q_start, q_stop) may see under the bottom-right causal mask.
-
-    Returns ``(k_stop, k_free)``: keys ``j >= k_stop`` are invisible to every query of the block (those key
-    blocks are skipped), keys ``j < k_free`` are visible to every query of the block (no mask needed there).
-    """
-    offset = t_k - t_q
-    k_stop = max(0, min(t_k, q_stop + offset))  # last query sees j <= q_stop - 1 + offset
-    k_free = max(0, min(t_k, q_start + offset + 1))  # first query sees j <= q_start + offset
-    return k_stop, k_free
 
 
 def blockwise_attention(
@@ -60,7 +49,11 @@ def blockwise_attention(
     is_causal: bool = False,
     block_size: int = 256,
     q_block_size: int | None = None,
-) -> torch.Tensor:
+    *,
+    scale: float | None = None,
+    score_mod=None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact scaled dot-product attention computed tile by tile, never storing all (Tq, Tk) scores.
 
     Args:
@@ -73,10 +66,12 @@ def blockwise_attention(
             key tiles entirely in the future are skipped.
         block_size: number of keys per tile (bk).
         q_block_size: number of queries per tile (bq); defaults to ``block_size``.
+        scale, score_mod: as :func:`~attention_course.functional.attend` (the mod sees each tile's indices).
+        return_lse: also return the log-sum-exp of each row (..., Tq), ``max + log(sum)`` of the online softmax.
 
     Returns:
         (..., Tq, Dv) output, equal to the reference ``softmax(q k^T / sqrt(Dk)) v`` up to float rounding.
-        Query rows that may attend no key get a zero output row.
+        Query rows that may attend no key get a zero output row (and lse -inf).
     """
     batch = _batch_shape(q, k, v, mask)
     bk = int(block_size)
@@ -86,11 +81,12 @@ def blockwise_attention(
     t_q, t_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dtype = q.dtype
 
-    scale = q.shape[-1] ** -0.5
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     k_t = k.transpose(-1, -2)  # (..., Dk, Tk), a view
     if mask is not None:
         mask = mask.expand(*batch, t_q, t_k)  # a view: nothing is copied
     out = torch.zeros((*batch, t_q, d_v), dtype=dtype, device=q.device)
+    lse = torch.full((*batch, t_q), float("-inf"), dtype=dtype, device=q.device)
     k_index = torch.arange(t_k, device=q.device)
     q_index = torch.arange(t_q, device=q.device)
 
@@ -106,6 +102,8 @@ def blockwise_attention(
             s = torch.matmul(q_blk, k_t[..., k0:k1])  # (..., bq, bk): the only score tile in memory
             if s.shape[:-2] != batch:  # v has more batch entries than q and k: give the tile the full shape
                 s = s.expand(*batch, *s.shape[-2:]).clone()
+            if score_mod is not None:
+                s = apply_score_mod(score_mod, s, q0, k0)
             tile_mask = None
             if is_causal and k1 > k_free:  # the tile crosses the diagonal
                 tile_mask = k_index[k0:k1] <= (q_index[q0:q1, None] + (t_k - t_q))  # (bq, bk)
@@ -116,26 +114,29 @@ def blockwise_attention(
                 s.masked_fill_(~tile_mask, float("-inf"))
             online_softmax.merge(rows, s, v[..., k0:k1, :])  # in place: rescale what came before, add this tile
         out[..., q0:q1, :] = online_softmax.finish(rows)
-    return out
+        lse[..., q0:q1] = online_softmax.log_sum_exp(rows)
+    return (out, lse) if return_lse else out
+
+
+def blockwise_backend(q, k, v, mask, *, is_causal, scale, score_mod, dropout_p, need_lse):
+    """:func:`blockwise_attention` as :func:`~attention_course.functional.attend`'s backend "blockwise"."""
+    if dropout_p > 0.0:
+        raise ValueError("backend 'blockwise' has no dropout (it never forms the weights): use backend='eager' "
+                         "or 'sdpa' to train with attention dropout")
+    out, lse = blockwise_attention(q, k, v, mask, is_causal, scale=scale, score_mod=score_mod, return_lse=True)
+    return out, None, lse
+
+
+functional.register("blockwise", blockwise_backend)
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, is_causal: bool = False):
-    """The textbook matmul-softmax-matmul, materialising the (..., Tq, Tk) scores (for comparisons/benchmarks).
+    """The textbook matmul-softmax-matmul, materialising the (..., Tq, Tk) scores (for comparisons/benchmarks):
+    :func:`~attention_course.functional.attend`'s eager backend.
 
     Same semantics as :func:`blockwise_attention` (bottom-right causal mask, fully masked rows -> 0).
     """
-    _batch_shape(q, k, v, mask)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # (..., Tq, Tk)
-    if is_causal:
-        mask = combine_masks(mask, causal_mask(q.shape[-2], k.shape[-2], device=q.device))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        # fully masked rows: 0/0 = NaN -> 0 (in place, no extra (Tq, Tk) tensor, unless autograd needs the original)
-        weights = weights.nan_to_num(0.0) if weights.requires_grad else weights.nan_to_num_(0.0)
-    else:
-        weights = torch.softmax(scores, dim=-1)
-    return torch.matmul(weights, v)
+    return functional.attend(q, k, v, mask, is_causal=is_causal)[0]
 
 
 def _rss_bytes() -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .functional import attend
 from .masks import causal_mask
 from .validation import check_attention_inputs
 
@@ -46,12 +47,10 @@ def forward_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (..., Tq, Dv) and the log-sum-exp of each row of scaled scores (..., Tq).
 
-    q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv). What the forward kernel returns and saves for backward.
+    q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv). What the forward kernel returns and saves for backward:
+    :func:`~attention_course.functional.attend` with ``return_lse=True`` (lse = -inf for a row that sees no key).
     """
-    check_attention_inputs(q, k, v)
-    s = _scores(q, k, is_causal)
-    lse = torch.logsumexp(s, dim=-1)  # -inf for a row that sees no key
-    return _probabilities(s, lse) @ v, lse
+    return attend(q, k, v, is_causal=is_causal, return_lse=True)
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,

@@ -13,9 +13,14 @@ The arguments are integer tensors (0-d inside the kernel), so a mod uses tensor 
 partly masked. Compiled with ``torch.compile`` (``compiled=True``) the mods are fused into one kernel; eager (the
 default) runs the same mods on the full score matrix, for debugging and for dtypes the CPU kernel lacks.
 
-Each factory below returns a mod equal to an explicit mask or bias an earlier chapter built (its docstring names
-it); :func:`dense_mask` and :func:`dense_attention` evaluate a mod on every (query, key) pair, which is how the
-tests compare them and how gradients are taken on CPU (FlexAttention has no CPU backward in torch 2.13).
+The mods are written once, where their idea lives, and read here under chapter 15's names: the mask functions
+(``flex.causal``, ``sliding_window``, ``padding``, ``prefix_lm``, ``document``, ``and_masks``) in
+:mod:`attention_course.masks`, the score mods ``flex.alibi`` and ``flex.relative_bias`` in
+:mod:`attention_course.positions`, ``flex.softcap`` in :mod:`attention_course.functional`; each equals an explicit
+mask or bias an earlier chapter built (its docstring names it). :func:`dense_mask` and :func:`dense_attention`
+evaluate a mod on every (query, key) pair, which is how the tests compare them and how gradients are taken on CPU
+(FlexAttention has no CPU backward in torch 2.13). Importing this module registers the backend "flex" of
+:func:`~attention_course.functional.attend`.
 
 Positions are bottom-right aligned as everywhere in the course: with Tq < Tk the queries are the last Tq
 positions, query ``i`` sits at ``i + Tk - Tq``.
@@ -29,204 +34,46 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 from torch.nn.attention import flex_attention as _flex
 
-from .functional import masked_softmax
-from .masks import check_doc_ids
-from .positions import alibi_slopes, check_offset_table
-from .validation import check_attention_inputs, check_int, check_lengths, check_rank
+from . import functional, tiles
+from .functional import attend
+from .functional import softcap_mod as softcap  # noqa: F401  (chapter 15's name)
+from .masks import (  # noqa: F401  (chapter 15 reads the mask functions as flex.causal, ...)
+    MaskMod,
+    and_masks,
+    causal,
+    document,
+    materialize,
+    padding,
+    prefix_lm,
+    query_key_lengths,
+    sliding_window,
+    tensor_mod,
+)
+from .positions import alibi_mod as alibi  # noqa: F401  (chapter 15's name for the ALiBi score mod)
+from .positions import relative_bias_mod as relative_bias  # noqa: F401
+from .validation import check_attention_inputs, check_int, check_rank
 
-MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
-ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+ScoreMod = functional.ScoreMod
 BlockMask = _flex.BlockMask
 COMPILED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the compiled CPU kernel accepts
-
-
-def _lengths(t_q, t_k) -> tuple[int, int]:
-    t_k = t_q if t_k is None else t_k
-    check_int(t_q, "t_q")
-    check_int(t_k, "t_k")
-    return t_q, t_k
-
-
-# ---------------------------------------------------------------- mask mods (b, h, q_idx, kv_idx) -> bool
-
-
-def causal(t_q: int, t_k: int | None = None) -> MaskMod:
-    """Query i may attend key j iff j <= i + (Tk - Tq): chapter 4's :func:`~attention_course.masks.causal_mask`."""
-    t_q, t_k = _lengths(t_q, t_k)
-    offset = t_k - t_q
-
-    def causal_mod(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + offset
-
-    return causal_mod
-
-
-def sliding_window(window: int, t_q: int, t_k: int | None = None) -> MaskMod:
-    """Query i (at i' = i + Tk - Tq) may attend key j iff 0 <= i' - j < window: the window of chapter 9's tiles
-    and chapter 14's :func:`~attention_course.masks.sliding_window_mask` (Mistral, Gemma's local layers)."""
-    check_int(window, "window")
-    t_q, t_k = _lengths(t_q, t_k)
-    offset = t_k - t_q
-
-    def window_mod(b, h, q_idx, kv_idx):
-        distance = q_idx + offset - kv_idx  # how far back the key is
-        return (distance >= 0) & (distance < window)
-
-    return window_mod
-
-
-def padding(lengths: Tensor, t_k: int) -> MaskMod:
-    """Key j of example b may be attended iff j < lengths[b]: chapter 4's
-    :func:`~attention_course.masks.padding_mask`. ``lengths`` (B,) integers; the block mask needs ``batch=B``."""
-    lengths = torch.as_tensor(lengths)
-    check_int(t_k, "t_k")
-    check_lengths(lengths, t_k)
-
-    def padding_mod(b, h, q_idx, kv_idx):
-        return kv_idx < lengths[b]
-
-    return padding_mod
-
-
-def prefix_lm(prefix_lengths: int | Tensor, t_q: int, t_k: int | None = None) -> MaskMod:
-    """Causal, plus the first ``prefix_lengths`` keys for every query (an int, or (B,) integers: one prefix per
-    example): :func:`~attention_course.masks.prefix_lm_mask`, the causal mask of chapter 4 opened on a prompt."""
-    t_q, t_k = _lengths(t_q, t_k)
-    is_causal = causal(t_q, t_k)
-    if isinstance(prefix_lengths, int) and not isinstance(prefix_lengths, bool):
-        check_int(prefix_lengths, "prefix_lengths", minimum=0)
-
-        def prefix_mod(b, h, q_idx, kv_idx):
-            return (kv_idx < prefix_lengths) | is_causal(b, h, q_idx, kv_idx)
-
-        return prefix_mod
-    prefix = torch.as_tensor(prefix_lengths)
-    check_lengths(prefix, t_k)
-
-    def prefix_per_example_mod(b, h, q_idx, kv_idx):
-        return (kv_idx < prefix[b]) | is_causal(b, h, q_idx, kv_idx)
-
-    return prefix_per_example_mod
-
-
-def document(doc_ids: Tensor, t_q: int | None = None, is_causal: bool = True) -> MaskMod:
-    """Documents packed into one row: query i may attend key j iff both belong to the same document (and, with
-    ``is_causal``, j <= i'): :func:`~attention_course.masks.document_mask`, chapter 4's masks for packed batches.
-
-    ``doc_ids`` (T,) or (B, T) integers, the document of each key position; the queries are the last ``t_q``.
-    With (B, T) ids the block mask needs ``batch=B``.
-    """
-    check_doc_ids(doc_ids)
-    t_k = doc_ids.size(-1)
-    t_q, _ = _lengths(t_k if t_q is None else t_q, t_k)
-    if t_q > t_k:
-        raise ValueError(f"t_q={t_q} is longer than the {t_k} document ids: the queries are the last positions")
-    offset = t_k - t_q
-
-    def same_document(b, q_idx, kv_idx):  # the query's document is read at ITS position, i' = i + offset
-        if doc_ids.dim() == 1:
-            return doc_ids[q_idx + offset] == doc_ids[kv_idx]
-        return doc_ids[b, q_idx + offset] == doc_ids[b, kv_idx]
-
-    def document_mod(b, h, q_idx, kv_idx):
-        same = same_document(b, q_idx, kv_idx)
-        return same & (kv_idx <= q_idx + offset) if is_causal else same
-
-    return document_mod
-
-
-def and_masks(*mods: MaskMod) -> MaskMod:
-    """A pair is allowed iff every mod allows it (chapter 4's ``combine_masks`` for mods)."""
-    if not mods or not all(callable(m) for m in mods):
-        raise TypeError("and_masks needs one or more mask_mod functions")
-    return _flex.and_masks(*mods)
-
-
-# ---------------------------------------------------------------- score mods (score, b, h, q_idx, kv_idx) -> score
-
-
-def alibi(num_heads: int, t_q: int, t_k: int | None = None) -> ScoreMod:
-    """Adds -slope_h * |i' - j| to the score of head h: chapter 10's :func:`~attention_course.positions.alibi_bias`
-    (slopes of :func:`~attention_course.positions.alibi_slopes`)."""
-    t_q, t_k = _lengths(t_q, t_k)
-    offset = t_k - t_q
-    slopes = alibi_slopes(num_heads, dtype=torch.float64)  # powers of two: exact in every float dtype
-
-    def alibi_mod(score, b, h, q_idx, kv_idx):
-        distance = (q_idx + offset - kv_idx).abs()
-        return score - slopes[h].to(score.dtype) * distance
-
-    return alibi_mod
-
-
-def softcap(cap: float) -> ScoreMod:
-    """Caps each score smoothly within (-cap, cap), ``cap * tanh(score / cap)``: the soft-capping of chapter 14's
-    :func:`~attention_course.modern.attend` (Gemma 2)."""
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)):
-        raise TypeError(f"cap must be a number, got {type(cap).__name__}")
-    if not cap > 0 or math.isinf(cap):
-        raise ValueError(f"cap must be a finite number > 0, got cap={cap}")
-
-    def softcap_mod(score, b, h, q_idx, kv_idx):
-        return cap * torch.tanh(score / cap)
-
-    return softcap_mod
-
-
-def relative_bias(table: Tensor, t_q: int, t_k: int | None = None) -> ScoreMod:
-    """Adds table[h, clamp(j - i', -M, M) + M] to the score of head h: a learned bias per head and offset,
-    :func:`~attention_course.positions.relative_bias` (T5's idea; chapter 10's ALiBi is one fixed table)."""
-    check_offset_table(table)
-    t_q, t_k = _lengths(t_q, t_k)
-    offset, reach = t_k - t_q, (table.size(-1) - 1) // 2
-
-    def relative_mod(score, b, h, q_idx, kv_idx):
-        index = (kv_idx - q_idx - offset).clamp(-reach, reach) + reach
-        return score + table[h, index].to(score.dtype)
-
-    return relative_mod
-
-
-# ---------------------------------------------------------------- every pair at once (the explicit route)
-
-
-def _grid(batch: int, heads: int, t_q: int, t_k: int, device=None) -> tuple[Tensor, ...]:
-    """Index tensors b (B, 1, 1, 1), h (1, H, 1, 1), q (1, 1, Tq, 1), kv (1, 1, 1, Tk) that broadcast."""
-    sizes = (batch, heads, t_q, t_k)
-    return tuple(torch.arange(n, device=device).view([n if a == axis else 1 for a in range(4)])
-                 for axis, n in enumerate(sizes))
-
-
-def dense_mask(mask_mod: MaskMod, batch: int, heads: int, t_q: int, t_k: int, device=None) -> Tensor:
-    """The (B, H, Tq, Tk) boolean mask a ``mask_mod`` describes, evaluated on every pair (broadcasting)."""
-    for name, n in (("batch", batch), ("heads", heads), ("t_q", t_q), ("t_k", t_k)):
-        check_int(n, name)
-    allowed = mask_mod(*_grid(batch, heads, t_q, t_k, device))
-    if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool:
-        raise TypeError(f"a mask_mod must return a boolean tensor (True = may attend), got "
-                        f"{getattr(allowed, 'dtype', type(allowed).__name__)}")
-    return allowed.expand(batch, heads, t_q, t_k)
+dense_mask = materialize  # chapter 15's name for chapter 4's tensor of a mod
 
 
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask_mod: MaskMod | None = None,
                     score_mod: ScoreMod | None = None) -> Tensor:
-    """What FlexAttention computes, on the full (B, H, Tq, Tk) score matrix, with autograd: the scaled scores go
-    through ``score_mod``, the ``mask_mod``'s pairs through chapter 4's
-    :func:`~attention_course.functional.masked_softmax` (rows that may attend nothing give 0). q (B, H, Tq, Dk),
+    """What FlexAttention computes, on the full (B, H, Tq, Tk) score matrix, with autograd: the mods evaluated on
+    every pair (:func:`~attention_course.masks.materialize`) and the eager backend of
+    :func:`~attention_course.functional.attend` (rows that may attend nothing give 0). q (B, H, Tq, Dk),
     k (B, H, Tk, Dk), v (B, H, Tk, Dv) -> (B, H, Tq, Dv)."""
     _check_qkv(q, k, v)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
-    grid = _grid(*scores.shape, device=q.device)
-    if score_mod is not None:
-        scores = score_mod(scores, *grid)
-    mask = None if mask_mod is None else dense_mask(mask_mod, *scores.shape, device=q.device)
-    return masked_softmax(scores, mask) @ v
+    batch, heads = max(q.size(0), k.size(0)), max(q.size(1), k.size(1))
+    mask = None if mask_mod is None else materialize(mask_mod, batch, heads, q.size(-2), k.size(-2), q.device)
+    return attend(q, k, v, mask, score_mod=score_mod)[0]
 
 
 # ---------------------------------------------------------------- block masks: chapter 9's tiles
@@ -239,7 +86,7 @@ def block_mask(mask_mod: MaskMod, t_q: int, t_k: int | None = None, *, block_siz
     not read ``b``/``h`` (one block mask shared by all), the sizes when it does (padding, per-example documents)."""
     if not callable(mask_mod):
         raise TypeError(f"mask_mod must be a function (b, h, q_idx, kv_idx) -> bool, got {type(mask_mod).__name__}")
-    t_q, t_k = _lengths(t_q, t_k)
+    t_q, t_k = query_key_lengths(t_q, t_k)
     check_int(block_size, "block_size")
     for name, n in (("batch", batch), ("heads", heads)):
         if n is not None:
@@ -268,9 +115,9 @@ def tile_states(mask: BlockMask) -> Tensor:
 
 
 def tiles_computed(mask: BlockMask) -> int:
-    """How many tiles the kernel computes (summed over the block mask's examples and heads): chapter 9's
-    ``tiles_needed`` for the same mask and block size."""
-    return int((tile_states(mask) > 0).sum())
+    """How many tiles the kernel computes (summed over the block mask's examples and heads): what
+    :func:`attention_course.tiles.tile_states` gives for the same mask function and block size."""
+    return tiles.tiles_computed(tile_states(mask))
 
 
 # ---------------------------------------------------------------- running it
@@ -333,13 +180,15 @@ def graphs_compiled() -> int:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, block_mask: BlockMask | None = None,
-              score_mod: ScoreMod | None = None, compiled: bool = False) -> Tensor:
-    """FlexAttention: q (B, H, Tq, Dk), k (B, H, Tk, Dk), v (B, H, Tk, Dv) -> (B, H, Tq, Dv).
+              score_mod: ScoreMod | None = None, compiled: bool = False, scale: float | None = None,
+              return_lse: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """FlexAttention: q (B, H, Tq, Dk), k (B, H, Tk, Dk), v (B, H, Tk, Dv) -> (B, H, Tq, Dv) [, lse (B, H, Tq)].
 
-    ``block_mask`` from :func:`block_mask` (None: every pair), ``score_mod`` as above; the scale is
+    ``block_mask`` from :func:`block_mask` (None: every pair), ``score_mod`` as above; the scale defaults to
     1 / sqrt(Dk). ``compiled=True`` runs ``torch.compile``'s fused kernel (float32, float16 or bfloat16 on CPU;
     it needs a C++ compiler); the default runs the same mods eagerly on the full score matrix. Rows that may
-    attend no key give 0. No gradients on CPU (torch 2.13): train through :func:`dense_attention` or on a GPU.
+    attend no key give 0 (lse -inf). No gradients on CPU (torch 2.13): train through :func:`dense_attention` or
+    on a GPU.
     """
     _check_qkv(q, k, v)
     if block_mask is not None:
@@ -357,9 +206,33 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, block_mask: BlockMask | None =
     if compiled and q.device.type == "cpu" and compiled_unsupported_reason():
         raise RuntimeError(f"compiled FlexAttention cannot run here: {compiled_unsupported_reason()}. Use "
                            "compiled=False (eager: the same results, slower)")
+    aux = _flex.AuxRequest(lse=True) if return_lse else None
+    options = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "return_aux": aux}
     if compiled:
-        return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask)
-    with warnings.catch_warnings():  # eager is chosen on purpose here: no advice to compile
-        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        return _flex.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        result = compiled_flex_attention()(q, k, v, **options)
+    else:
+        with warnings.catch_warnings():  # eager is chosen on purpose here: no advice to compile
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            result = _flex.flex_attention(q, k, v, **options)
+    return (result[0], result[1].lse) if return_lse else result
+
+
+def flex_backend(q, k, v, mask, *, is_causal, scale, score_mod, dropout_p, need_lse):
+    """:func:`attention` (eager) as :func:`~attention_course.functional.attend`'s backend "flex": the mask tensor
+    and ``is_causal`` become one mask function and its block mask; (B, H) broadcast as the other backends do."""
+    if dropout_p > 0.0:
+        raise ValueError("backend 'flex' has no dropout: use backend='eager' or 'sdpa' to train with attention dropout")
+    if q.dim() != 4:
+        raise ValueError(f"backend 'flex' takes (B, H, T, D) inputs, got query {tuple(q.shape)}")
+    batch, heads = (max(x.size(axis) for x in (q, k, v)) for axis in (0, 1))
+    q, k, v = (x.expand(batch, heads, *x.shape[2:]) for x in (q, k, v))
+    mods = ([] if mask is None else [tensor_mod(mask)]) + ([causal(q.size(-2), k.size(-2))] if is_causal else [])
+    blocks = None
+    if mods:
+        blocks = block_mask(and_masks(*mods), q.size(-2), k.size(-2), batch=batch, heads=heads)
+    out, lse = attention(q, k, v, block_mask=blocks, score_mod=score_mod, scale=scale, return_lse=True)
+    return out, None, lse if need_lse else None
+
+
+functional.register("flex", flex_backend)
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .functional import scaled_dot_product_attention, sdpa_fast
-from .heads import merge_heads, split_heads
-from .masks import causal_mask, combine_masks
+from .functional import _attend, check_backend
+from .heads import _merge_heads, _split_heads
 from .params import (
     check_params,
     linear_params,
@@ -24,6 +23,7 @@ from .positions import apply_rope, check_base, check_pairing, token_positions
 from .validation import (
     check_dropout,
     check_heads,
+    check_mask_shape,
     check_module_inputs,
     per_example_mask,
 )
@@ -38,7 +38,8 @@ class MultiHeadAttention(nn.Module):
         dropout: probability of dropping attention weights, in ``.train()`` mode only.
         bias: whether the four projections have biases.
         kdim, vdim: feature sizes of key and value inputs (default d_model), e.g. for cross-attention.
-        use_sdpa: route through PyTorch's fused kernel (:func:`sdpa_fast`) unless weights are requested.
+        backend: the kernel of :func:`~attention_course.functional.attend` ("eager": every step written out;
+            "sdpa": PyTorch's fused kernel; "blockwise", "flex"); weights, when requested, come from "eager".
         rope: rotate queries and keys of every head by their positions (:func:`apply_rope`); keys are at
             positions 0..Tk-1 and queries are the last Tq of them (bottom-right, as the causal mask).
         rope_base, rope_pairing: passed to :func:`apply_rope` as ``base`` and ``pairing``.
@@ -54,7 +55,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         kdim: int | None = None,
         vdim: int | None = None,
-        use_sdpa: bool = False,
+        backend: str = "eager",
         rope: bool = False,
         rope_base: float = 10000.0,
         rope_pairing: str = "interleaved",
@@ -64,6 +65,7 @@ class MultiHeadAttention(nn.Module):
         check_dropout(dropout)
         check_base(rope_base)
         check_pairing(rope_pairing)
+        check_backend(backend)
         if rope and (d_model // num_heads) % 2:
             raise ValueError(f"rope needs an even head dimension, got {d_model // num_heads}")
         self.rope, self.rope_base, self.rope_pairing = rope, rope_base, rope_pairing
@@ -71,7 +73,7 @@ class MultiHeadAttention(nn.Module):
         self.kdim = d_model if kdim is None else kdim
         self.vdim = d_model if vdim is None else vdim
         self.dropout = dropout
-        self.use_sdpa = use_sdpa
+        self.backend = backend
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(self.kdim, d_model, bias=bias)
         self.w_v = nn.Linear(self.vdim, d_model, bias=bias)
@@ -94,15 +96,19 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
+        # Validate once, here at the edge; the steps below trust what they are given (the private twins).
         check_module_inputs(query, key, value, (self.d_model, self.kdim, self.vdim), self.w_q.weight.dtype)
         mask = per_example_mask(mask, query.size(0), self.num_heads)  # 3-D (B, Tq, Tk) -> (B, 1, Tq, Tk)
-        q = split_heads(self.w_q(query), self.num_heads)  # (B, H, Tq, Dh)
-        k = split_heads(self.w_k(key), self.num_heads)  # (B, H, Tk, Dh)
-        v = split_heads(self.w_v(value), self.num_heads)  # (B, H, Tk, Dh)
+        if mask is not None:
+            scores = (query.size(0), self.num_heads, query.size(1), key.size(1))
+            check_mask_shape(mask, scores, query.device)  # (B, H, Tq, Tk)
+        q = _split_heads(self.w_q(query), self.num_heads)  # (B, H, Tq, Dh)
+        k = _split_heads(self.w_k(key), self.num_heads)  # (B, H, Tk, Dh)
+        v = _split_heads(self.w_v(value), self.num_heads)  # (B, H, Tk, Dh)
         if self.rope:
             q, k = self.rotate(q, k)
         heads, weights = self.attend(q, k, v, mask, is_causal, return_weights)  # (B, H, Tq, Dh), (B, H, Tq, Tk)
-        out = self.w_o(merge_heads(heads))  # (B, Tq, D)
+        out = self.w_o(_merge_heads(heads))  # (B, Tq, D)
         return (out, weights) if return_weights else out
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -118,14 +124,11 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """All heads at once: (B, H, Tq, Dh) queries -> (B, H, Tq, Dh) outputs and (B, H, Tq, Tk) weights.
 
-        The weights are None on the fused path, which never forms them.
+        The weights are None unless the backend is "eager" (the fused kernels never form them).
         """
         dropout_p = self.dropout if self.training else 0.0  # dropout regularises training only
-        if self.use_sdpa and not return_weights:
-            return sdpa_fast(q, k, v, mask, dropout_p, is_causal), None
-        if is_causal:
-            mask = combine_masks(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        backend = "eager" if return_weights else self.backend
+        return _attend(q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, backend=backend)
 
     def projections(self) -> dict[str, nn.Linear]:
         """The four projections by name: q, k, v and o (output)."""

@@ -111,6 +111,15 @@ def finish(state: Accumulator) -> torch.Tensor:
     return torch.where(visible, state.acc / torch.where(visible, total, torch.ones_like(total)), 0.0)
 
 
+def log_sum_exp(state: Accumulator) -> torch.Tensor:
+    """(..., n) log-sum-exp of each row's scores, max + log(sum): all FlashAttention keeps for its backward;
+    -inf for rows that saw no visible key."""
+    stats = state.softmax
+    visible = stats.sum > 0
+    lse = safe_max(stats.max) + torch.log(torch.where(visible, stats.sum, torch.ones_like(stats.sum)))
+    return torch.where(visible, lse, float("-inf"))[..., 0]
+
+
 def online_softmax_stats(x: torch.Tensor, block_size: int) -> OnlineSoftmaxState:
     """Row maximum and row sum of ``exp(x - max)`` of x (..., N), reading x in blocks of ``block_size`` columns."""
     check_floating(x, "x")

@@ -22,8 +22,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .functional import masked_softmax
-from .validation import INTEGER_DTYPES, broadcasts_to, check_attention_inputs, check_int
+from .functional import attend
+from .masks import query_key_lengths
+from .validation import INTEGER_DTYPES, broadcast_shape, broadcasts_to, check_attention_inputs, check_int
 
 PAIRINGS = ("interleaved", "halves")
 
@@ -305,9 +306,15 @@ def attention_with_bias(
     q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); bias broadcasts to the (..., Tq, Tk) scores
     (e.g. the (H, Tq, Tk) of :func:`alibi_bias`); ``mask`` is boolean, True = may attend, applied
     after the bias, so a query that may attend no key gets zero weights and a zero output.
-    Returns (out, weights).
+    Returns (out, weights): :func:`~attention_course.functional.attend` with the bias as a score mod.
     """
     check_attention_inputs(q, k, v, mask)
+    check_bias(bias, q, k)
+    return attend(q, k, v, mask, score_mod=bias_mod(bias))
+
+
+def check_bias(bias, q: Tensor, k: Tensor) -> None:
+    """Raise unless bias is a float tensor of q's dtype that broadcasts to the (..., Tq, Tk) scores."""
     if not isinstance(bias, Tensor) or not bias.is_floating_point():
         got = bias.dtype if isinstance(bias, Tensor) else type(bias).__name__
         raise TypeError(
@@ -316,13 +323,52 @@ def attention_with_bias(
         )
     if bias.dtype != q.dtype:
         raise TypeError(f"bias dtype {bias.dtype} != query dtype {q.dtype}")
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Tq, Tk)
-    if not broadcasts_to(tuple(bias.shape), tuple(scores.shape)):
+    scores = (*broadcast_shape(q.shape[:-2], k.shape[:-2]), q.size(-2), k.size(-2))
+    if not broadcasts_to(tuple(bias.shape), scores):
         raise ValueError(
-            f"bias of shape {tuple(bias.shape)} does not broadcast to scores {tuple(scores.shape)}"
+            f"bias of shape {tuple(bias.shape)} does not broadcast to scores {scores}"
         )
-    weights = masked_softmax(scores + bias, mask)  # (..., Tq, Tk)
-    return weights @ v, weights
+
+
+# ---------------------------------------------------------------- biases as score mods (score, b, h, q_idx, kv_idx)
+
+
+def bias_mod(bias: Tensor):
+    """A float bias broadcastable to the scores (at most (B, H, Tq, Tk)) as a score mod: score + bias[b, h, i, j]."""
+    full = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))  # (B or 1, H or 1, Tq or 1, Tk or 1)
+
+    def bias_score_mod(score, b, h, q_idx, kv_idx):
+        index = [i % n for i, n in zip((b, h, q_idx, kv_idx), full.shape, strict=True)]  # size-1 axes: index 0
+        return score + full[tuple(index)].to(score.dtype)
+
+    return bias_score_mod
+
+
+def alibi_mod(num_heads: int, t_q: int, t_k: int | None = None):
+    """Adds -slope_h * |i' - j| to the score of head h: :func:`alibi_bias` as a score mod, for every backend of
+    :func:`~attention_course.functional.attend` and FlexAttention (chapter 15)."""
+    t_q, t_k = query_key_lengths(t_q, t_k)
+    offset = t_k - t_q
+    slopes = alibi_slopes(num_heads, dtype=torch.float64)  # powers of two: exact in every float dtype
+
+    def alibi_score_mod(score, b, h, q_idx, kv_idx):
+        distance = (q_idx + offset - kv_idx).abs()
+        return score - slopes[h].to(score.dtype) * distance
+
+    return alibi_score_mod
+
+
+def relative_bias_mod(table: Tensor, t_q: int, t_k: int | None = None):
+    """Adds table[h, clamp(j - i', -M, M) + M] to the score of head h: :func:`relative_bias` as a score mod."""
+    check_offset_table(table)
+    t_q, t_k = query_key_lengths(t_q, t_k)
+    offset, reach = t_k - t_q, (table.size(-1) - 1) // 2
+
+    def relative_score_mod(score, b, h, q_idx, kv_idx):
+        index = (kv_idx - q_idx - offset).clamp(-reach, reach) + reach
+        return score + table[h, index].to(score.dtype)
+
+    return relative_score_mod
 
 
 def relative_bias(table: Tensor, t_q: int, t_k: int | None = None) -> Tensor:

@@ -104,6 +104,11 @@ def check_mask(mask, scores_shape: tuple[int, ...], device: torch.device | None 
     With ``device``, the mask must also be on the device of the query (a cuda query with a cpu mask).
     """
     check_boolean(mask)
+    check_mask_shape(mask, scores_shape, device)
+
+
+def check_mask_shape(mask: Tensor, scores_shape: tuple[int, ...], device: torch.device | None = None) -> None:
+    """Raise unless a boolean mask (its dtype checked already) broadcasts to the scores and lies on ``device``."""
     if device is not None and mask.device != device:
         raise ValueError(f"mask is on {mask.device}, but query is on {device}: move it with mask.to(query.device)")
     if not broadcasts_to(tuple(mask.shape), tuple(scores_shape)):
@@ -158,7 +163,8 @@ def check_module_inputs(
     """
     for name, x, d_in in zip(("query", "key", "value"), (query, key, value), in_features, strict=True):
         check_floating(x, name)
-        check_rank(x, name, 3, "(B, T, D)")
+        if x.dim() != 3:  # check_rank's message; x is a tensor already
+            raise ValueError(f"{name} must be 3-D (B, T, D), got shape {tuple(x.shape)}")
         if dtype is not None and x.dtype != dtype:
             raise TypeError(f"{name} is {x.dtype}, but the module's weights are {dtype}: convert one of them "
                             f"(e.g. {name}.to({dtype}) or module.to({x.dtype}))")

@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-from .. import numpy_ref
+from .. import numpy_ref, tiles
+from ..masks import sliding_window
 from . import hidden, observe
 from .cases import to_framework
 from .diagnosis import diagnose
@@ -37,14 +38,13 @@ def window_mask(t: int, window: int) -> np.ndarray:
 
 def _tiles(t: int, window: int, block: int) -> list[tuple[int, int]]:
     """(query block start, key block start) of the tiles that hold at least one allowed pair."""
-    allowed = window_mask(t, window)
-    starts = range(0, t, block)
-    return [(a, c) for a in starts for c in starts if allowed[a:a + block, c:c + block].any()]
+    states = tiles.tile_states(sliding_window(window, t), t, t, block)[0, 0]
+    return [(a * block, c * block) for a, c in tiles.computed_tiles(states)]
 
 
 def tiles_needed(t: int, window: int, block: int) -> int:
     """The number of (query block, key block) tiles that hold at least one allowed pair."""
-    return len(_tiles(t, window, block))
+    return tiles.tiles_computed(tiles.tile_states(sliding_window(window, t), t, t, block))
 
 
 def _scores_in_tiles(t: int, window: int, block: int) -> int:

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import online_softmax
+from ..tiles import SKIP, block_state
 from ..validation import check_attention_inputs, check_int, check_world_size
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -325,9 +326,9 @@ def causal_work_per_rank(seq_len: int, world_size: int, layout: str = "contiguou
         computed = needed = 0
         for q_tile in rank:
             for k_tile in key_tiles:
-                visible = int((k_tile[None, :] <= q_tile[:, None]).sum())
-                needed += visible
-                computed += len(q_tile) * len(k_tile) if visible else 0
+                visible = k_tile[None, :] <= q_tile[:, None]  # (tile, tile) causal pairs of the two shards
+                needed += int(visible.sum())
+                computed += visible.numel() if block_state(visible) != SKIP else 0
         work.append(CausalWork(computed, needed))
     return work
 
