@@ -167,14 +167,18 @@ def add_points_argument(parser) -> None:
                         "check has them); see the instructor guide")
 
 
-def load_points(parser, args) -> Points:
+def load_points(parser, args, complete: bool | None = None) -> Points:
     """The points file's :class:`.points.Points`, validated against the reference notebooks (a usage error
-    naming the file and the key if it cannot be used)."""
+    naming the file and the key if it cannot be used). A points file names the notebooks of a whole course: against
+    one reference notebook (``complete`` None: when the reference is a file, e.g. a class run's child process for
+    one submission) its other notebooks are other chapters, not errors."""
     if not getattr(args, "points", None):
         return Points()
+    if complete is None:
+        complete = args.reference is None or not Path(args.reference).is_file()
     try:
         points = Points.load(args.points)
-        points.validate(reference_exercises(args.reference))
+        points.validate(reference_exercises(args.reference), complete)
     except PointsError as err:
         parser.error(str(err))
     args.points = str(Path(args.points).resolve())

@@ -95,9 +95,14 @@ class Points:
                 entries[int(key)] = _entry(value, f"{where} {key}")
         return points
 
-    def validate(self, exercises: dict[str, set[int]]) -> None:
-        """Check the overrides against ``{notebook stem: its exercise numbers}`` (the reference notebooks)."""
+    def validate(self, exercises: dict[str, set[int]], complete: bool = True) -> None:
+        """Check the overrides against ``{notebook stem: its exercise numbers}`` (the reference notebooks).
+        ``complete=False``: ``exercises`` holds only some of the course's notebooks (one submission's reference, a
+        bundle's chapters), so a notebook not among them is another chapter's, not a typo; its own numbers are
+        still checked."""
         for notebook, entries in self.notebooks.items():
+            if notebook not in exercises and not complete:
+                continue
             if notebook not in exercises:
                 known = ", ".join(sorted(exercises)) or "none"
                 raise PointsError(f"{self.source} [notebooks.{notebook}]: no reference notebook of that name "
