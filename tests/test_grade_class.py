@@ -92,7 +92,7 @@ def graded(tmp_path_factory):
 
 def test_the_class_is_graded_with_progress_and_a_summary(graded):
     first = graded["first"]
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 1, first.stderr[-3000:]  # 1: some notebooks are ERRORs (carol's, dave's, ...)
     assert "6 submissions of 6 students; 0 already graded" in first.stderr
     progress = [line for line in first.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == 6 and all("min left)" in line for line in progress)
@@ -145,7 +145,7 @@ def test_feedback_names_points_codes_hints_and_times_never_the_hidden_input(grad
 
 def test_a_second_run_grades_nothing_again(graded):
     again = graded["again"]
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.returncode == 1, again.stderr[-2000:]
     assert "6 already graded (kept; --regrade grades them again), 0 to grade" in again.stderr
     assert not [line for line in again.stderr.splitlines() if line.startswith("[")]
     assert again.stdout == graded["first"].stdout

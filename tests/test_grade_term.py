@@ -4,17 +4,14 @@ folder holding a student's modules. One class run (two chapters' references: the
 it under another chapter's name) serves most tests; the rest call the functions they test."""
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from attention_course.course import cli
+from attention_course.course import classroom, cli, exports, gradescope
+from attention_course.course.points import Points
+from attention_course.course.results import ExerciseResult, NotebookResult
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "grader"
@@ -44,3 +41,69 @@ def test_a_points_file_naming_one_chapter_is_valid_for_each_other_chapters_noteb
     (tmp_path / "typo.toml").write_text("[notebooks.01_soft_lookup]\n1 = 4\n", encoding="utf-8")
     with pytest.raises(SystemExit):  # against the whole folder a name that matches nothing is still refused
         cli.load_points(parser, argparse.Namespace(points=str(tmp_path / "typo.toml"), reference=refs))
+
+
+def _submissions(tmp: Path, students=("alice", "bob")) -> Path:
+    folder = tmp / "submissions"
+    for student in students:
+        (folder / student).mkdir(parents=True, exist_ok=True)
+        shutil.copy(DATA / "exercises" / NAME, folder / student / NAME)
+    return folder
+
+
+def _fake_grader(monkeypatch, failing: set[str]) -> list[str]:
+    """Replace the per-notebook child process by a stand-in: a grader failure for the students in ``failing``,
+    else a graded result of one passed exercise. Returns the list of the students it graded."""
+    graded = []
+
+    def fake(path, args):
+        student = Path(path).parent.name
+        graded.append(student)
+        if student in failing:
+            return NotebookResult(path, error="the grader's process for this notebook failed (exit 1): MemoryError",
+                                  grader_failed=True)
+        return NotebookResult(path, [ExerciseResult(1, "Softmax", "warm-up", True)], reference=str(args.reference))
+
+    monkeypatch.setattr(classroom, "_grade_in_child", fake)
+    return graded
+
+
+def test_a_grader_failure_is_never_a_grade_and_one_student_can_be_regraded(tmp_path, monkeypatch, capsys):
+    folder, out = _submissions(tmp_path), tmp_path / "out"
+    argv = [str(folder), "--out", str(out), "--solutions", str(DATA / "solutions")]
+    graded = _fake_grader(monkeypatch, failing={"bob"})
+    assert classroom.main(argv) == 1  # an ERROR is counted in the exit status
+    assert "ERROR bob" in capsys.readouterr().out and "MemoryError" in (out / "summary.txt").read_text()
+    assert (out / "results" / "alice" / f"{Path(NAME).stem}.json").is_file()
+    assert not (out / "results" / "bob").exists()  # not saved: the next run grades it again
+    graded = _fake_grader(monkeypatch, failing=set())
+    assert classroom.main(argv) == 0 and graded == ["bob"]
+    graded[:] = []
+    assert classroom.main([*argv, "--regrade", "alice"]) == 0 and graded == ["alice"]
+    graded[:] = []
+    assert classroom.main([*argv, "--regrade"]) == 0 and sorted(graded) == ["alice", "bob"]
+    with pytest.raises(SystemExit):
+        classroom.main([*argv, "--regrade", "carol"])
+    assert "--regrade carol: no such student" in capsys.readouterr().err
+
+
+def test_the_childs_real_error_is_shown_and_counted_in_the_exit_status(tmp_path, capsys):
+    args = argparse.Namespace(timeout=0, notebook_timeout=10, memory_mb=1000, isolation="bwrap", reference=None,
+                              seed=1)  # a child that refuses its own command line
+    result = cli._grade_in_child(str(DATA / "exercises" / NAME), args)
+    assert result.grader_failed and "(exit 2)" in result.error and "must be positive" in result.error
+    (tmp_path / "folder.ipynb").mkdir()
+    (tmp_path / "empty.ipynb").write_text('{"cells": []}', encoding="utf-8")
+    assert cli.main([str(tmp_path / "folder.ipynb"), str(tmp_path / "empty.ipynb"), "--no-reference"]) == 1
+    out = capsys.readouterr().out
+    assert "folder.ipynb: not a regular file (a folder" in out and "empty.ipynb: not a notebook saved by Jupyter" in out
+
+
+def test_a_notebook_that_could_not_be_graded_is_a_failed_test_worth_its_points():
+    failed = NotebookResult("02_x.ipynb", error="the grader's process for this notebook failed (exit 1)",
+                            grader_failed=True)
+    data = exports.gradescope_results([failed], possible={"02_x.ipynb": 12.0})
+    assert [(t["status"], t["score"], t["max_score"]) for t in data["tests"]] == [("failed", 0.0, 12.0)]
+    assert gradescope._possible(DATA / "solutions" / NAME, Points()) == 9.0  # 1 + 1 + 2 + 2 + 3 by level
+    unknown = exports.gradescope_results([failed])
+    assert unknown["tests"][0]["status"] == "failed"

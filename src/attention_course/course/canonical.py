@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import errno
+import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -123,16 +124,21 @@ def read_notebook(path: Path, limit: int = MAX_NOTEBOOK_BYTES):
         if err.errno == errno.ELOOP:
             return None, "a symbolic link: the grader reads only regular files (copy the notebook itself)"
         return None, f"cannot read the file ({type(err).__name__})"
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # checked before fdopen, which refuses a folder with an exception
+        os.close(fd)
+        return None, "not a regular file (a folder, device or FIFO): the grader reads only regular files"
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None, "not a regular file (a folder, device or FIFO): the grader reads only regular files"
         if info.st_size > limit:
             return None, f"the file has {info.st_size} bytes, over the grader's limit of {limit} bytes"
         data = f.read(limit + 1)
     if len(data) > limit:
         return None, f"the file has over {limit} bytes, the grader's limit"
     try:
+        raw = json.loads(data.decode("utf-8"))
+        if not isinstance(raw, dict) or "nbformat" not in raw or not raw.get("cells"):
+            return None, ("not a notebook saved by Jupyter (no 'nbformat' field or no cells): submit the exercise "
+                          "notebook itself, saved from Jupyter")
         nb = nbformat.reads(data.decode("utf-8"), as_version=4)
         nbformat.validate(nb)
     except UnicodeDecodeError as err:

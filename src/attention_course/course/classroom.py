@@ -14,8 +14,10 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
 
 * ``results/STUDENT/NOTEBOOK.json``: each result, written (atomically) as soon as it is known, with the SHA-256 of
   the file graded. Grading is resumable: a submission whose result is there, for the same file, is not graded
-  again unless ``--regrade``; a changed file is. The hidden cases' seed is kept in ``seed.txt``, so that a resumed
-  run draws the same cases for everyone;
+  again unless ``--regrade`` (everyone) or ``--regrade STUDENT`` (that student; repeatable); a changed file is. A
+  failure of the grader itself (its process for the notebook crashed or ran out of time) is shown with the child's
+  own error and never saved: the next run grades that notebook again. The hidden cases' seed is kept in
+  ``seed.txt``, so that a resumed run (and a regrade) draws the same cases for everyone;
 * ``feedback/STUDENT/NOTEBOOK.md`` and ``.html``: what the student gets back (:mod:`.exports`);
 * ``gradebook.csv`` (one row per student, one column per notebook, for Canvas or Moodle), ``results.jsonl`` (every
   result, one JSON line each), ``summary.txt`` (the table printed at the end).
@@ -53,6 +55,7 @@ from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works
 CANVAS_NAME = re.compile(r"^(?P<student>.+?)_(?:LATE_)?\d+_\d+_(?P<file>.+)$")
 CANVAS_COPY = re.compile(r"-\d+(?=\.ipynb$)")
 SKIPPED_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}
+EVERYONE = "*"  # --regrade without a name
 
 
 class ClassError(ValueError):
@@ -193,7 +196,12 @@ class Store:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return NotebookResult.from_dict(data["result"]) if data.get("sha256") == digest else None
+        if data.get("sha256") != digest:
+            return None
+        result = NotebookResult.from_dict(data["result"])
+        # a failure of the grader (saved by a version before grader_failed existed) is graded again, never kept
+        failed = result.grader_failed or (result.error or "").startswith("the grader's process")
+        return None if failed else result
 
     def save(self, s: Submission, digest: str, result: NotebookResult, seed: int) -> None:
         record = {"student": s.student, "notebook": s.notebook, "file": str(s.path), "sha256": digest, "seed": seed,
@@ -242,7 +250,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("submissions", help="folder: STUDENT/NOTEBOOK.ipynb, Gradescope's export or Canvas's download")
     parser.add_argument("--out", required=True, help="folder for results, feedback and the gradebook")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
-    parser.add_argument("--regrade", action="store_true", help="grade again what is already graded")
+    parser.add_argument("--regrade", metavar="STUDENT", nargs="?", action="append", const=EVERYONE,
+                        help="grade again what is already graded: everyone's, or (--regrade STUDENT, repeatable) "
+                        "one student's, with the stored hidden-case seed")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
     parser.add_argument("--notebook-timeout", type=int, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
                         help="time limit per notebook, in seconds")
@@ -276,11 +286,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         submissions = find_submissions(Path(args.submissions), args.reference)
         store = Store(Path(args.out))
-        args.seed = store.seed(args.seed, args.regrade)
+        args.regrade = _regrade(args.regrade, submissions)
+        args.seed = store.seed(args.seed, args.regrade is True)
     except ClassError as err:
         parser.error(str(err))
     adopt_orphans()
     return _run(submissions, store, args, points)
+
+
+def _regrade(asked: list[str] | None, submissions: list[Submission]) -> bool | set[str]:
+    """True (everyone), False (no one) or the students named (a :class:`ClassError` for a name that is none)."""
+    if not asked:
+        return False
+    if EVERYONE in asked:
+        return True
+    students = {s.student for s in submissions}
+    unknown = [name for name in asked if name not in students]
+    if unknown:
+        raise ClassError(f"--regrade {', '.join(unknown)}: no such student in the submissions (students: "
+                         f"{', '.join(sorted(students))})")
+    return set(asked)
 
 
 def _run(submissions: list[Submission], store: Store, args, points: Points) -> int:
@@ -290,7 +315,8 @@ def _run(submissions: list[Submission], store: Store, args, points: Points) -> i
     todo = []
     for s in submissions:
         digest = _sha256(s.path)
-        old = None if args.regrade else store.stored(s, digest)
+        again = args.regrade is True or (args.regrade and s.student in args.regrade)
+        old = None if again else store.stored(s, digest)
         if old is not None:
             results[(s.student, s.notebook)] = score_result(old, points)  # the points file may have changed
         else:
@@ -311,7 +337,8 @@ def _run(submissions: list[Submission], store: Store, args, points: Points) -> i
         for future in as_completed([pool.submit(grade_one, item) for item in todo]):
             s, digest, result, seconds = future.result()
             result = score_result(result, points)
-            store.save(s, digest, result, args.seed)
+            if not result.grader_failed:  # a failure of the grader is never a grade: the next run tries again
+                store.save(s, digest, result, args.seed)
             results[(s.student, s.notebook)] = result
             done += 1
             left = (time.monotonic() - start) / done * (len(todo) - done)
@@ -321,7 +348,7 @@ def _run(submissions: list[Submission], store: Store, args, points: Points) -> i
                   f"{printable(verdict)} ({seconds:.1f} s; about {left / 60:.1f} min left)", file=sys.stderr,
                   flush=True)
     _write_outputs(store, submissions, results)
-    return 0
+    return 1 if any(r.error for r in results.values()) else 0
 
 
 def _write_outputs(store: Store, submissions: list[Submission], results: dict) -> None:
@@ -337,6 +364,7 @@ def _write_outputs(store: Store, submissions: list[Submission], results: dict) -
     _write_atomic(store.out / "results.jsonl", "\n".join(lines) + "\n")
     table = summary_table(by_student, notebooks)
     errors = [f"ERROR {printable(student)} {printable(r.notebook)}: {printable(r.error)}"
+              f"{' (a failure of the grader, not saved: the next run grades it again)' if r.grader_failed else ''}"
               for (student, _), r in sorted(results.items()) if r.error]
     isolations = sorted({r.isolation for r in results.values() if r.isolation})
     text = "\n".join([table, *errors, *(f"isolation: {i}" for i in isolations)]) + "\n"

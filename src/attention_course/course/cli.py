@@ -34,8 +34,10 @@ once, each in a child process of its own, so a crash loses nothing already writt
 per notebook with totals such as ``3/5 exercises, 7/11 points``, ``--jsonl`` (one JSON object per line),
 ``--csv`` (header first, then rows, with a ``total`` row per notebook), or ``--json`` (one document at the end).
 Nothing a submission prints reaches this output. A notebook that cannot be read (missing, not JSON, not a
-notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0 whenever grading ran; 2 for a
-command-line usage error (including a ``--solutions`` path that does not exist).
+notebook) gets an ``ERROR`` line and the others are still graded; an error of the grader itself (its process for
+the notebook crashed or ran out of time) shows the child's own last error line. Exit status: 0 when every notebook
+was graded; 1 when any got an ``ERROR``; 2 for a command-line usage error (including a ``--solutions`` path that
+does not exist).
 """
 
 from __future__ import annotations
@@ -97,16 +99,17 @@ def _grade_in_child(path: str, args) -> NotebookResult:
     try:
         with _CHILDREN_LOCK:  # registered before another thread can take it for an orphan
             child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
-                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+                                     stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
             _LIVE_CHILDREN.add(child.pid)
         memory = GRADER_MEMORY_MB * 2**20
         resource.prlimit(child.pid, resource.RLIMIT_AS, (memory, memory))
         try:
-            out, _ = child.communicate(timeout=args.notebook_timeout + GRACE_S)
+            out, err = child.communicate(timeout=args.notebook_timeout + GRACE_S)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-            return NotebookResult(path, error=f"grading took longer than {args.notebook_timeout + GRACE_S:g} s")
+            return NotebookResult(path, error=f"the grader's process for this notebook took longer than "
+                                  f"{args.notebook_timeout + GRACE_S:g} s", grader_failed=True)
         finally:
             with _CHILDREN_LOCK:
                 _LIVE_CHILDREN.discard(child.pid)
@@ -115,9 +118,18 @@ def _grade_in_child(path: str, args) -> NotebookResult:
         lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
         if child.returncode == 0 and len(lines) == 1:
             return NotebookResult.from_dict(json.loads(lines[0][len(RESULT_PREFIX):]))
-        return NotebookResult(path, error=f"the grader's process for this notebook failed (exit {child.returncode})")
+        return NotebookResult(path, error=f"the grader's process for this notebook failed (exit {child.returncode})"
+                              f"{_last_error(err)}", grader_failed=True)
     except (OSError, ValueError, TypeError, KeyError) as err:
-        return NotebookResult(path, error=f"the grader's process for this notebook failed ({type(err).__name__})")
+        return NotebookResult(path, error=f"the grader's process for this notebook failed ({type(err).__name__}: "
+                              f"{str(err)[:300]})", grader_failed=True)
+
+
+def _last_error(stderr: str) -> str:
+    """``: `` and the last line of the child's error output (its exception, or argparse's message), or nothing.
+    The child is the grader's own process: a submission's output never reaches it (the sandbox's goes nowhere)."""
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    return f": {lines[-1][:500]}" if lines else ""
 
 
 class _Writer:
@@ -276,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         for future in as_completed(futures):
             writer.add(future.result())
     writer.finish([str(p) for p in args.notebooks])
-    return 0
+    return 1 if any(r.error for r in writer.results) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover - the child processes' entry point; main() is tested

@@ -80,21 +80,25 @@ def _tests(r: NotebookResult, prefix: str) -> list[dict]:
     return tests
 
 
-def _test(name: str, score: float, max_score: float, output: str, visibility: str) -> dict:
+def _test(name: str, score: float, max_score: float, output: str, visibility: str, failed: bool = False) -> dict:
     return {"name": name, "score": round(score, 4), "max_score": round(max_score, 4),
-            "status": "passed" if score >= max_score else "failed", "output": output, "output_format": "text",
-            "visibility": visibility}
+            "status": "failed" if failed or score < max_score else "passed", "output": output,
+            "output_format": "text", "visibility": visibility}
 
 
-def gradescope_results(results: list[NotebookResult], note: str | None = None) -> dict:
+def gradescope_results(results: list[NotebookResult], note: str | None = None,
+                       possible: dict[str, float] | None = None) -> dict:
     """Gradescope's ``results.json`` for one submission's notebooks (see the module docstring); ``note``: a line
-    for the whole submission (e.g. that no notebook was found)."""
+    for the whole submission (e.g. that no notebook was found); ``possible``: ``{notebook: the points its
+    reference is worth}``, the ``max_score`` of a notebook that could not be graded (a failed test, never a passed
+    0/0 one)."""
     tests, lines, seconds = [], [], 0.0
     for r in results:
         prefix = f"{Path(r.reference or r.notebook).stem}, " if len(results) > 1 else ""
         if r.error:
-            tests.append(_test(f"{prefix}the notebook {Path(r.notebook).name}".strip(", "), 0.0, 0.0,
-                               printable(f"Not graded: {r.error}"), "visible"))
+            tests.append(_test(f"{prefix}the notebook {Path(r.notebook).name}".strip(", "), 0.0,
+                               (possible or {}).get(r.notebook, 0.0), printable(f"Not graded: {r.error}"),
+                               "visible", failed=True))
             lines.append(printable(f"{Path(r.notebook).name}: not graded: {r.error}"))
             continue
         tests += _tests(r, prefix)

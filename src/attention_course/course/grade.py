@@ -203,6 +203,7 @@ def _grade_notebook(path, reference, limits) -> NotebookResult:
     if limits.isolation == "bwrap" and not bwrap_works():
         result.error = ("bubblewrap is not available here: install it (apt-get install bubblewrap), or ask for the "
                         "weaker isolation (--isolation=rlimit)")
+        result.grader_failed = True
         return result
     path = Path(path)
     nb, result.error = canonical.read_notebook(path)

@@ -37,10 +37,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .canonical import AUTO, default_reference, find_reference
+from .canonical import AUTO, check_cells, default_reference, find_reference, read_notebook
 from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
 from .exports import gradescope_results
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
+from .points import Points
 from .results import NotebookResult
 from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works
 
@@ -166,6 +167,13 @@ def _notebooks(submission: Path, reference: Path) -> list[tuple[Path, Path | Non
     return [(p, find_reference(p.name, reference)) for p in paths]
 
 
+def _possible(reference: Path, points: Points) -> float:
+    """The points the reference notebook's exercises are worth (0 if it cannot be read)."""
+    nb, _ = read_notebook(reference)
+    cells = check_cells(nb) if nb is not None else []
+    return round(sum(points.of(reference.stem, c.number, c.level)[0] for c in cells), 4)
+
+
 def main_run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -P -m attention_course.grade gradescope",
                                      description="Grade one Gradescope submission and write results.json.")
@@ -184,6 +192,7 @@ def main_run(argv: list[str] | None = None) -> int:
     points = load_points(parser, args, complete=False)  # the bundle may hold some chapters of a course's file
     args.seed = secrets.randbelow(2**31)
     results: list[NotebookResult] = []
+    possible: dict[str, float] = {}
     note = None
     if args.isolation == "bwrap" and not bwrap_works():
         note = ("Not graded: bubblewrap cannot run in this container; the instructor can rebuild the autograder "
@@ -202,9 +211,10 @@ def main_run(argv: list[str] | None = None) -> int:
             result = score_result(_grade_in_child(str(path), child), points)
             result.notebook = str(path.relative_to(args.submission)) if path.is_relative_to(args.submission) \
                 else path.name
+            possible[result.notebook] = _possible(reference, points)
             results.append(result)
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(gradescope_results(results, note), indent=1) + "\n", encoding="utf-8")
+    out.write_text(json.dumps(gradescope_results(results, note, possible), indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out}", file=sys.stderr)
     return 0

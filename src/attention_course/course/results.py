@@ -57,6 +57,7 @@ class NotebookResult:
     error: str | None = None
     reference: str | None = None  # the solution notebook whose check cells were used; None: the notebook's own
     isolation: str | None = None  # how the submission was isolated and limited (sandbox.describe)
+    grader_failed: bool = False  # the error is the grader's (its process crashed, ran out of time): never a grade
 
     @property
     def passed(self) -> int:
@@ -77,12 +78,13 @@ class NotebookResult:
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "passed": self.passed, "total": self.total, "score": self.score,
                 "max_score": self.max_score, "error": self.error, "reference": self.reference,
-                "isolation": self.isolation, "exercises": [asdict(e) for e in self.exercises]}
+                "isolation": self.isolation, "grader_failed": self.grader_failed,
+                "exercises": [asdict(e) for e in self.exercises]}
 
     @classmethod
     def from_dict(cls, data: dict) -> NotebookResult:
         result = cls(str(data["notebook"]), error=data.get("error"), reference=data.get("reference"),
-                     isolation=data.get("isolation"))
+                     isolation=data.get("isolation"), grader_failed=bool(data.get("grader_failed")))
         fields = set(ExerciseResult.__dataclass_fields__)
         result.exercises = [ExerciseResult(**{k: v for k, v in e.items() if k in fields})
                             for e in data.get("exercises", [])]
