@@ -107,3 +107,32 @@ def test_a_notebook_that_could_not_be_graded_is_a_failed_test_worth_its_points()
     assert gradescope._possible(DATA / "solutions" / NAME, Points()) == 9.0  # 1 + 1 + 2 + 2 + 3 by level
     unknown = exports.gradescope_results([failed])
     assert unknown["tests"][0]["status"] == "failed"
+
+
+def test_stray_files_are_listed_and_the_rest_of_the_class_is_graded(tmp_path, monkeypatch, capsys):
+    """One unmatched file used to stop the whole class; .html, .zip, .py submissions vanished without a word."""
+    folder, out = _submissions(tmp_path, ("alice", "bob", "Bob")), tmp_path / "out"
+    shutil.copy(DATA / "exercises" / NAME, folder / "alice" / NAME.replace(".ipynb", " (1).ipynb"))  # a 2nd download
+    (folder / "carol").mkdir()
+    (folder / "carol" / "01_soft_lookup_exercises.html").write_text("<html>", encoding="utf-8")
+    (folder / "dave").mkdir()
+    (folder / "dave" / NAME).mkdir()  # a folder named like the notebook
+    shutil.copy(DATA / "exercises" / NAME, folder / "dave" / "homework.ipynb")  # renamed: no reference matches
+    (folder / f"erin_123_456_{NAME.replace('.ipynb', '.zip')}").write_bytes(b"PK")  # Canvas's name, a zip
+    (folder / "notes.txt").write_text("", encoding="utf-8")
+    graded = _fake_grader(monkeypatch, failing=set())
+    assert classroom.main([str(folder), "--out", str(out), "--solutions", str(DATA / "solutions")]) == 1
+    assert sorted(graded) == ["Bob", "alice"]  # bob and Bob are one student: the latest copy is graded
+    summary = (out / "summary.txt").read_text(encoding="utf-8")
+    not_graded = [line for line in summary.splitlines() if line.startswith("NOT GRADED")]
+    assert len(not_graded) == 7, summary
+    for path, reason in ((f"alice/{NAME}", "an older copy of alice's"), ("carol/01_soft_lookup_exercises.html",
+                         "not a notebook (.html)"), (f"dave/{NAME}", "a folder named like a notebook"),
+                         ("dave/homework.ipynb", "no reference notebook is named like it"),
+                         ("erin_123_456_01_soft_lookup_exercises.zip", "not a notebook (.zip)"),
+                         ("notes.txt", "not a submission"), (f"bob/{NAME}", "an older copy of bob's")):
+        assert any(f"{folder / path}: {reason}" in line for line in not_graded), (path, not_graded)
+    assert "not graded: " in capsys.readouterr().err  # said at the start too
+    rows = {row.split(",")[0] for row in (out / "gradebook.csv").read_text(encoding="utf-8").splitlines()}
+    assert rows == {"student", "Points Possible", "alice", "Bob", "carol", "dave", "erin"}  # a student whose file
+    # was not graded keeps a row; an older copy adds none

@@ -24,10 +24,16 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
 
 Progress goes to stderr, one line per submission with the time it took and an estimate of the time left.
 
-Bad input stops before anything is graded, with a message naming it (exit status 2): a folder that does not exist
-or holds no notebook, two submissions of the same notebook by one student, a notebook no reference matches, an
-output folder that cannot be written. A file that is not a notebook, or a notebook of another chapter, gets an
-``ERROR`` result (0 points) and the class goes on.
+Inputs are checked up front, and grading goes on for everything that matches: a file that is not a notebook
+(``.html``, ``.zip``, ``.py``), a folder named like one, a notebook whose name matches no reference notebook, a
+notebook at the top of the folder that names no student, and the older copies of a notebook one student submitted
+more than once (Canvas's ``-1`` resubmission or a browser's ``(1)`` copy: the copy with the highest number, then
+the last modified, is graded) are not graded; each is listed with its reason (on stderr at the start, and in
+``summary.txt``), its student keeps a gradebook row, and the exit status is 1. A file that is not a valid notebook
+(``{"cells": []}``, not JSON), or a notebook of another chapter, gets an ``ERROR`` result (0 points; exit status
+1) and the class goes on. A folder that does not exist or holds nothing gradable, an output folder that cannot be
+written, or a points file that does not fit the reference notebooks stops before anything is graded, with a
+message naming it (exit status 2).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from .results import NotebookResult, points_text, printable
 from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works
 
 CANVAS_NAME = re.compile(r"^(?P<student>.+?)_(?:LATE_)?\d+_\d+_(?P<file>.+)$")
-CANVAS_COPY = re.compile(r"-\d+(?=\.ipynb$)")
+CANVAS_COPY = re.compile(r"(?:-\d+| \(\d+\))(?=\.ipynb$)")  # Canvas's resubmission -1, a browser's copy (1)
 SKIPPED_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}
 EVERYONE = "*"  # --regrade without a name
 
@@ -99,57 +105,102 @@ def _gradescope_names(folder: Path) -> dict[str, str]:
     return names
 
 
-def _match(path: Path, name: str, reference) -> Path | None:
+def _match(name: str, reference) -> Path | None:
     return find_reference(name, reference) or find_reference(CANVAS_COPY.sub("", name), reference)
 
 
-def find_submissions(folder: Path, reference) -> list[Submission]:
-    """Every submission in ``folder`` (see the module docstring), or a :class:`ClassError` naming the problem."""
+@dataclass
+class Skipped:
+    """A file of the submissions folder that is not graded, and why (listed in the summary; the exit status is 1)."""
+
+    path: Path
+    reason: str
+    student: str | None = None  # known from its folder or its Canvas name: the student still has a gradebook row
+
+
+def _student_files(entry: Path) -> list[Path]:
+    """The files (and folders named like notebooks) under a student's folder, checkpoints and hidden files left
+    out."""
+    return [p for p in sorted(entry.rglob("*")) if not SKIPPED_FOLDERS & set(p.parts)
+            and not any(part.startswith(".") for part in p.relative_to(entry).parts)
+            and (not p.is_dir() or p.suffix == ".ipynb")]
+
+
+def _candidates(entry: Path, names: dict, skipped: list[Skipped]) -> list[tuple[str, Path, str]]:
+    """(student, file, the name matched to a reference) for one entry of the submissions folder; what cannot be a
+    submission goes to ``skipped``."""
+    if entry.is_dir() and not entry.is_symlink() and entry.suffix != ".ipynb":
+        student = names.get(entry.name, entry.name)
+        return [(student, p, p.name) for p in _student_files(entry)]
+    m = CANVAS_NAME.match(entry.name)
+    if entry.is_symlink() and entry.is_dir():
+        skipped.append(Skipped(entry, "a link to a folder: not followed (copy the folder itself)"))
+    elif m:
+        return [(m["student"], entry, m["file"])]
+    elif entry.suffix == ".ipynb":
+        skipped.append(Skipped(entry, _not_a_notebook(entry) or "a notebook at the top of the folder whose name "
+                               "names no student: expected STUDENT/NOTEBOOK.ipynb or Canvas's "
+                               "STUDENT_ID_ID_NOTEBOOK.ipynb"))
+    elif entry.name != "submission_metadata.yml":
+        skipped.append(Skipped(entry, "not a submission: expected STUDENT/NOTEBOOK.ipynb or Canvas's "
+                               "STUDENT_ID_ID_NOTEBOOK.ipynb"))
+    return []
+
+
+def find_submissions(folder: Path, reference) -> tuple[list[Submission], list[Skipped]]:
+    """Every submission in ``folder`` (see the module docstring) and every file that is not graded with its reason;
+    a :class:`ClassError` when the folder does not exist or nothing in it can be graded."""
     if not folder.is_dir():
         raise ClassError(f"{folder}: no such folder")
     names = _gradescope_names(folder)
     found: list[Submission] = []
-    unmatched: list[str] = []
+    skipped: list[Skipped] = []
     for entry in sorted(folder.iterdir()):
         if entry.name in SKIPPED_FOLDERS or entry.name.startswith("."):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            student = names.get(entry.name, entry.name)
-            paths = [p for p in sorted(entry.rglob("*.ipynb")) if not SKIPPED_FOLDERS & set(p.parts)]
-            candidates = [(student, p, p.name) for p in paths]
-        elif entry.suffix == ".ipynb":  # a link or a FIFO too: the grader refuses it with an ERROR result
-            m = CANVAS_NAME.match(entry.name)
-            candidates = [(m["student"], entry, m["file"])] if m else [(entry.stem, entry, entry.name)]
-            if not m:
-                unmatched.append(f"{entry} (a file at the top: expected STUDENT/NOTEBOOK.ipynb or Canvas's "
-                                 "STUDENT_ID_ID_NOTEBOOK.ipynb)")
-                continue
-        else:
-            continue
-        for student, path, name in candidates:
-            matched = _match(path, name, reference)
-            if matched is None:
-                unmatched.append(f"{path} (no reference notebook named like it)")
-            else:
+        for student, path, name in _candidates(entry, names, skipped):
+            reason = _not_a_notebook(path)
+            matched = None if reason else _match(name, reference)
+            if reason is None and matched is None:
+                reason = "no reference notebook is named like it: rename it as the exercise notebook was named"
+            if reason:
+                skipped.append(Skipped(path, reason, student))
+            else:  # a link or a FIFO too: the grader refuses it with an ERROR result
                 found.append(Submission(student, path, matched))
-    if unmatched:
-        raise ClassError("cannot tell which exercise notebook these are: " + "; ".join(unmatched))
     if not found:
+        listed = "".join(f"; {printable(s.path)}: {s.reason}" for s in skipped)
         raise ClassError(f"{folder}: no submissions found (expected STUDENT/NOTEBOOK.ipynb, Gradescope's export or "
-                         "Canvas's download)")
-    _refuse_duplicates(found)
-    return found
+                         f"Canvas's download){listed}")
+    return _latest_copies(found, skipped), skipped
 
 
-def _refuse_duplicates(found: list[Submission]) -> None:
-    seen: dict[tuple[str, str], list[Submission]] = {}
+def _not_a_notebook(path: Path) -> str | None:
+    if path.suffix != ".ipynb":
+        return f"not a notebook ({path.suffix or 'no extension'}): only .ipynb files are graded; ask for the notebook"
+    if path.is_dir() and not path.is_symlink():
+        return "a folder named like a notebook: only notebook files are graded"
+    return None
+
+
+def _copy_number(path: Path) -> int:
+    """Canvas's resubmission number (``NAME-2.ipynb``) or a browser's copy number (``NAME (1).ipynb``); 0: none."""
+    m = re.search(r"(?:-| \()(\d+)\)?\.ipynb$", path.name)
+    return int(m[1]) if m else 0
+
+
+def _latest_copies(found: list[Submission], skipped: list[Skipped]) -> list[Submission]:
+    """One submission per student and notebook: the latest copy (highest copy number, then last modified); the
+    others go to ``skipped``, each naming the copy that is graded."""
+    groups: dict[tuple[str, str], list[Submission]] = {}
     for s in found:
-        seen.setdefault((safe_name(s.student).lower(), s.notebook), []).append(s)
-    twice = [group for group in seen.values() if len(group) > 1]
-    if twice:
-        lines = [f"{g[0].student}: {g[0].notebook} ({', '.join(str(s.path) for s in g)})" for g in twice]
-        raise ClassError("the same student submitted the same notebook more than once; keep one of each and run "
-                         "again: " + "; ".join(lines))
+        groups.setdefault((safe_name(s.student).lower(), s.notebook), []).append(s)
+    kept = []
+    for group in groups.values():
+        group.sort(key=lambda s: (_copy_number(s.path), s.path.lstat().st_mtime, str(s.path)))
+        kept.append(group[-1])
+        skipped += [Skipped(s.path, f"an older copy of {s.student}'s {s.notebook}: {group[-1].path} is graded")
+                    for s in group[:-1]]  # no row of its own: the student's row is the graded copy's
+    return [s for s in found if s in kept]
 
 
 def _sha256(path: Path) -> str:
@@ -284,14 +335,14 @@ def main(argv: list[str] | None = None) -> int:
                      "(apt-get install bubblewrap), or ask for the weaker isolation with --isolation=rlimit")
     points = load_points(parser, args)
     try:
-        submissions = find_submissions(Path(args.submissions), args.reference)
+        submissions, skipped = find_submissions(Path(args.submissions), args.reference)
         store = Store(Path(args.out))
         args.regrade = _regrade(args.regrade, submissions)
         args.seed = store.seed(args.seed, args.regrade is True)
     except ClassError as err:
         parser.error(str(err))
     adopt_orphans()
-    return _run(submissions, store, args, points)
+    return _run(submissions, skipped, store, args, points)
 
 
 def _regrade(asked: list[str] | None, submissions: list[Submission]) -> bool | set[str]:
@@ -308,7 +359,7 @@ def _regrade(asked: list[str] | None, submissions: list[Submission]) -> bool | s
     return set(asked)
 
 
-def _run(submissions: list[Submission], store: Store, args, points: Points) -> int:
+def _run(submissions: list[Submission], skipped: list[Skipped], store: Store, args, points: Points) -> int:
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     results: dict[tuple[str, str], NotebookResult] = {}
@@ -321,6 +372,8 @@ def _run(submissions: list[Submission], store: Store, args, points: Points) -> i
             results[(s.student, s.notebook)] = score_result(old, points)  # the points file may have changed
         else:
             todo.append((s, digest))
+    for s in skipped:
+        print(f"not graded: {printable(s.path)}: {printable(s.reason)}", file=sys.stderr, flush=True)
     print(f"{len(submissions)} submissions of {len({s.student for s in submissions})} students; "
           f"{len(submissions) - len(todo)} already graded (kept; --regrade grades them again), {len(todo)} to grade "
           f"with -j {args.jobs}; hidden-case seed {args.seed}", file=sys.stderr, flush=True)
@@ -347,13 +400,14 @@ def _run(submissions: list[Submission], store: Store, args, points: Points) -> i
             print(f"[{done:>{len(str(len(todo)))}}/{len(todo)}] {printable(s.student)} {s.notebook}: "
                   f"{printable(verdict)} ({seconds:.1f} s; about {left / 60:.1f} min left)", file=sys.stderr,
                   flush=True)
-    _write_outputs(store, submissions, results)
-    return 1 if any(r.error for r in results.values()) else 0
+    _write_outputs(store, submissions, skipped, results)
+    return 1 if skipped or any(r.error for r in results.values()) else 0
 
 
-def _write_outputs(store: Store, submissions: list[Submission], results: dict) -> None:
+def _write_outputs(store: Store, submissions: list[Submission], skipped: list[Skipped], results: dict) -> None:
     notebooks = sorted({s.notebook for s in submissions})
-    by_student: dict[str, dict[str, NotebookResult]] = {}
+    # a student whose only files were not graded still has a row (empty: nothing graded), and the list says why
+    by_student: dict[str, dict[str, NotebookResult]] = {s.student: {} for s in skipped if s.student}
     max_points: dict[str, float] = {}
     for (student, notebook), r in results.items():
         by_student.setdefault(student, {})[notebook] = r
@@ -367,7 +421,8 @@ def _write_outputs(store: Store, submissions: list[Submission], results: dict) -
               f"{' (a failure of the grader, not saved: the next run grades it again)' if r.grader_failed else ''}"
               for (student, _), r in sorted(results.items()) if r.error]
     isolations = sorted({r.isolation for r in results.values() if r.isolation})
-    text = "\n".join([table, *errors, *(f"isolation: {i}" for i in isolations)]) + "\n"
+    not_graded = [f"NOT GRADED {printable(s.path)}: {printable(s.reason)}" for s in skipped]
+    text = "\n".join([table, *errors, *not_graded, *(f"isolation: {i}" for i in isolations)]) + "\n"
     _write_atomic(store.out / "summary.txt", text)
     sys.stdout.write(text)
     sys.stdout.flush()
