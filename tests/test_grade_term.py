@@ -4,11 +4,15 @@ folder holding a student's modules. One class run (two chapters' references: the
 it under another chapter's name) serves most tests; the rest call the functions they test."""
 
 import argparse
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from attention_course import _safe_path
 from attention_course.course import classroom, cli, exports, gradescope
 from attention_course.course.points import Points
 from attention_course.course.results import ExerciseResult, NotebookResult
@@ -136,3 +140,24 @@ def test_stray_files_are_listed_and_the_rest_of_the_class_is_graded(tmp_path, mo
     rows = {row.split(",")[0] for row in (out / "gradebook.csv").read_text(encoding="utf-8").splitlines()}
     assert rows == {"student", "Points Possible", "alice", "Bob", "carol", "dave", "erin"}  # a student whose file
     # was not graded keeps a row; an older copy adds none
+
+
+STUDENT_MODULE = "import pathlib\npathlib.Path(__file__).with_suffix('.imported').write_text('')\n"
+
+
+@pytest.mark.parametrize("safe_path", [[], ["-P"]], ids=["without-P", "with-P"])
+def test_the_grader_imports_nothing_from_the_current_folder_however_it_is_started(tmp_path, safe_path):
+    """A student's nbformat.py or ctypes.py in the folder the grader is started from never runs in the grader's
+    process (it did, without -P: python -m puts the current folder first on the import path). (Only -P protects
+    from an attention_course.py there: python finds the module to run before any of the package's code runs.)"""
+    for name in ("nbformat", "ctypes", "numpy", "IPython"):
+        (tmp_path / f"{name}.py").write_text(STUDENT_MODULE, encoding="utf-8")
+    (tmp_path / "tiny.ipynb").write_text('{"cells": []}', encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    done = subprocess.run([sys.executable, *safe_path, "-m", "attention_course.grade", "tiny.ipynb", "--no-reference"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False)
+    assert sorted(p.name for p in tmp_path.glob("*.imported")) == [], done.stderr[-2000:]
+    assert done.returncode == 1 and done.stdout.startswith("ERROR tiny.ipynb: not a notebook saved by Jupyter"), done
+    assert _safe_path.main_module(["python", "-X", "utf8", "-P", "-m", "attention_course.grade"]) == \
+        "attention_course.grade"
+    assert _safe_path.main_module(["python", "-c", "import x", "-m", "y"]) is None

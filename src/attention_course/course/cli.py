@@ -26,8 +26,9 @@ name with a prefix also matches, e.g. ``ada_lovelace_04_masking_exercises.ipynb`
 are graded, and the table says so.
 
 Files: only regular files of at most 8 MB are graded; a symbolic link, a device or a FIFO is refused with an
-``ERROR`` line. The current folder is taken off the import path (run the grader as ``python -P -m
-attention_course.grade``, so that not even its start imports from the current folder).
+``ERROR`` line. The grader never imports a module from the current folder, with or without ``-P``: the package
+drops that folder from the import path before its first import when it runs as the grader
+(:mod:`attention_course._safe_path`); ``-P`` also keeps out a file named ``attention_course.py`` there.
 
 Output (:mod:`.results`): each notebook's result is written as soon as it is known (``-j N`` grades N notebooks at
 once, each in a child process of its own, so a crash loses nothing already written and the batch goes on): a table
