@@ -89,7 +89,7 @@ def _judge_point(event, exercise: Exercise, sandbox, cells, index, reference: Re
         else:
             with _public_cases_only():
                 rerun = judge.run_checks(exercise.calls, sandbox, str(index), event.get("objects") or {},
-                                         sandbox.limits.cell_s)
+                                         sandbox.limits.cell_wall_s)
             public = rerun[0]
             if not public:  # report the public case's failure: the one the student's notebook shows
                 passed, code, message = rerun
@@ -118,7 +118,7 @@ def _verdict(event, exercise: Exercise, sandbox, cells, index, reference: Refere
                                            reference.uses.get(exercise.number, set()))
         if problem:
             return False, "calls-reference", problem
-    return judge.run_checks(calls, sandbox, str(index), objects, sandbox.limits.cell_s)
+    return judge.run_checks(calls, sandbox, str(index), objects, sandbox.limits.cell_wall_s)
 
 
 def run_in_sandbox(nb, exercises: list[Exercise], limits: Limits, reference: Reference | None = None) -> dict:
