@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from attention_course import _safe_path
@@ -161,3 +162,31 @@ def test_the_grader_imports_nothing_from_the_current_folder_however_it_is_starte
     assert _safe_path.main_module(["python", "-X", "utf8", "-P", "-m", "attention_course.grade"]) == \
         "attention_course.grade"
     assert _safe_path.main_module(["python", "-c", "import x", "-m", "y"]) is None
+
+
+def test_an_honest_student_is_told_what_to_do(tmp_path):
+    """A solved notebook with what honest students do: a failing import of their own (its NameError now names the
+    import), a check cell retyped without its tags (graded by its text: it gave 0), a stray error in a cell that is
+    no check (listed), and a heading of an older version of the course (said so, naming the exercise)."""
+    from attention_course.course import grade, sandbox
+
+    nb = nbformat.read(DATA / "solutions" / NAME, as_version=4)
+    nb.cells[13].source = "import not_a_module_of_this_course\n" + nb.cells[13].source  # no causal_mask
+    nb.cells[8].metadata["tags"] = []  # exercise 2's check, retyped: its text is the reference's
+    nb.cells[9].source = nb.cells[9].source.replace("Scaled dot-product attention, vectorised", "Old title")
+    nb.cells.insert(15, nbformat.v4.new_code_cell("1 / 0"))
+    nbformat.write(nb, tmp_path / NAME)
+    result = grade.grade_notebook(tmp_path / NAME, reference=DATA / "solutions",
+                                  limits=sandbox.Limits(cell_s=30, notebook_s=300))
+    second, fourth = result.exercises[1], result.exercises[3]
+    assert (fourth.passed, fourth.code) == (False, "NameError")
+    assert "cell 14 raised ModuleNotFoundError before it: No module named 'not_a_module_of_this_course'" in \
+        fourth.message
+    assert "cell 14 raised ModuleNotFoundError" in exports.student_hint(fourth)  # what the feedback says
+    assert second.passed  # recognised by its text
+    assert [e[:2] for e in result.cell_errors] == [[14, "ModuleNotFoundError"], [16, "ZeroDivisionError"]]
+    assert result.notes == [f"this notebook is from an older version of the course ({NAME}: exercise 3 is 'Old "
+                            "title' here and 'Scaled dot-product attention, vectorised' in the current version): "
+                            "download the current exercise notebook and move your answers into it"]
+    feedback = exports.feedback_markdown(result)
+    assert "older version of the course" in feedback and "cell 16: ZeroDivisionError: division by zero" in feedback

@@ -219,15 +219,25 @@ class Exercise:
     calls: list[CheckCall] | None
 
 
+def _untagged_copies(nb, source: str, tagged: set[int]) -> list[int]:
+    """The code cells of ``nb`` whose text is the reference's check cell ``source`` but whose tags were lost (a
+    retyped or pasted cell): recognised by their text, so that an honest student is graded."""
+    text = source.strip()
+    return [i for i, cell in enumerate(nb.cells)
+            if i not in tagged and cell.cell_type == "code" and cell.source.strip() == text]
+
+
 def plan(nb, reference: Reference | None) -> list[Exercise]:
     """The exercises to grade: the reference's, with the reference's check sources put into ``nb`` (whose own
-    check cells are matched by exercise number), or, without a reference, ``nb``'s own check cells."""
+    check cells are matched by exercise number, else, for a cell whose tags were lost, by its text), or, without a
+    reference, ``nb``'s own check cells."""
     own = check_cells(nb)
     if reference is None:
         return [Exercise(c.number, c.title, c.level, [c.index], c.calls) for c in own]
     found = []
+    tagged = {c.index for c in own}
     for ref in reference.checks:
-        indices = [c.index for c in own if c.number == ref.number]
+        indices = [c.index for c in own if c.number == ref.number] or _untagged_copies(nb, ref.source, tagged)
         for index in indices:
             nb.cells[index].source = ref.source
         found.append(Exercise(ref.number, ref.title, ref.level, indices, ref.calls))

@@ -105,6 +105,8 @@ def gradescope_results(results: list[NotebookResult], note: str | None = None,
         seconds += sum(e.seconds or 0.0 for e in r.exercises)
         lines.append(printable(f"{Path(r.notebook).name}: {r.passed}/{r.total} exercises, "
                                f"{points_text(r.score)}/{points_text(r.max_score)} points. Isolation: {r.isolation}"))
+        lines += [printable(f"Note: {note}") for note in r.notes]
+        lines += [printable(f"{CELL_ERRORS_TITLE}: {'; '.join(cell_error_lines(r))}")] if r.cell_errors else []
     if note:
         lines.insert(0, printable(note))
     return {"score": round(sum(r.score for r in results if not r.error), 4), "output": "\n".join(lines),
@@ -166,9 +168,20 @@ def feedback_markdown(r: NotebookResult, student: str | None = None) -> str:
               "passed.", "", "| Exercise | Points | Result | Time | What to look at |", "|---|---|---|---|---|"]
     lines += ["| " + " | ".join(md(cell) for cell in row) + " |" for row in _feedback_rows(r)]
     lines += ["", "Partly: the public cases (the ones your notebook runs) pass and a hidden case fails: the code "
-              "and hint name the mistake. Time: how long the exercise's check took.", "",
-              f"Graded in isolation: {md(r.isolation or 'unknown')}.", ""]
+              "and hint name the mistake. Time: how long the exercise's check took.", ""]
+    lines += [f"**Note:** {md(note)}" for note in r.notes] + ([""] if r.notes else [])
+    lines += [f"{CELL_ERRORS_TITLE}:", ""] + [f"- {md(line)}" for line in cell_error_lines(r)] + [""] \
+        if r.cell_errors else []
+    lines += [f"Graded in isolation: {md(r.isolation or 'unknown')}.", ""]
     return "\n".join(lines)
+
+
+CELL_ERRORS_TITLE = "Cells of your notebook that raised an error (not checks; run them in your notebook)"
+
+
+def cell_error_lines(r: NotebookResult) -> list[str]:
+    """``cell 5: ModuleNotFoundError: No module named 'pandas'``, one per cell that raised."""
+    return [f"cell {number}: {etype}: {message}" for number, etype, message in r.cell_errors]
 
 
 def feedback_html(r: NotebookResult, student: str | None = None) -> str:
@@ -189,6 +202,10 @@ def feedback_html(r: NotebookResult, student: str | None = None) -> str:
                      "<th>What to look at</th></tr></thead><tbody>")
         parts += ["<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in _feedback_rows(r)]
         parts.append("</tbody></table>")
+        parts += [f"<p><strong>Note:</strong> {esc(note)}</p>" for note in r.notes]
+        if r.cell_errors:
+            parts.append(f"<p>{esc(CELL_ERRORS_TITLE)}:</p><ul>" +
+                         "".join(f"<li>{esc(line)}</li>" for line in cell_error_lines(r)) + "</ul>")
         parts.append(f"<p>Graded in isolation: {esc(r.isolation or 'unknown')}.</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

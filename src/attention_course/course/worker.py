@@ -211,17 +211,32 @@ def worker(folder: str) -> int:  # pragma: no cover - runs in the sandbox (tests
 
     shell = InteractiveShell.instance()
     seconds = (float(job.get("cell_s", 60)), float(job.get("cell_wall_s", 270)))  # CPU, wall
+    errors: list[dict] = []  # the errors of the cells that are not checks, sent with the next report
     for index, cell in enumerate(job["cells"]):
+        key = str(cell.get("key", index))
         if not cell.get("check"):
-            _run_cell(shell, cell["source"], seconds)
+            error = cell_error(_run_cell(shell, cell["source"], seconds))
+            if error is not None:
+                errors.append({"key": key, **error})
             continue
         point = _check_point(shell, cell["check"], cell["source"], seconds)
         table = Objects(point.pop("_objects"))
-        wire.write_message(reply_fd, {"op": wire.CHECK, "key": str(cell.get("key", index)), **point})
+        wire.write_message(reply_fd, {"op": wire.CHECK, "key": key, **point, "errors": errors})
+        errors = []
         if not _serve(reply_fd, request_fd, table, seconds):
             return 0
-    wire.write_message(reply_fd, {"op": wire.DONE})
+    wire.write_message(reply_fd, {"op": wire.DONE, "errors": errors})
     return 0
+
+
+def cell_error(result) -> dict | None:
+    """A cell's error as the grader reports it to the student (``etype``, ``message``), or None: it ran."""
+    if result is None:  # stopped by its time limit (or anything raised outside IPython's own handling)
+        return {"etype": "timeout", "message": "the cell was interrupted by its time limit"}
+    error = result.error_before_exec or result.error_in_exec
+    if error is None:
+        return None
+    return {"etype": type(error).__name__, "message": str(error).strip()[:300]}
 
 
 if __name__ == "__main__":  # pragma: no cover - the sandbox's entry point
