@@ -135,12 +135,12 @@ def read_notebook(path: Path, limit: int = MAX_NOTEBOOK_BYTES):
     if len(data) > limit:
         return None, f"the file has over {limit} bytes, the grader's limit"
     try:
-        raw = json.loads(data.decode("utf-8"))
-        if not isinstance(raw, dict) or "nbformat" not in raw or not raw.get("cells"):
-            return None, ("not a notebook saved by Jupyter (no 'nbformat' field or no cells): submit the exercise "
-                          "notebook itself, saved from Jupyter")
         nb = nbformat.reads(data.decode("utf-8"), as_version=4)
         nbformat.validate(nb)
+        raw = json.loads(data.decode("utf-8"))  # JSON: nbformat read it; it fills in what a notebook lacks
+        if "nbformat" not in raw or not raw.get("cells"):
+            return None, ("not a notebook saved by Jupyter (no 'nbformat' field or no cells): submit the exercise "
+                          "notebook itself, saved from Jupyter")
     except UnicodeDecodeError as err:
         return None, f"cannot read the file ({type(err).__name__})"
     except Exception as err:  # noqa: BLE001 - nbformat raises several kinds of errors for non-notebooks
