@@ -126,9 +126,11 @@ def test_bad_files_get_an_error_and_the_class_goes_on(graded):
 
 def test_gradebook_has_a_row_per_student_and_a_column_per_notebook(graded):
     rows = list(csv.reader(io.StringIO((graded["out"] / "gradebook.csv").read_text(encoding="utf-8"))))
-    assert rows == [["student", "01_soft_lookup_exercises", "total"], ["Points Possible", "12", "12"],
-                    ["alice", "11", "11"], ["bob", "0", "0"], ["carol", "0", "0"], ["dave", "0", "0"],
-                    ["eve", "0", "0"], ["frank", "0", "0"]]
+    assert rows == [["student", "id", "email", "01_soft_lookup_exercises", "total", "late", "submitted_at"],
+                    ["Points Possible", "", "", "12", "12", "", ""], ["alice", "", "", "11", "11", "", ""],
+                    ["bob", "", "", "0", "0", "", ""], ["carol", "1234", "", "0", "0", "", ""],  # Canvas's user id
+                    ["dave", "", "", "0", "0", "", ""], ["eve", "", "", "0", "0", "", ""],
+                    ["frank", "", "", "0", "0", "", ""]]
 
 
 def test_feedback_names_points_codes_hints_and_times_never_the_hidden_input(graded):

@@ -190,3 +190,35 @@ def test_an_honest_student_is_told_what_to_do(tmp_path):
                             "download the current exercise notebook and move your answers into it"]
     feedback = exports.feedback_markdown(result)
     assert "older version of the course" in feedback and "cell 16: ZeroDivisionError: division by zero" in feedback
+
+
+def test_the_gradebook_imports_as_it_is(tmp_path, monkeypatch):
+    """Canvas's user id and late marker, Gradescope's student ids, e-mails and submission time are kept (they were
+    dropped); a group submission is one row per member; the points file's late penalty applies to a late notebook;
+    exercises.csv has a row per person, a column per exercise and each exercise's statistics."""
+    folder, out = tmp_path / "download", tmp_path / "out"
+    (folder / "submission_9").mkdir(parents=True)
+    shutil.copy(DATA / "exercises" / NAME, folder / "submission_9" / NAME)
+    (folder / "submission_metadata.yml").write_text(
+        "submission_9:\n  :created_at: 2026-11-20 10:00:00 +0000\n  :submitters:\n"
+        "  - :name: Ada Lovelace\n    :sid: '1815'\n    :email: ada@example.org\n"
+        "  - :name: Alan Turing\n    :sid: '1912'\n    :email: alan@example.org\n", encoding="utf-8")
+    shutil.copy(DATA / "exercises" / NAME, folder / f"hopper_LATE_4242_77_{NAME}")
+    (tmp_path / "points.toml").write_text("late_penalty = 0.5\nhidden_visibility = 'visible'\n", encoding="utf-8")
+    graded = _fake_grader(monkeypatch, failing=set())
+    assert classroom.main([str(folder), "--out", str(out), "--solutions", str(DATA / "solutions"), "--points",
+                           str(tmp_path / "points.toml")]) == 0
+    assert len(graded) == 2  # one submission of the group, graded once
+    rows = (out / "gradebook.csv").read_text(encoding="utf-8").splitlines()
+    assert rows[2:] == ["Ada Lovelace,1815,ada@example.org,1,1,,01_soft_lookup_exercises: 2026-11-20 10:00:00 +0000",
+                        "Alan Turing,1912,alan@example.org,1,1,,01_soft_lookup_exercises: 2026-11-20 10:00:00 +0000",
+                        "hopper,4242,,0.5,0.5,01_soft_lookup_exercises,"]
+    stats = (out / "exercises.csv").read_text(encoding="utf-8").splitlines()
+    assert stats[0] == "student,id,01_soft_lookup_exercises:1"
+    assert stats[-2:] == ["mean points,,1", "passed (share),,1.00"]
+    result = NotebookResult(NAME, [ExerciseResult(1, "x", "core", False, "c", None, True, True, None, 1.0, 2.0, 0.5)])
+    visibility = Points.from_dict({"hidden_visibility": "visible"}).hidden_visibility
+    assert [t["visibility"] for t in exports.gradescope_results([result], None, None, visibility)["tests"]] == \
+        ["visible", "visible"]
+    with pytest.raises(ValueError, match="hidden_visibility: expected one of"):
+        Points.from_dict({"hidden_visibility": "never"})

@@ -19,8 +19,12 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
   own error and never saved: the next run grades that notebook again. The hidden cases' seed is kept in
   ``seed.txt``, so that a resumed run (and a regrade) draws the same cases for everyone;
 * ``feedback/STUDENT/NOTEBOOK.md`` and ``.html``: what the student gets back (:mod:`.exports`);
-* ``gradebook.csv`` (one row per student, one column per notebook, for Canvas or Moodle), ``results.jsonl`` (every
-  result, one JSON line each), ``summary.txt`` (the table printed at the end).
+* ``gradebook.csv``: one row per person (a group submission: one per member) with the LMS's id and e-mail where
+  its download gives them (Canvas's user id from its file names, Gradescope's student id and e-mail from
+  ``submission_metadata.yml``), one column per notebook (its points; a late notebook, marked by Canvas's ``_LATE_``,
+  loses the points file's ``late_penalty`` share), a total, the notebooks submitted late and Gradescope's submission
+  times; ``exercises.csv``: one row per person, one column per exercise, and each exercise's mean points and share
+  passed; ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table printed at the end).
 
 Progress goes to stderr, one line per submission with the time it took and an estimate of the time left.
 
@@ -47,18 +51,18 @@ import secrets
 import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .canonical import AUTO, MAX_NOTEBOOK_BYTES, default_reference, find_reference
 from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
-from .exports import feedback_html, feedback_markdown, gradebook_csv
+from .exports import GradebookRow, exercises_csv, feedback_html, feedback_markdown, gradebook_csv
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
 from .points import Points
 from .results import NotebookResult, points_text, printable
 from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works
 
-CANVAS_NAME = re.compile(r"^(?P<student>.+?)_(?:LATE_)?\d+_\d+_(?P<file>.+)$")
+CANVAS_NAME = re.compile(r"^(?P<student>.+?)_(?P<late>LATE_)?(?P<user_id>\d+)_\d+_(?P<file>.+)$")
 CANVAS_COPY = re.compile(r"(?:-\d+| \(\d+\))(?=\.ipynb$)")  # Canvas's resubmission -1, a browser's copy (1)
 SKIPPED_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}
 EVERYONE = "*"  # --regrade without a name
@@ -69,10 +73,22 @@ class ClassError(ValueError):
 
 
 @dataclass
+class Member:
+    """One person a submission is graded for, as the LMS knows them (its gradebook import matches the id)."""
+
+    name: str
+    id: str = ""  # Canvas's user id, Gradescope's student id (sid)
+    email: str = ""
+
+
+@dataclass
 class Submission:
     student: str
     path: Path  # the student's file
     reference: Path  # the solution notebook it is graded against
+    members: list[Member] = field(default_factory=list)  # a group submission: every member gets the grade
+    late: bool = False  # Canvas's _LATE_ marker
+    submitted_at: str = ""  # Gradescope's submission time
 
     @property
     def notebook(self) -> str:
@@ -85,8 +101,9 @@ def safe_name(student: str) -> str:
     return name[:100]
 
 
-def _gradescope_names(folder: Path) -> dict[str, str]:
-    """``{submission folder: student names}`` from Gradescope's ``submission_metadata.yml``, if there is one."""
+def _gradescope_metadata(folder: Path) -> dict[str, tuple[list[Member], str]]:
+    """``{submission folder: (its submitters, its submission time)}`` from Gradescope's ``submission_metadata.yml``,
+    if there is one."""
     path = folder / "submission_metadata.yml"
     if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_NOTEBOOK_BYTES:
         return {}
@@ -96,13 +113,17 @@ def _gradescope_names(folder: Path) -> dict[str, str]:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except Exception:  # noqa: BLE001 - an unreadable metadata file: fall back to the folder names
         return {}
-    names = {}
+    found = {}
     for key, entry in data.items() if isinstance(data, dict) else []:
-        submitters = entry.get(":submitters") or entry.get("submitters") or [] if isinstance(entry, dict) else []
-        people = [s.get(":name") or s.get("name") or s.get(":email") or "" for s in submitters if isinstance(s, dict)]
-        if any(people):
-            names[str(key)] = " & ".join(p for p in people if p)
-    return names
+        entry = entry if isinstance(entry, dict) else {}
+        submitters = entry.get(":submitters") or entry.get("submitters") or []
+        members = [Member(str(s.get(":name") or s.get("name") or s.get(":email") or ""),
+                          str(s.get(":sid") or s.get("sid") or ""), str(s.get(":email") or s.get("email") or ""))
+                   for s in submitters if isinstance(s, dict)]
+        members = [m for m in members if m.name]
+        if members:
+            found[str(key)] = (members, str(entry.get(":created_at") or entry.get("created_at") or ""))
+    return found
 
 
 def _match(name: str, reference) -> Path | None:
@@ -126,17 +147,19 @@ def _student_files(entry: Path) -> list[Path]:
             and (not p.is_dir() or p.suffix == ".ipynb")]
 
 
-def _candidates(entry: Path, names: dict, skipped: list[Skipped]) -> list[tuple[str, Path, str]]:
-    """(student, file, the name matched to a reference) for one entry of the submissions folder; what cannot be a
-    submission goes to ``skipped``."""
+def _candidates(entry: Path, metadata: dict, skipped: list[Skipped]) -> list[tuple[Submission, str]]:
+    """(submission, the name matched to a reference; its reference not yet known) for one entry of the submissions
+    folder; what cannot be a submission goes to ``skipped``."""
     if entry.is_dir() and not entry.is_symlink() and entry.suffix != ".ipynb":
-        student = names.get(entry.name, entry.name)
-        return [(student, p, p.name) for p in _student_files(entry)]
+        members, submitted_at = metadata.get(entry.name, ([Member(entry.name)], ""))
+        student = " & ".join(m.name for m in members)
+        return [(Submission(student, p, p, members, False, submitted_at), p.name) for p in _student_files(entry)]
     m = CANVAS_NAME.match(entry.name)
     if entry.is_symlink() and entry.is_dir():
         skipped.append(Skipped(entry, "a link to a folder: not followed (copy the folder itself)"))
     elif m:
-        return [(m["student"], entry, m["file"])]
+        return [(Submission(m["student"], entry, entry, [Member(m["student"], m["user_id"])], bool(m["late"])),
+                 m["file"])]
     elif entry.suffix == ".ipynb":
         skipped.append(Skipped(entry, _not_a_notebook(entry) or "a notebook at the top of the folder whose name "
                                "names no student: expected STUDENT/NOTEBOOK.ipynb or Canvas's "
@@ -152,21 +175,21 @@ def find_submissions(folder: Path, reference) -> tuple[list[Submission], list[Sk
     a :class:`ClassError` when the folder does not exist or nothing in it can be graded."""
     if not folder.is_dir():
         raise ClassError(f"{folder}: no such folder")
-    names = _gradescope_names(folder)
+    metadata = _gradescope_metadata(folder)
     found: list[Submission] = []
     skipped: list[Skipped] = []
     for entry in sorted(folder.iterdir()):
         if entry.name in SKIPPED_FOLDERS or entry.name.startswith("."):
             continue
-        for student, path, name in _candidates(entry, names, skipped):
-            reason = _not_a_notebook(path)
-            matched = None if reason else _match(name, reference)
-            if reason is None and matched is None:
+        for submission, name in _candidates(entry, metadata, skipped):
+            reason = _not_a_notebook(submission.path)
+            submission.reference = None if reason else _match(name, reference)
+            if reason is None and submission.reference is None:
                 reason = "no reference notebook is named like it: rename it as the exercise notebook was named"
             if reason:
-                skipped.append(Skipped(path, reason, student))
+                skipped.append(Skipped(submission.path, reason, submission.student))
             else:  # a link or a FIFO too: the grader refuses it with an ERROR result
-                found.append(Submission(student, path, matched))
+                found.append(submission)
     if not found:
         listed = "".join(f"; {printable(s.path)}: {s.reason}" for s in skipped)
         raise ClassError(f"{folder}: no submissions found (expected STUDENT/NOTEBOOK.ipynb, Gradescope's export or "
@@ -400,20 +423,41 @@ def _run(submissions: list[Submission], skipped: list[Skipped], store: Store, ar
             print(f"[{done:>{len(str(len(todo)))}}/{len(todo)}] {printable(s.student)} {s.notebook}: "
                   f"{printable(verdict)} ({seconds:.1f} s; about {left / 60:.1f} min left)", file=sys.stderr,
                   flush=True)
-    _write_outputs(store, submissions, skipped, results)
+    _write_outputs(store, submissions, skipped, results, points)
     return 1 if skipped or any(r.error for r in results.values()) else 0
 
 
-def _write_outputs(store: Store, submissions: list[Submission], skipped: list[Skipped], results: dict) -> None:
+def gradebook_rows(submissions: list[Submission], skipped: list[Skipped], results: dict) -> list[GradebookRow]:
+    """One row per person: each member of a group submission gets its results; a student whose only files were not
+    graded still has a row (empty: nothing graded; the summary says why)."""
+    rows: dict[tuple[str, str, str], GradebookRow] = {}
+    for s in submissions:
+        for m in s.members or [Member(s.student)]:
+            row = rows.setdefault((m.name, m.id, m.email), GradebookRow(m.name, m.id, m.email))
+            if (s.student, s.notebook) in results:
+                row.results[s.notebook] = results[(s.student, s.notebook)]
+            if s.late:
+                row.late.add(s.notebook)
+            if s.submitted_at:
+                row.submitted_at[s.notebook] = s.submitted_at
+    for s in skipped:
+        if s.student and not any(key[0] == s.student for key in rows):
+            rows[(s.student, "", "")] = GradebookRow(s.student)
+    return list(rows.values())
+
+
+def _write_outputs(store: Store, submissions: list[Submission], skipped: list[Skipped], results: dict,
+                   points: Points) -> None:
     notebooks = sorted({s.notebook for s in submissions})
-    # a student whose only files were not graded still has a row (empty: nothing graded), and the list says why
     by_student: dict[str, dict[str, NotebookResult]] = {s.student: {} for s in skipped if s.student}
     max_points: dict[str, float] = {}
     for (student, notebook), r in results.items():
         by_student.setdefault(student, {})[notebook] = r
         if not r.error:
             max_points[notebook] = max(max_points.get(notebook, 0.0), r.max_score)
-    _write_atomic(store.out / "gradebook.csv", gradebook_csv(by_student, notebooks, max_points))
+    rows = gradebook_rows(submissions, skipped, results)
+    _write_atomic(store.out / "gradebook.csv", gradebook_csv(rows, notebooks, max_points, points.late_penalty))
+    _write_atomic(store.out / "exercises.csv", exercises_csv(rows, notebooks))
     lines = [json.dumps({"student": student, **r.as_dict()}) for (student, _), r in sorted(results.items())]
     _write_atomic(store.out / "results.jsonl", "\n".join(lines) + "\n")
     table = summary_table(by_student, notebooks)

@@ -23,13 +23,13 @@ import csv
 import html
 import io
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..mistakes import CODES
 from .results import ExerciseResult, NotebookResult, _csv_cell, points_text, printable, status
 
-GRADESCOPE_VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
-HIDDEN_VISIBILITY = "after_published"
+HIDDEN_VISIBILITY = "after_published"  # the default; the points file's hidden_visibility chooses
 # exception names raised by the student's own code: their message is the student's text
 _CHECKER_CODES = {"CheckFailed", "wrong-type", "timeout", "not-run", "sandbox-ended", "calls-reference",
                   "check-missing", "mutates-input"}
@@ -62,7 +62,7 @@ def _line(e: ExerciseResult, part: str) -> str:
     return printable(f"Failed{code}: {student_hint(e)}")
 
 
-def _tests(r: NotebookResult, prefix: str) -> list[dict]:
+def _tests(r: NotebookResult, prefix: str, hidden_visibility: str = HIDDEN_VISIBILITY) -> list[dict]:
     tests = []
     for e in r.exercises:
         name = f"{prefix}Exercise {e.exercise}: {printable(e.title)}".rstrip(": ")
@@ -74,7 +74,7 @@ def _tests(r: NotebookResult, prefix: str) -> list[dict]:
             hidden_score = hidden_max if e.passed else 0.0
             tests.append(_test(f"{name} (public cases)", public_score, public_max, _line(e, "public"), "visible"))
             tests.append(_test(f"{name} (hidden cases)", hidden_score, hidden_max, _line(e, "hidden"),
-                               HIDDEN_VISIBILITY))
+                               hidden_visibility))
         else:
             tests.append(_test(name, e.points or 0.0, max_points, _line(e, "all"), "visible"))
     return tests
@@ -87,7 +87,7 @@ def _test(name: str, score: float, max_score: float, output: str, visibility: st
 
 
 def gradescope_results(results: list[NotebookResult], note: str | None = None,
-                       possible: dict[str, float] | None = None) -> dict:
+                       possible: dict[str, float] | None = None, hidden_visibility: str = HIDDEN_VISIBILITY) -> dict:
     """Gradescope's ``results.json`` for one submission's notebooks (see the module docstring); ``note``: a line
     for the whole submission (e.g. that no notebook was found); ``possible``: ``{notebook: the points its
     reference is worth}``, the ``max_score`` of a notebook that could not be graded (a failed test, never a passed
@@ -101,7 +101,7 @@ def gradescope_results(results: list[NotebookResult], note: str | None = None,
                                "visible", failed=True))
             lines.append(printable(f"{Path(r.notebook).name}: not graded: {r.error}"))
             continue
-        tests += _tests(r, prefix)
+        tests += _tests(r, prefix, hidden_visibility)
         seconds += sum(e.seconds or 0.0 for e in r.exercises)
         lines.append(printable(f"{Path(r.notebook).name}: {r.passed}/{r.total} exercises, "
                                f"{points_text(r.score)}/{points_text(r.max_score)} points. Isolation: {r.isolation}"))
@@ -114,20 +114,69 @@ def gradescope_results(results: list[NotebookResult], note: str | None = None,
             "tests": tests}
 
 
-def gradebook_csv(by_student: dict[str, dict[str, NotebookResult]], notebooks: list[str],
-                  max_points: dict[str, float]) -> str:
-    """One row per student, one column per notebook (its points; empty: not submitted), a total column; the
-    second row gives each column's points possible (Canvas's gradebook import reads such a row)."""
+@dataclass
+class GradebookRow:
+    """One person's row: as the LMS knows them (a group submission gives each member a row), their results by
+    notebook, the notebooks they submitted late and when they submitted."""
+
+    name: str
+    id: str = ""
+    email: str = ""
+    results: dict[str, NotebookResult] = field(default_factory=dict)
+    late: set[str] = field(default_factory=set)
+    submitted_at: dict[str, str] = field(default_factory=dict)
+
+    def points(self, notebook: str, late_penalty: float) -> float | None:
+        """The notebook's points in the gradebook: 0 for an ERROR, less ``late_penalty`` (a share of them) when
+        late; None: not submitted."""
+        r = self.results.get(notebook)
+        if r is None:
+            return None
+        score = 0.0 if r.error else r.score
+        return round(score * (1 - late_penalty), 4) if notebook in self.late else score
+
+
+def gradebook_csv(rows: list[GradebookRow], notebooks: list[str], max_points: dict[str, float],
+                  late_penalty: float = 0.0) -> str:
+    """One row per person (name, the LMS's id and e-mail where it gave them), one column per notebook (its points,
+    late penalty applied; empty: not submitted), a total, the notebooks submitted late and the submission times;
+    the second row gives each column's points possible (Canvas's gradebook import reads such a row)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["student", *notebooks, "total"])
-    writer.writerow(["Points Possible", *(points_text(max_points.get(n)) for n in notebooks),
-                     points_text(sum(max_points.get(n, 0.0) for n in notebooks))])
-    for student in sorted(by_student):
-        row = by_student[student]
-        cells = [points_text(0.0 if row[n].error else row[n].score) if n in row else "" for n in notebooks]
-        total = sum(0.0 if row[n].error else row[n].score for n in notebooks if n in row)
-        writer.writerow([_csv_cell(student), *cells, points_text(total)])
+    writer.writerow(["student", "id", "email", *notebooks, "total", "late", "submitted_at"])
+    writer.writerow(["Points Possible", "", "", *(points_text(max_points.get(n)) for n in notebooks),
+                     points_text(sum(max_points.get(n, 0.0) for n in notebooks)), "", ""])
+    for row in sorted(rows, key=lambda r: (r.name, r.id)):
+        cells = [row.points(n, late_penalty) for n in notebooks]
+        times = "; ".join(f"{n}: {row.submitted_at[n]}" for n in notebooks if row.submitted_at.get(n))
+        writer.writerow([_csv_cell(row.name), _csv_cell(row.id), _csv_cell(row.email),
+                         *("" if c is None else points_text(c) for c in cells),
+                         points_text(sum(c for c in cells if c is not None)),
+                         "; ".join(n for n in notebooks if n in row.late), _csv_cell(times)])
+    return buf.getvalue()
+
+
+def exercises_csv(rows: list[GradebookRow], notebooks: list[str]) -> str:
+    """One row per person, one column per exercise (``NOTEBOOK:N``, its points; empty: not graded), then a row of
+    each exercise's mean points and one of the share of graded submissions that passed it (as Otter's
+    ``final_grades.csv`` with per-question statistics)."""
+    columns = sorted({(n, e.exercise) for row in rows for n, r in row.results.items() if n in notebooks
+                      for e in r.exercises})
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["student", "id", *(f"{n}:{number}" for n, number in columns)])
+    found: dict[tuple[str, int], list] = {c: [] for c in columns}
+    for row in sorted(rows, key=lambda r: (r.name, r.id)):
+        by_column = {(n, e.exercise): e for n, r in row.results.items() for e in r.exercises}
+        for column, e in by_column.items():
+            if column in found:
+                found[column].append(e)
+        writer.writerow([_csv_cell(row.name), _csv_cell(row.id),
+                         *(points_text(by_column[c].points) if c in by_column else "" for c in columns)])
+    writer.writerow(["mean points", "", *(points_text(sum(e.points or 0 for e in found[c]) / len(found[c]))
+                                          if found[c] else "" for c in columns)])
+    writer.writerow(["passed (share)", "", *(f"{sum(e.passed for e in found[c]) / len(found[c]):.2f}"
+                                             if found[c] else "" for c in columns)])
     return buf.getvalue()
 
 

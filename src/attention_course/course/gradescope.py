@@ -249,7 +249,7 @@ def main_run(argv: list[str] | None = None) -> int:
             results.append(result)
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
-    data = gradescope_results(results, note, possible)
+    data = gradescope_results(results, note, possible, points.hidden_visibility)
     data["extra_data"] = {"seed": args.seed}  # kept with the submission: the hidden cases can be drawn again
     out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out}; hidden-case seed {args.seed}")  # stdout: the instructor's log (hidden from students)
