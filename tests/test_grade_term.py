@@ -80,6 +80,10 @@ def test_a_grader_failure_is_never_a_grade_and_one_student_can_be_regraded(tmp_p
     assert classroom.main(argv) == 1  # an ERROR is counted in the exit status
     assert "ERROR bob" in capsys.readouterr().out and "MemoryError" in (out / "summary.txt").read_text()
     assert (out / "results" / "alice" / f"{Path(NAME).stem}.json").is_file()
+    review = nbformat.read(out / "review" / "alice" / NAME, as_version=4)  # kept for a manual review, annotated
+    assert review.cells[0].source.startswith("Grader: 1/1 points, 1 of 1 exercises passed")
+    check = next(i for i, c in enumerate(review.cells) if "exercise-1" in c.metadata.get("tags", []))
+    assert review.cells[check + 1].source == "Grader, exercise 1: 1/1 points, passed"
     assert not (out / "results" / "bob").exists()  # not saved: the next run grades it again
     graded = _fake_grader(monkeypatch, failing=set())
     assert classroom.main(argv) == 0 and graded == ["bob"]
@@ -188,6 +192,10 @@ def test_an_honest_student_is_told_what_to_do(tmp_path):
     assert result.notes == [f"this notebook is from an older version of the course ({NAME}: exercise 3 is 'Old "
                             "title' here and 'Scaled dot-product attention, vectorised' in the current version): "
                             "download the current exercise notebook and move your answers into it"]
+    review = exports.review_notebook(nbformat.read(tmp_path / NAME, as_version=4), result, {2: [8]})
+    sources = [c.source for c in review.cells]
+    assert sources[sources.index("1 / 0") + 1] == "Grader: this cell raised ZeroDivisionError: division by zero"
+    assert sources[sources.index(nb.cells[8].source) + 1].startswith("Grader, exercise 2: 1/1 points, passed")
     feedback = exports.feedback_markdown(result)
     assert "older version of the course" in feedback and "cell 16: ZeroDivisionError: division by zero" in feedback
 

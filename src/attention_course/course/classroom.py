@@ -19,6 +19,8 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
   own error and never saved: the next run grades that notebook again. The hidden cases' seed is kept in
   ``seed.txt``, so that a resumed run (and a regrade) draws the same cases for everyone;
 * ``feedback/STUDENT/NOTEBOOK.md`` and ``.html``: what the student gets back (:mod:`.exports`);
+* ``review/STUDENT/NOTEBOOK.ipynb``: the submission annotated with the grader's verdicts after each check cell and
+  the errors after each cell that raised, for a manual review (its outputs are the ones the student saved);
 * ``gradebook.csv``: one row per person (a group submission: one per member) with the LMS's id and e-mail where
   its download gives them (Canvas's user id from its file names, Gradescope's student id and e-mail from
   ``submission_metadata.yml``), one column per notebook (its points; a late notebook, marked by Canvas's ``_LATE_``,
@@ -54,9 +56,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .canonical import AUTO, MAX_NOTEBOOK_BYTES, default_reference, find_reference
+import nbformat
+
+from .canonical import AUTO, MAX_NOTEBOOK_BYTES, Reference, default_reference, find_reference, plan, read_notebook
 from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
-from .exports import GradebookRow, exercises_csv, feedback_html, feedback_markdown, gradebook_csv
+from .exports import GradebookRow, exercises_csv, feedback_html, feedback_markdown, gradebook_csv, review_notebook
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
 from .points import Points
 from .results import NotebookResult, points_text, printable
@@ -226,6 +230,20 @@ def _latest_copies(found: list[Submission], skipped: list[Skipped]) -> list[Subm
     return [s for s in found if s in kept]
 
 
+def _review(s: Submission, result: NotebookResult) -> str | None:
+    """The submission annotated with its results for a manual review (:func:`.exports.review_notebook`), or None
+    where it could not be graded."""
+    if result.error:
+        return None
+    nb, _ = read_notebook(s.path)
+    reference = Reference.read(s.reference)
+    if nb is None or isinstance(reference, str):
+        return None
+    indices = {e.number: e.indices for e in plan(nb, reference)}
+    nb, _ = read_notebook(s.path)  # the student's own check cells, not the reference's that plan() put in
+    return nbformat.writes(review_notebook(nb, result, indices))
+
+
 def _sha256(path: Path) -> str:
     """The SHA-256 of a regular file of at most the grader's size limit, read without following a link; anything
     else (a link, a FIFO, a device, a larger file) gets a marker instead, never read, and the grader refuses it
@@ -284,6 +302,9 @@ class Store:
         folder = self.out / "feedback" / safe_name(s.student)
         _write_atomic(folder / f"{s.notebook}.md", feedback_markdown(result, s.student))
         _write_atomic(folder / f"{s.notebook}.html", feedback_html(result, s.student))
+        review = _review(s, result)
+        if review is not None:
+            _write_atomic(self.out / "review" / safe_name(s.student) / f"{s.notebook}.ipynb", review)
 
     def seed(self, asked: int | None, regrade: bool) -> int:
         """The class's hidden-case seed: the stored one (a resumed run draws the same cases), unless asked for."""

@@ -258,3 +258,30 @@ def feedback_html(r: NotebookResult, student: str | None = None) -> str:
         parts.append(f"<p>Graded in isolation: {esc(r.isolation or 'unknown')}.</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def review_notebook(nb, result: NotebookResult, check_indices: dict[int, list[int]]):
+    """The submitted notebook ``nb`` (an nbformat node, changed in place and returned) annotated for an instructor's
+    manual review: after each exercise's check cell (``check_indices``: ``{exercise: its cells' indices}``) a
+    markdown cell with the grader's verdict, after each cell that raised one with its error, and a first cell with
+    the notebook's points and notes. Its outputs are what the student saved (the sandbox keeps none)."""
+    from nbformat.v4 import new_markdown_cell
+
+    after: dict[int, list[str]] = {}
+    for e in result.exercises:
+        verdict = "passed" if e.passed else f"{status(e)} [{e.code}]: {e.message or ''}"
+        for index in check_indices.get(e.exercise, []):
+            after.setdefault(index, []).append(f"Grader, exercise {e.exercise}: {points_text(e.points)}/"
+                                               f"{points_text(e.max_points)} points, {verdict}")
+    for number, etype, message in result.cell_errors:
+        after.setdefault(number - 1, []).append(f"Grader: this cell raised {etype}: {message}")
+    cells = []
+    for index, cell in enumerate(nb.cells):
+        cells.append(cell)
+        cells += [new_markdown_cell(md(line)) for line in after.get(index, [])]
+    head = [f"Grader: {points_text(result.score)}/{points_text(result.max_score)} points, {result.passed} of "
+            f"{result.total} exercises passed. Isolation: {result.isolation or 'unknown'}.",
+            *(f"Note: {note}" for note in result.notes)]
+    nb.cells = [new_markdown_cell("\n\n".join(md(line) for line in head)), *cells]
+    return nb
+
