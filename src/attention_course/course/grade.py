@@ -48,8 +48,9 @@ DEFAULT_TIMEOUT_S = 60
 DEFAULT_NOTEBOOK_TIMEOUT_S = 300
 CHECK_MISSING = "check-missing"
 # failures that a run with the public cases only cannot turn into a pass: decided before any case ran, or (a stub
-# still raising NotImplementedError) at the first public case
-NOT_RUN_AGAIN = {"calls-reference", "wrong-type", "not-implemented"}
+# still raising NotImplementedError) at the first public case; and a check stopped by its time limit, which is not
+# run again for its public share (its time limit a second time)
+NOT_RUN_AGAIN = {"calls-reference", "wrong-type", "not-implemented", "timeout"}
 
 
 def _sandbox_cells(nb, exercises: list[Exercise]) -> tuple[list[dict], dict]:
