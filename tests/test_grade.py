@@ -158,13 +158,13 @@ def test_json_and_csv_parse(graded):
 def test_command_line(tmp_path, capsys):
     bad = tmp_path / "bad.ipynb"
     bad.write_text("nope", encoding="utf-8")
-    assert cli.main([str(bad), str(tmp_path / "gone.ipynb"), "--json"]) == 0
+    assert cli.main([str(bad), str(tmp_path / "gone.ipynb"), "--json"]) == 1  # an ERROR: exit status 1
     data = json.loads(capsys.readouterr().out)
     assert [n["error"].split(" (")[0] for n in data["notebooks"]] == ["not a valid notebook", "no such file"]
-    assert cli.main([str(bad), "--csv", "--timeout", "5"]) == 0
+    assert cli.main([str(bad), "--csv", "--timeout", "5"]) == 1
     assert capsys.readouterr().out.splitlines()[0] == ("notebook,exercise,title,level,passed,points,max_points,code,"
                                                        "message,isolation")
-    assert cli.main([str(tmp_path / "gone.ipynb")]) == 0
+    assert cli.main([str(tmp_path / "gone.ipynb")]) == 1
     assert capsys.readouterr().out == f"ERROR {tmp_path / 'gone.ipynb'}: no such file\n"
     with pytest.raises(SystemExit):  # never silently weaker: without bubblewrap, only an explicit --isolation=rlimit
         cli.main([str(bad), "--isolation", "none"])
@@ -174,7 +174,7 @@ def test_command_line(tmp_path, capsys):
         with pytest.raises(SystemExit) as info:
             cli.main(usage_error)
         assert info.value.code == 2
-    assert cli.main([str(bad), "--no-reference", "--json"]) == 0
+    assert cli.main([str(bad), "--no-reference", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["notebooks"][0]["reference"] is None
 
 

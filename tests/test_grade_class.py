@@ -92,7 +92,7 @@ def graded(tmp_path_factory):
 
 def test_the_class_is_graded_with_progress_and_a_summary(graded):
     first = graded["first"]
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 1, first.stderr[-3000:]  # 1: some notebooks are ERRORs (carol's, dave's, ...)
     assert "6 submissions of 6 students; 0 already graded" in first.stderr
     progress = [line for line in first.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == 6 and all("min left)" in line for line in progress)
@@ -126,9 +126,11 @@ def test_bad_files_get_an_error_and_the_class_goes_on(graded):
 
 def test_gradebook_has_a_row_per_student_and_a_column_per_notebook(graded):
     rows = list(csv.reader(io.StringIO((graded["out"] / "gradebook.csv").read_text(encoding="utf-8"))))
-    assert rows == [["student", "01_soft_lookup_exercises", "total"], ["Points Possible", "12", "12"],
-                    ["alice", "11", "11"], ["bob", "0", "0"], ["carol", "0", "0"], ["dave", "0", "0"],
-                    ["eve", "0", "0"], ["frank", "0", "0"]]
+    assert rows == [["student", "id", "email", "01_soft_lookup_exercises", "total", "late", "submitted_at"],
+                    ["Points Possible", "", "", "12", "12", "", ""], ["alice", "", "", "11", "11", "", ""],
+                    ["bob", "", "", "0", "0", "", ""], ["carol", "1234", "", "0", "0", "", ""],  # Canvas's user id
+                    ["dave", "", "", "0", "0", "", ""], ["eve", "", "", "0", "0", "", ""],
+                    ["frank", "", "", "0", "0", "", ""]]
 
 
 def test_feedback_names_points_codes_hints_and_times_never_the_hidden_input(graded):
@@ -145,7 +147,7 @@ def test_feedback_names_points_codes_hints_and_times_never_the_hidden_input(grad
 
 def test_a_second_run_grades_nothing_again(graded):
     again = graded["again"]
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.returncode == 1, again.stderr[-2000:]
     assert "6 already graded (kept; --regrade grades them again), 0 to grade" in again.stderr
     assert not [line for line in again.stderr.splitlines() if line.startswith("[")]
     assert again.stdout == graded["first"].stdout
@@ -202,17 +204,11 @@ def test_bad_class_input_is_refused_before_anything_is_graded(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert "no submissions found" in _usage_error(capsys, tmp_path / "empty", "--out", tmp_path / "o")
     assert "no such folder" in _usage_error(capsys, tmp_path / "nowhere", "--out", tmp_path / "o")
-    twice = tmp_path / "twice"
-    for where in ("alice", "alice/resubmitted", "Bob", "bob"):
-        (twice / where).mkdir(parents=True)
-        shutil.copy(DATA / "exercises" / NAME, twice / where / NAME)
-    err = _usage_error(capsys, twice, "--out", tmp_path / "o")
-    assert "the same student submitted the same notebook more than once" in err
-    assert "alice: 01_soft_lookup_exercises" in err and "Bob: 01_soft_lookup_exercises" in err
-    odd = tmp_path / "odd"
-    (odd / "alice").mkdir(parents=True)
-    shutil.copy(DATA / "exercises" / NAME, odd / "alice" / "homework.ipynb")
-    assert "no reference notebook named like it" in _usage_error(capsys, odd, "--out", tmp_path / "o")
+    stray = tmp_path / "stray"
+    (stray / "alice").mkdir(parents=True)
+    (stray / "alice" / "homework.html").write_text("<html>", encoding="utf-8")
+    err = _usage_error(capsys, stray, "--out", tmp_path / "o")  # nothing gradable: stopped, naming each file
+    assert "no submissions found" in err and "homework.html: not a notebook (.html)" in err
     (tmp_path / "a_file").write_text("", encoding="utf-8")
     ok = tmp_path / "ok"
     (ok / "alice").mkdir(parents=True)
@@ -232,14 +228,14 @@ def test_canvas_and_gradescope_layouts_are_read(tmp_path):
     (folder / "submission_metadata.yml").write_text(
         "submission_77:\n  :submitters:\n  - :name: Ada Lovelace\n    :email: ada@example.org\n", encoding="utf-8")
     shutil.copy(DATA / "exercises" / NAME, folder / f"turing_LATE_12_34_{NAME.replace('.ipynb', '-1.ipynb')}")
-    found = classroom.find_submissions(folder, DATA / "solutions")
+    found, skipped = classroom.find_submissions(folder, DATA / "solutions")
     assert [(s.student, s.notebook) for s in found] == [("Ada Lovelace", "01_soft_lookup_exercises"),
-                                                        ("turing", "01_soft_lookup_exercises")]
+                                                        ("turing", "01_soft_lookup_exercises")] and skipped == []
     two = tmp_path / "two"  # two notebooks of one student, each matched to its own reference
     (two / "alice").mkdir(parents=True)
     for name in ("01_soft_lookup_exercises.ipynb", "02_single_head_exercises.ipynb"):
         shutil.copy(ROOT / "exercises" / name, two / "alice" / name)
-    found = classroom.find_submissions(two, ROOT / "solutions")
+    found, _ = classroom.find_submissions(two, ROOT / "solutions")
     assert [(s.student, s.reference.name) for s in found] == [("alice", "01_soft_lookup_exercises.ipynb"),
                                                               ("alice", "02_single_head_exercises.ipynb")]
     assert classroom.safe_name("Ada Lovelace/../x") == "Ada_Lovelace_.._x"

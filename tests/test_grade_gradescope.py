@@ -100,7 +100,8 @@ def test_bundle_holds_what_gradescope_needs(bundle):
             "course/src/attention_course/course/cli.py"} <= names  # at the zip's root, as Gradescope wants
     assert modes["run_autograder"] == 0o755 and modes["setup.sh"] == 0o755
     assert not any("__pycache__" in n for n in names)
-    for script in ("setup.sh", "run_autograder"):
+    assert modes["check_image.sh"] == 0o755
+    for script in ("setup.sh", "run_autograder", "check_image.sh"):
         assert subprocess.run(["bash", "-n", str(bundle / script)], check=False).returncode == 0
     setup = (bundle / "setup.sh").read_text(encoding="utf-8")
     assert "bubblewrap" in setup and 'chmod -R go-rwx "$SOURCE/solutions"' in setup
@@ -116,6 +117,39 @@ def test_run_autograder_grades_a_solution_and_reads_nothing_it_must_not(autograd
     probe = {}
     exec(PROBE.format(root=root), probe)  # the probe can fail: outside the sandbox it reads them
     assert {f"{root}/source/solutions/{NAME}", f"{root}/source/points.toml"} <= {p for p, _ in probe["LEAKS"]}
+
+
+def test_the_image_is_checked_when_it_is_built_and_fails_loudly(bundle, tmp_path):
+    """setup.sh runs check_image.sh: Python >= 3.11 and pip >= 23 before the installs, then a reference notebook
+    graded as a submission under the bundle's isolation (here: this machine's Python and bubblewrap)."""
+    setup = (bundle / "setup.sh").read_text(encoding="utf-8")
+    assert setup.index("check_image.sh\" python") < setup.index("pip install") < setup.index("check_image.sh\" sandbox")
+
+    def check(step, python=sys.executable, **env):
+        return subprocess.run(["bash", str(bundle / "check_image.sh"), step], capture_output=True, text=True,
+                              timeout=600, check=False, env=_env(AUTOGRADER_SOURCE=str(bundle),
+                                                                 AUTOGRADER_PYTHON=python, **env))
+
+    assert check("python").returncode == 0
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\n[ \"$1\" = -V ] && echo 'Python 3.10.12'\nexit 1\n", encoding="utf-8")
+    old.chmod(0o755)
+    refused = check("python", str(old))
+    assert refused.returncode == 1 and "AUTOGRADER SETUP FAILED: the grader needs Python >= 3.11; this image has " \
+        "Python 3.10.12" in refused.stderr
+    done = check("sandbox")
+    assert done.returncode == 0 and "5/5 exercises" in done.stdout, done.stderr[-2000:]
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "bwrap").write_text("#!/bin/sh\nexit 1\n", encoding="utf-8")  # a bwrap that cannot run
+    (tmp_path / "bin" / "bwrap").chmod(0o755)
+    broken = check("sandbox", PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")  # the build fails, saying why
+    assert broken.returncode == 1 and "AUTOGRADER SETUP FAILED" in broken.stderr and "--isolation=rlimit" in \
+        broken.stderr
+
+
+def test_run_autograder_logs_the_seed_for_the_instructor(autograded):
+    data = autograded["exercise"][1]
+    assert isinstance(data["extra_data"]["seed"], int) and str(data["extra_data"]["seed"]) not in data["output"]
 
 
 def test_run_autograder_gives_an_exercise_notebook_nothing(autograded):

@@ -2,6 +2,7 @@
 score of a check whose public cases pass and a hidden case fails, and which checkers have hidden cases (read from the
 checks' source, proven against what each checker draws when it runs a right answer). No notebook is graded here."""
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -105,8 +106,11 @@ def test_draws_hidden_matches_what_the_checker_draws(check, impl, monkeypatch, c
     asked = []
     real = hidden.active
     monkeypatch.setattr(hidden, "active", lambda: asked.append(1) or real())
+    # a right answer, not judged on time here: without the checker's wall-time limit (30 s for the capstone's
+    # generation), which a loaded machine reached
+    no_limit = {"timeout": None} if "timeout" in inspect.signature(check).parameters else {}
     with hidden.drawn_from(7):
-        check(impl)
+        check(impl, **no_limit)
     capsys.readouterr()
     assert bool(asked) == pts.draws_hidden(_checker_name(check))
 

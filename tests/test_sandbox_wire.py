@@ -75,7 +75,7 @@ def shell():
 
 
 def test_the_worker_describes_what_a_check_is_given(shell):
-    point = worker._check_point(shell, {"exprs": ["double", "answer", "missing"]}, "", 5)
+    point = worker._check_point(shell, {"exprs": ["double", "answer", "missing"]}, "", (5, 50))
     objects = point["objects"]
     assert objects["double"] == {"kind": "function", "name": "double", "params": [["x", 1, False], ["scale", 1, True]]}
     assert wire.decode_value(objects["answer"]) == "C" and point["verdict"] is None
@@ -88,16 +88,16 @@ def test_the_worker_describes_what_a_check_is_given(shell):
 def test_a_check_given_a_class_does_not_run_in_the_sandbox(shell):
     """A class is described (its name, signature and bases), not checked there: the checker builds and calls
     it by reference from the grader. Only a check cell that is not a plain checker call runs there."""
-    point = worker._check_point(shell, {"exprs": ["Model"]}, "raise AssertionError('[wrong-output] no')", 5)
+    point = worker._check_point(shell, {"exprs": ["Model"]}, "raise AssertionError('[wrong-output] no')", (5, 50))
     model = point["objects"]["Model"]
     assert (model["kind"], model["name"], model["class"], point["verdict"]) == ("class", "Model", True, None)
     assert "builtins.object" in model["types"]
     point = worker._check_point(shell, {"exprs": [], "run_in_sandbox": True},
-                                 "raise AssertionError('[wrong-output] no')", 5)
+                                 "raise AssertionError('[wrong-output] no')", (5, 50))
     assert judge.sandbox_verdict(point["verdict"]) == (False, "wrong-output", "[wrong-output] no")
 
 
-def _call(kept, expr, *args, seconds=5):
+def _call(kept, expr, *args, seconds=(5, 50)):
     arrays = {}
     request = {"expr": expr, "args": wire.encode(list(args), arrays), "kwargs": wire.encode({}, arrays)}
     return worker._reply_to_call(request, arrays, worker.Objects(kept), seconds)
@@ -112,7 +112,20 @@ def test_the_worker_answers_calls(shell):
     assert np.array_equal(after[0][0], np.ones(2))  # the grader compares: [mutates-input], nothing written back
     assert _call(kept, "double", "a", "b")[0]["etype"] == "TypeError"
     assert _call(kept, "nothing")[0]["etype"] == "NameError"
-    assert _call(kept, "slow", 1, seconds=0.2)[0] == {"ok": False, "timeout": True}
+    assert _call(kept, "slow", 1, seconds=(0.2, 50))[0] == {"ok": False, "timeout": True}
+
+
+def test_a_call_is_limited_in_cpu_time_with_a_wall_time_backstop():
+    """The submission's work is limited in CPU time, which the machine's load does not change: a call that waits
+    (here: sleeps) longer than the CPU limit is not stopped by it; one that waits longer than the wall limit is."""
+    import time
+
+    kept = {"nap": lambda seconds: time.sleep(seconds) or "rested"}
+    header, out = _call(kept, "nap", 0.6, seconds=(0.2, 30))
+    assert header["ok"] and wire.decode(header["result"], out) == "rested"
+    assert _call(kept, "nap", 30, seconds=(0.2, 0.5))[0] == {"ok": False, "timeout": True}
+    limits = sandbox.Limits(cell_s=5)
+    assert limits.cell_wall_s >= 3 * limits.cell_s + 10  # two busy processes per core: a third of a core each
 
 
 class Loopback(sandbox.Sandbox):
@@ -125,7 +138,7 @@ class Loopback(sandbox.Sandbox):
 
     def _ask(self, request, arrays):
         header, arrays = wire.unpack(wire.pack(request, arrays)[8:])
-        reply, out = worker._reply_to_call(header, arrays, self.table, 10)
+        reply, out = worker._reply_to_call(header, arrays, self.table, (10, 100))
         return wire.unpack(wire.pack(reply, out)[8:])
 
 
@@ -281,7 +294,7 @@ def test_the_worker_runs_a_call_inside_the_checks_observers():
         request = {"op": wire.CALL, "key": "0", "expr": expr, "args": wire.encode(args, arrays),
                    "kwargs": wire.encode({}, arrays), "observe": wire.encode([o.spec() for o in observers], arrays)}
         header, arrays = wire.unpack(wire.pack(request, arrays)[8:])
-        reply, out = worker._reply_to_call(header, arrays, table, 10)
+        reply, out = worker._reply_to_call(header, arrays, table, (10, 100))
         reply, out = wire.unpack(wire.pack(reply, out)[8:])
         assert reply["ok"], reply
         if expr == "dense":

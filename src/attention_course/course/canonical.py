@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import errno
+import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -123,10 +124,11 @@ def read_notebook(path: Path, limit: int = MAX_NOTEBOOK_BYTES):
         if err.errno == errno.ELOOP:
             return None, "a symbolic link: the grader reads only regular files (copy the notebook itself)"
         return None, f"cannot read the file ({type(err).__name__})"
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # checked before fdopen, which refuses a folder with an exception
+        os.close(fd)
+        return None, "not a regular file (a folder, device or FIFO): the grader reads only regular files"
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None, "not a regular file (a folder, device or FIFO): the grader reads only regular files"
         if info.st_size > limit:
             return None, f"the file has {info.st_size} bytes, over the grader's limit of {limit} bytes"
         data = f.read(limit + 1)
@@ -135,6 +137,10 @@ def read_notebook(path: Path, limit: int = MAX_NOTEBOOK_BYTES):
     try:
         nb = nbformat.reads(data.decode("utf-8"), as_version=4)
         nbformat.validate(nb)
+        raw = json.loads(data.decode("utf-8"))  # JSON: nbformat read it; it fills in what a notebook lacks
+        if "nbformat" not in raw or not raw.get("cells"):
+            return None, ("not a notebook saved by Jupyter (no 'nbformat' field or no cells): submit the exercise "
+                          "notebook itself, saved from Jupyter")
     except UnicodeDecodeError as err:
         return None, f"cannot read the file ({type(err).__name__})"
     except Exception as err:  # noqa: BLE001 - nbformat raises several kinds of errors for non-notebooks
@@ -213,15 +219,25 @@ class Exercise:
     calls: list[CheckCall] | None
 
 
+def _untagged_copies(nb, source: str, tagged: set[int]) -> list[int]:
+    """The code cells of ``nb`` whose text is the reference's check cell ``source`` but whose tags were lost (a
+    retyped or pasted cell): recognised by their text, so that an honest student is graded."""
+    text = source.strip()
+    return [i for i, cell in enumerate(nb.cells)
+            if i not in tagged and cell.cell_type == "code" and cell.source.strip() == text]
+
+
 def plan(nb, reference: Reference | None) -> list[Exercise]:
     """The exercises to grade: the reference's, with the reference's check sources put into ``nb`` (whose own
-    check cells are matched by exercise number), or, without a reference, ``nb``'s own check cells."""
+    check cells are matched by exercise number, else, for a cell whose tags were lost, by its text), or, without a
+    reference, ``nb``'s own check cells."""
     own = check_cells(nb)
     if reference is None:
         return [Exercise(c.number, c.title, c.level, [c.index], c.calls) for c in own]
     found = []
+    tagged = {c.index for c in own}
     for ref in reference.checks:
-        indices = [c.index for c in own if c.number == ref.number]
+        indices = [c.index for c in own if c.number == ref.number] or _untagged_copies(nb, ref.source, tagged)
         for index in indices:
             nb.cells[index].source = ref.source
         found.append(Exercise(ref.number, ref.title, ref.level, indices, ref.calls))

@@ -14,18 +14,32 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
 
 * ``results/STUDENT/NOTEBOOK.json``: each result, written (atomically) as soon as it is known, with the SHA-256 of
   the file graded. Grading is resumable: a submission whose result is there, for the same file, is not graded
-  again unless ``--regrade``; a changed file is. The hidden cases' seed is kept in ``seed.txt``, so that a resumed
-  run draws the same cases for everyone;
+  again unless ``--regrade`` (everyone) or ``--regrade STUDENT`` (that student; repeatable); a changed file is. A
+  failure of the grader itself (its process for the notebook crashed or ran out of time) is shown with the child's
+  own error and never saved: the next run grades that notebook again. The hidden cases' seed is kept in
+  ``seed.txt``, so that a resumed run (and a regrade) draws the same cases for everyone;
 * ``feedback/STUDENT/NOTEBOOK.md`` and ``.html``: what the student gets back (:mod:`.exports`);
-* ``gradebook.csv`` (one row per student, one column per notebook, for Canvas or Moodle), ``results.jsonl`` (every
-  result, one JSON line each), ``summary.txt`` (the table printed at the end).
+* ``review/STUDENT/NOTEBOOK.ipynb``: the submission annotated with the grader's verdicts after each check cell and
+  the errors after each cell that raised, for a manual review (its outputs are the ones the student saved);
+* ``gradebook.csv``: one row per person (a group submission: one per member) with the LMS's id and e-mail where
+  its download gives them (Canvas's user id from its file names, Gradescope's student id and e-mail from
+  ``submission_metadata.yml``), one column per notebook (its points; a late notebook, marked by Canvas's ``_LATE_``,
+  loses the points file's ``late_penalty`` share), a total, the notebooks submitted late and Gradescope's submission
+  times; ``exercises.csv``: one row per person, one column per exercise, and each exercise's mean points and share
+  passed; ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table printed at the end).
 
 Progress goes to stderr, one line per submission with the time it took and an estimate of the time left.
 
-Bad input stops before anything is graded, with a message naming it (exit status 2): a folder that does not exist
-or holds no notebook, two submissions of the same notebook by one student, a notebook no reference matches, an
-output folder that cannot be written. A file that is not a notebook, or a notebook of another chapter, gets an
-``ERROR`` result (0 points) and the class goes on.
+Inputs are checked up front, and grading goes on for everything that matches: a file that is not a notebook
+(``.html``, ``.zip``, ``.py``), a folder named like one, a notebook whose name matches no reference notebook, a
+notebook at the top of the folder that names no student, and the older copies of a notebook one student submitted
+more than once (Canvas's ``-1`` resubmission or a browser's ``(1)`` copy: the copy with the highest number, then
+the last modified, is graded) are not graded; each is listed with its reason (on stderr at the start, and in
+``summary.txt``), its student keeps a gradebook row, and the exit status is 1. A file that is not a valid notebook
+(``{"cells": []}``, not JSON), or a notebook of another chapter, gets an ``ERROR`` result (0 points; exit status
+1) and the class goes on. A folder that does not exist or holds nothing gradable, an output folder that cannot be
+written, or a points file that does not fit the reference notebooks stops before anything is graded, with a
+message naming it (exit status 2).
 """
 
 from __future__ import annotations
@@ -39,20 +53,23 @@ import secrets
 import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .canonical import AUTO, MAX_NOTEBOOK_BYTES, default_reference, find_reference
+import nbformat
+
+from .canonical import AUTO, MAX_NOTEBOOK_BYTES, Reference, default_reference, find_reference, plan, read_notebook
 from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
-from .exports import feedback_html, feedback_markdown, gradebook_csv
+from .exports import GradebookRow, exercises_csv, feedback_html, feedback_markdown, gradebook_csv, review_notebook
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
 from .points import Points
 from .results import NotebookResult, points_text, printable
 from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works
 
-CANVAS_NAME = re.compile(r"^(?P<student>.+?)_(?:LATE_)?\d+_\d+_(?P<file>.+)$")
-CANVAS_COPY = re.compile(r"-\d+(?=\.ipynb$)")
+CANVAS_NAME = re.compile(r"^(?P<student>.+?)_(?P<late>LATE_)?(?P<user_id>\d+)_\d+_(?P<file>.+)$")
+CANVAS_COPY = re.compile(r"(?:-\d+| \(\d+\))(?=\.ipynb$)")  # Canvas's resubmission -1, a browser's copy (1)
 SKIPPED_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}
+EVERYONE = "*"  # --regrade without a name
 
 
 class ClassError(ValueError):
@@ -60,10 +77,22 @@ class ClassError(ValueError):
 
 
 @dataclass
+class Member:
+    """One person a submission is graded for, as the LMS knows them (its gradebook import matches the id)."""
+
+    name: str
+    id: str = ""  # Canvas's user id, Gradescope's student id (sid)
+    email: str = ""
+
+
+@dataclass
 class Submission:
     student: str
     path: Path  # the student's file
     reference: Path  # the solution notebook it is graded against
+    members: list[Member] = field(default_factory=list)  # a group submission: every member gets the grade
+    late: bool = False  # Canvas's _LATE_ marker
+    submitted_at: str = ""  # Gradescope's submission time
 
     @property
     def notebook(self) -> str:
@@ -76,8 +105,9 @@ def safe_name(student: str) -> str:
     return name[:100]
 
 
-def _gradescope_names(folder: Path) -> dict[str, str]:
-    """``{submission folder: student names}`` from Gradescope's ``submission_metadata.yml``, if there is one."""
+def _gradescope_metadata(folder: Path) -> dict[str, tuple[list[Member], str]]:
+    """``{submission folder: (its submitters, its submission time)}`` from Gradescope's ``submission_metadata.yml``,
+    if there is one."""
     path = folder / "submission_metadata.yml"
     if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_NOTEBOOK_BYTES:
         return {}
@@ -87,66 +117,131 @@ def _gradescope_names(folder: Path) -> dict[str, str]:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except Exception:  # noqa: BLE001 - an unreadable metadata file: fall back to the folder names
         return {}
-    names = {}
+    found = {}
     for key, entry in data.items() if isinstance(data, dict) else []:
-        submitters = entry.get(":submitters") or entry.get("submitters") or [] if isinstance(entry, dict) else []
-        people = [s.get(":name") or s.get("name") or s.get(":email") or "" for s in submitters if isinstance(s, dict)]
-        if any(people):
-            names[str(key)] = " & ".join(p for p in people if p)
-    return names
-
-
-def _match(path: Path, name: str, reference) -> Path | None:
-    return find_reference(name, reference) or find_reference(CANVAS_COPY.sub("", name), reference)
-
-
-def find_submissions(folder: Path, reference) -> list[Submission]:
-    """Every submission in ``folder`` (see the module docstring), or a :class:`ClassError` naming the problem."""
-    if not folder.is_dir():
-        raise ClassError(f"{folder}: no such folder")
-    names = _gradescope_names(folder)
-    found: list[Submission] = []
-    unmatched: list[str] = []
-    for entry in sorted(folder.iterdir()):
-        if entry.name in SKIPPED_FOLDERS or entry.name.startswith("."):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            student = names.get(entry.name, entry.name)
-            paths = [p for p in sorted(entry.rglob("*.ipynb")) if not SKIPPED_FOLDERS & set(p.parts)]
-            candidates = [(student, p, p.name) for p in paths]
-        elif entry.suffix == ".ipynb":  # a link or a FIFO too: the grader refuses it with an ERROR result
-            m = CANVAS_NAME.match(entry.name)
-            candidates = [(m["student"], entry, m["file"])] if m else [(entry.stem, entry, entry.name)]
-            if not m:
-                unmatched.append(f"{entry} (a file at the top: expected STUDENT/NOTEBOOK.ipynb or Canvas's "
-                                 "STUDENT_ID_ID_NOTEBOOK.ipynb)")
-                continue
-        else:
-            continue
-        for student, path, name in candidates:
-            matched = _match(path, name, reference)
-            if matched is None:
-                unmatched.append(f"{path} (no reference notebook named like it)")
-            else:
-                found.append(Submission(student, path, matched))
-    if unmatched:
-        raise ClassError("cannot tell which exercise notebook these are: " + "; ".join(unmatched))
-    if not found:
-        raise ClassError(f"{folder}: no submissions found (expected STUDENT/NOTEBOOK.ipynb, Gradescope's export or "
-                         "Canvas's download)")
-    _refuse_duplicates(found)
+        entry = entry if isinstance(entry, dict) else {}
+        submitters = entry.get(":submitters") or entry.get("submitters") or []
+        members = [Member(str(s.get(":name") or s.get("name") or s.get(":email") or ""),
+                          str(s.get(":sid") or s.get("sid") or ""), str(s.get(":email") or s.get("email") or ""))
+                   for s in submitters if isinstance(s, dict)]
+        members = [m for m in members if m.name]
+        if members:
+            found[str(key)] = (members, str(entry.get(":created_at") or entry.get("created_at") or ""))
     return found
 
 
-def _refuse_duplicates(found: list[Submission]) -> None:
-    seen: dict[tuple[str, str], list[Submission]] = {}
+def _match(name: str, reference) -> Path | None:
+    return find_reference(name, reference) or find_reference(CANVAS_COPY.sub("", name), reference)
+
+
+@dataclass
+class Skipped:
+    """A file of the submissions folder that is not graded, and why (listed in the summary; the exit status is 1)."""
+
+    path: Path
+    reason: str
+    student: str | None = None  # known from its folder or its Canvas name: the student still has a gradebook row
+
+
+def _student_files(entry: Path) -> list[Path]:
+    """The files (and folders named like notebooks) under a student's folder, checkpoints and hidden files left
+    out."""
+    return [p for p in sorted(entry.rglob("*")) if not SKIPPED_FOLDERS & set(p.parts)
+            and not any(part.startswith(".") for part in p.relative_to(entry).parts)
+            and (not p.is_dir() or p.suffix == ".ipynb")]
+
+
+def _candidates(entry: Path, metadata: dict, skipped: list[Skipped]) -> list[tuple[Submission, str]]:
+    """(submission, the name matched to a reference; its reference not yet known) for one entry of the submissions
+    folder; what cannot be a submission goes to ``skipped``."""
+    if entry.is_dir() and not entry.is_symlink() and entry.suffix != ".ipynb":
+        members, submitted_at = metadata.get(entry.name, ([Member(entry.name)], ""))
+        student = " & ".join(m.name for m in members)
+        return [(Submission(student, p, p, members, False, submitted_at), p.name) for p in _student_files(entry)]
+    m = CANVAS_NAME.match(entry.name)
+    if entry.is_symlink() and entry.is_dir():
+        skipped.append(Skipped(entry, "a link to a folder: not followed (copy the folder itself)"))
+    elif m:
+        return [(Submission(m["student"], entry, entry, [Member(m["student"], m["user_id"])], bool(m["late"])),
+                 m["file"])]
+    elif entry.suffix == ".ipynb":
+        skipped.append(Skipped(entry, _not_a_notebook(entry) or "a notebook at the top of the folder whose name "
+                               "names no student: expected STUDENT/NOTEBOOK.ipynb or Canvas's "
+                               "STUDENT_ID_ID_NOTEBOOK.ipynb"))
+    elif entry.name != "submission_metadata.yml":
+        skipped.append(Skipped(entry, "not a submission: expected STUDENT/NOTEBOOK.ipynb or Canvas's "
+                               "STUDENT_ID_ID_NOTEBOOK.ipynb"))
+    return []
+
+
+def find_submissions(folder: Path, reference) -> tuple[list[Submission], list[Skipped]]:
+    """Every submission in ``folder`` (see the module docstring) and every file that is not graded with its reason;
+    a :class:`ClassError` when the folder does not exist or nothing in it can be graded."""
+    if not folder.is_dir():
+        raise ClassError(f"{folder}: no such folder")
+    metadata = _gradescope_metadata(folder)
+    found: list[Submission] = []
+    skipped: list[Skipped] = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name in SKIPPED_FOLDERS or entry.name.startswith("."):
+            continue
+        for submission, name in _candidates(entry, metadata, skipped):
+            reason = _not_a_notebook(submission.path)
+            submission.reference = None if reason else _match(name, reference)
+            if reason is None and submission.reference is None:
+                reason = "no reference notebook is named like it: rename it as the exercise notebook was named"
+            if reason:
+                skipped.append(Skipped(submission.path, reason, submission.student))
+            else:  # a link or a FIFO too: the grader refuses it with an ERROR result
+                found.append(submission)
+    if not found:
+        listed = "".join(f"; {printable(s.path)}: {s.reason}" for s in skipped)
+        raise ClassError(f"{folder}: no submissions found (expected STUDENT/NOTEBOOK.ipynb, Gradescope's export or "
+                         f"Canvas's download){listed}")
+    return _latest_copies(found, skipped), skipped
+
+
+def _not_a_notebook(path: Path) -> str | None:
+    if path.suffix != ".ipynb":
+        return f"not a notebook ({path.suffix or 'no extension'}): only .ipynb files are graded; ask for the notebook"
+    if path.is_dir() and not path.is_symlink():
+        return "a folder named like a notebook: only notebook files are graded"
+    return None
+
+
+def _copy_number(path: Path) -> int:
+    """Canvas's resubmission number (``NAME-2.ipynb``) or a browser's copy number (``NAME (1).ipynb``); 0: none."""
+    m = re.search(r"(?:-| \()(\d+)\)?\.ipynb$", path.name)
+    return int(m[1]) if m else 0
+
+
+def _latest_copies(found: list[Submission], skipped: list[Skipped]) -> list[Submission]:
+    """One submission per student and notebook: the latest copy (highest copy number, then last modified); the
+    others go to ``skipped``, each naming the copy that is graded."""
+    groups: dict[tuple[str, str], list[Submission]] = {}
     for s in found:
-        seen.setdefault((safe_name(s.student).lower(), s.notebook), []).append(s)
-    twice = [group for group in seen.values() if len(group) > 1]
-    if twice:
-        lines = [f"{g[0].student}: {g[0].notebook} ({', '.join(str(s.path) for s in g)})" for g in twice]
-        raise ClassError("the same student submitted the same notebook more than once; keep one of each and run "
-                         "again: " + "; ".join(lines))
+        groups.setdefault((safe_name(s.student).lower(), s.notebook), []).append(s)
+    kept = []
+    for group in groups.values():
+        group.sort(key=lambda s: (_copy_number(s.path), s.path.lstat().st_mtime, str(s.path)))
+        kept.append(group[-1])
+        skipped += [Skipped(s.path, f"an older copy of {s.student}'s {s.notebook}: {group[-1].path} is graded")
+                    for s in group[:-1]]  # no row of its own: the student's row is the graded copy's
+    return [s for s in found if s in kept]
+
+
+def _review(s: Submission, result: NotebookResult) -> str | None:
+    """The submission annotated with its results for a manual review (:func:`.exports.review_notebook`), or None
+    where it could not be graded."""
+    if result.error:
+        return None
+    nb, _ = read_notebook(s.path)
+    reference = Reference.read(s.reference)
+    if nb is None or isinstance(reference, str):
+        return None
+    indices = {e.number: e.indices for e in plan(nb, reference)}
+    nb, _ = read_notebook(s.path)  # the student's own check cells, not the reference's that plan() put in
+    return nbformat.writes(review_notebook(nb, result, indices))
 
 
 def _sha256(path: Path) -> str:
@@ -193,7 +288,12 @@ class Store:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return NotebookResult.from_dict(data["result"]) if data.get("sha256") == digest else None
+        if data.get("sha256") != digest:
+            return None
+        result = NotebookResult.from_dict(data["result"])
+        # a failure of the grader (saved by a version before grader_failed existed) is graded again, never kept
+        failed = result.grader_failed or (result.error or "").startswith("the grader's process")
+        return None if failed else result
 
     def save(self, s: Submission, digest: str, result: NotebookResult, seed: int) -> None:
         record = {"student": s.student, "notebook": s.notebook, "file": str(s.path), "sha256": digest, "seed": seed,
@@ -202,6 +302,9 @@ class Store:
         folder = self.out / "feedback" / safe_name(s.student)
         _write_atomic(folder / f"{s.notebook}.md", feedback_markdown(result, s.student))
         _write_atomic(folder / f"{s.notebook}.html", feedback_html(result, s.student))
+        review = _review(s, result)
+        if review is not None:
+            _write_atomic(self.out / "review" / safe_name(s.student) / f"{s.notebook}.ipynb", review)
 
     def seed(self, asked: int | None, regrade: bool) -> int:
         """The class's hidden-case seed: the stored one (a resumed run draws the same cases), unless asked for."""
@@ -242,7 +345,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("submissions", help="folder: STUDENT/NOTEBOOK.ipynb, Gradescope's export or Canvas's download")
     parser.add_argument("--out", required=True, help="folder for results, feedback and the gradebook")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded in parallel")
-    parser.add_argument("--regrade", action="store_true", help="grade again what is already graded")
+    parser.add_argument("--regrade", metavar="STUDENT", nargs="?", action="append", const=EVERYONE,
+                        help="grade again what is already graded: everyone's, or (--regrade STUDENT, repeatable) "
+                        "one student's, with the stored hidden-case seed")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="time limit per cell, in seconds")
     parser.add_argument("--notebook-timeout", type=int, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
                         help="time limit per notebook, in seconds")
@@ -274,27 +379,45 @@ def main(argv: list[str] | None = None) -> int:
                      "(apt-get install bubblewrap), or ask for the weaker isolation with --isolation=rlimit")
     points = load_points(parser, args)
     try:
-        submissions = find_submissions(Path(args.submissions), args.reference)
+        submissions, skipped = find_submissions(Path(args.submissions), args.reference)
         store = Store(Path(args.out))
-        args.seed = store.seed(args.seed, args.regrade)
+        args.regrade = _regrade(args.regrade, submissions)
+        args.seed = store.seed(args.seed, args.regrade is True)
     except ClassError as err:
         parser.error(str(err))
     adopt_orphans()
-    return _run(submissions, store, args, points)
+    return _run(submissions, skipped, store, args, points)
 
 
-def _run(submissions: list[Submission], store: Store, args, points: Points) -> int:
+def _regrade(asked: list[str] | None, submissions: list[Submission]) -> bool | set[str]:
+    """True (everyone), False (no one) or the students named (a :class:`ClassError` for a name that is none)."""
+    if not asked:
+        return False
+    if EVERYONE in asked:
+        return True
+    students = {s.student for s in submissions}
+    unknown = [name for name in asked if name not in students]
+    if unknown:
+        raise ClassError(f"--regrade {', '.join(unknown)}: no such student in the submissions (students: "
+                         f"{', '.join(sorted(students))})")
+    return set(asked)
+
+
+def _run(submissions: list[Submission], skipped: list[Skipped], store: Store, args, points: Points) -> int:
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     results: dict[tuple[str, str], NotebookResult] = {}
     todo = []
     for s in submissions:
         digest = _sha256(s.path)
-        old = None if args.regrade else store.stored(s, digest)
+        again = args.regrade is True or (args.regrade and s.student in args.regrade)
+        old = None if again else store.stored(s, digest)
         if old is not None:
             results[(s.student, s.notebook)] = score_result(old, points)  # the points file may have changed
         else:
             todo.append((s, digest))
+    for s in skipped:
+        print(f"not graded: {printable(s.path)}: {printable(s.reason)}", file=sys.stderr, flush=True)
     print(f"{len(submissions)} submissions of {len({s.student for s in submissions})} students; "
           f"{len(submissions) - len(todo)} already graded (kept; --regrade grades them again), {len(todo)} to grade "
           f"with -j {args.jobs}; hidden-case seed {args.seed}", file=sys.stderr, flush=True)
@@ -311,7 +434,8 @@ def _run(submissions: list[Submission], store: Store, args, points: Points) -> i
         for future in as_completed([pool.submit(grade_one, item) for item in todo]):
             s, digest, result, seconds = future.result()
             result = score_result(result, points)
-            store.save(s, digest, result, args.seed)
+            if not result.grader_failed:  # a failure of the grader is never a grade: the next run tries again
+                store.save(s, digest, result, args.seed)
             results[(s.student, s.notebook)] = result
             done += 1
             left = (time.monotonic() - start) / done * (len(todo) - done)
@@ -320,26 +444,50 @@ def _run(submissions: list[Submission], store: Store, args, points: Points) -> i
             print(f"[{done:>{len(str(len(todo)))}}/{len(todo)}] {printable(s.student)} {s.notebook}: "
                   f"{printable(verdict)} ({seconds:.1f} s; about {left / 60:.1f} min left)", file=sys.stderr,
                   flush=True)
-    _write_outputs(store, submissions, results)
-    return 0
+    _write_outputs(store, submissions, skipped, results, points)
+    return 1 if skipped or any(r.error for r in results.values()) else 0
 
 
-def _write_outputs(store: Store, submissions: list[Submission], results: dict) -> None:
+def gradebook_rows(submissions: list[Submission], skipped: list[Skipped], results: dict) -> list[GradebookRow]:
+    """One row per person: each member of a group submission gets its results; a student whose only files were not
+    graded still has a row (empty: nothing graded; the summary says why)."""
+    rows: dict[tuple[str, str, str], GradebookRow] = {}
+    for s in submissions:
+        for m in s.members or [Member(s.student)]:
+            row = rows.setdefault((m.name, m.id, m.email), GradebookRow(m.name, m.id, m.email))
+            if (s.student, s.notebook) in results:
+                row.results[s.notebook] = results[(s.student, s.notebook)]
+            if s.late:
+                row.late.add(s.notebook)
+            if s.submitted_at:
+                row.submitted_at[s.notebook] = s.submitted_at
+    for s in skipped:
+        if s.student and not any(key[0] == s.student for key in rows):
+            rows[(s.student, "", "")] = GradebookRow(s.student)
+    return list(rows.values())
+
+
+def _write_outputs(store: Store, submissions: list[Submission], skipped: list[Skipped], results: dict,
+                   points: Points) -> None:
     notebooks = sorted({s.notebook for s in submissions})
-    by_student: dict[str, dict[str, NotebookResult]] = {}
+    by_student: dict[str, dict[str, NotebookResult]] = {s.student: {} for s in skipped if s.student}
     max_points: dict[str, float] = {}
     for (student, notebook), r in results.items():
         by_student.setdefault(student, {})[notebook] = r
         if not r.error:
             max_points[notebook] = max(max_points.get(notebook, 0.0), r.max_score)
-    _write_atomic(store.out / "gradebook.csv", gradebook_csv(by_student, notebooks, max_points))
+    rows = gradebook_rows(submissions, skipped, results)
+    _write_atomic(store.out / "gradebook.csv", gradebook_csv(rows, notebooks, max_points, points.late_penalty))
+    _write_atomic(store.out / "exercises.csv", exercises_csv(rows, notebooks))
     lines = [json.dumps({"student": student, **r.as_dict()}) for (student, _), r in sorted(results.items())]
     _write_atomic(store.out / "results.jsonl", "\n".join(lines) + "\n")
     table = summary_table(by_student, notebooks)
     errors = [f"ERROR {printable(student)} {printable(r.notebook)}: {printable(r.error)}"
+              f"{' (a failure of the grader, not saved: the next run grades it again)' if r.grader_failed else ''}"
               for (student, _), r in sorted(results.items()) if r.error]
     isolations = sorted({r.isolation for r in results.values() if r.isolation})
-    text = "\n".join([table, *errors, *(f"isolation: {i}" for i in isolations)]) + "\n"
+    not_graded = [f"NOT GRADED {printable(s.path)}: {printable(s.reason)}" for s in skipped]
+    text = "\n".join([table, *errors, *not_graded, *(f"isolation: {i}" for i in isolations)]) + "\n"
     _write_atomic(store.out / "summary.txt", text)
     sys.stdout.write(text)
     sys.stdout.flush()

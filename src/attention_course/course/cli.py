@@ -26,16 +26,19 @@ name with a prefix also matches, e.g. ``ada_lovelace_04_masking_exercises.ipynb`
 are graded, and the table says so.
 
 Files: only regular files of at most 8 MB are graded; a symbolic link, a device or a FIFO is refused with an
-``ERROR`` line. The current folder is taken off the import path (run the grader as ``python -P -m
-attention_course.grade``, so that not even its start imports from the current folder).
+``ERROR`` line. The grader never imports a module from the current folder, with or without ``-P``: the package
+drops that folder from the import path before its first import when it runs as the grader
+(:mod:`attention_course._safe_path`); ``-P`` also keeps out a file named ``attention_course.py`` there.
 
 Output (:mod:`.results`): each notebook's result is written as soon as it is known (``-j N`` grades N notebooks at
 once, each in a child process of its own, so a crash loses nothing already written and the batch goes on): a table
 per notebook with totals such as ``3/5 exercises, 7/11 points``, ``--jsonl`` (one JSON object per line),
 ``--csv`` (header first, then rows, with a ``total`` row per notebook), or ``--json`` (one document at the end).
 Nothing a submission prints reaches this output. A notebook that cannot be read (missing, not JSON, not a
-notebook) gets an ``ERROR`` line and the others are still graded. Exit status: 0 whenever grading ran; 2 for a
-command-line usage error (including a ``--solutions`` path that does not exist).
+notebook) gets an ``ERROR`` line and the others are still graded; an error of the grader itself (its process for
+the notebook crashed or ran out of time) shows the child's own last error line. Exit status: 0 when every notebook
+was graded; 1 when any got an ``ERROR``; 2 for a command-line usage error (including a ``--solutions`` path that
+does not exist).
 """
 
 from __future__ import annotations
@@ -97,16 +100,17 @@ def _grade_in_child(path: str, args) -> NotebookResult:
     try:
         with _CHILDREN_LOCK:  # registered before another thread can take it for an orphan
             child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
-                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+                                     stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
             _LIVE_CHILDREN.add(child.pid)
         memory = GRADER_MEMORY_MB * 2**20
         resource.prlimit(child.pid, resource.RLIMIT_AS, (memory, memory))
         try:
-            out, _ = child.communicate(timeout=args.notebook_timeout + GRACE_S)
+            out, err = child.communicate(timeout=args.notebook_timeout + GRACE_S)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-            return NotebookResult(path, error=f"grading took longer than {args.notebook_timeout + GRACE_S:g} s")
+            return NotebookResult(path, error=f"the grader's process for this notebook took longer than "
+                                  f"{args.notebook_timeout + GRACE_S:g} s", grader_failed=True)
         finally:
             with _CHILDREN_LOCK:
                 _LIVE_CHILDREN.discard(child.pid)
@@ -115,9 +119,18 @@ def _grade_in_child(path: str, args) -> NotebookResult:
         lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
         if child.returncode == 0 and len(lines) == 1:
             return NotebookResult.from_dict(json.loads(lines[0][len(RESULT_PREFIX):]))
-        return NotebookResult(path, error=f"the grader's process for this notebook failed (exit {child.returncode})")
+        return NotebookResult(path, error=f"the grader's process for this notebook failed (exit {child.returncode})"
+                              f"{_last_error(err)}", grader_failed=True)
     except (OSError, ValueError, TypeError, KeyError) as err:
-        return NotebookResult(path, error=f"the grader's process for this notebook failed ({type(err).__name__})")
+        return NotebookResult(path, error=f"the grader's process for this notebook failed ({type(err).__name__}: "
+                              f"{str(err)[:300]})", grader_failed=True)
+
+
+def _last_error(stderr: str) -> str:
+    """``: `` and the last line of the child's error output (its exception, or argparse's message), or nothing.
+    The child is the grader's own process: a submission's output never reaches it (the sandbox's goes nowhere)."""
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    return f": {lines[-1][:500]}" if lines else ""
 
 
 class _Writer:
@@ -167,14 +180,18 @@ def add_points_argument(parser) -> None:
                         "check has them); see the instructor guide")
 
 
-def load_points(parser, args) -> Points:
+def load_points(parser, args, complete: bool | None = None) -> Points:
     """The points file's :class:`.points.Points`, validated against the reference notebooks (a usage error
-    naming the file and the key if it cannot be used)."""
+    naming the file and the key if it cannot be used). A points file names the notebooks of a whole course: against
+    one reference notebook (``complete`` None: when the reference is a file, e.g. a class run's child process for
+    one submission) its other notebooks are other chapters, not errors."""
     if not getattr(args, "points", None):
         return Points()
+    if complete is None:
+        complete = args.reference is None or not Path(args.reference).is_file()
     try:
         points = Points.load(args.points)
-        points.validate(reference_exercises(args.reference))
+        points.validate(reference_exercises(args.reference), complete)
     except PointsError as err:
         parser.error(str(err))
     args.points = str(Path(args.points).resolve())
@@ -272,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         for future in as_completed(futures):
             writer.add(future.result())
     writer.finish([str(p) for p in args.notebooks])
-    return 0
+    return 1 if any(r.error for r in writer.results) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover - the child processes' entry point; main() is tested

@@ -23,13 +23,13 @@ import csv
 import html
 import io
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..mistakes import CODES
 from .results import ExerciseResult, NotebookResult, _csv_cell, points_text, printable, status
 
-GRADESCOPE_VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
-HIDDEN_VISIBILITY = "after_published"
+HIDDEN_VISIBILITY = "after_published"  # the default; the points file's hidden_visibility chooses
 # exception names raised by the student's own code: their message is the student's text
 _CHECKER_CODES = {"CheckFailed", "wrong-type", "timeout", "not-run", "sandbox-ended", "calls-reference",
                   "check-missing", "mutates-input"}
@@ -62,7 +62,7 @@ def _line(e: ExerciseResult, part: str) -> str:
     return printable(f"Failed{code}: {student_hint(e)}")
 
 
-def _tests(r: NotebookResult, prefix: str) -> list[dict]:
+def _tests(r: NotebookResult, prefix: str, hidden_visibility: str = HIDDEN_VISIBILITY) -> list[dict]:
     tests = []
     for e in r.exercises:
         name = f"{prefix}Exercise {e.exercise}: {printable(e.title)}".rstrip(": ")
@@ -74,33 +74,39 @@ def _tests(r: NotebookResult, prefix: str) -> list[dict]:
             hidden_score = hidden_max if e.passed else 0.0
             tests.append(_test(f"{name} (public cases)", public_score, public_max, _line(e, "public"), "visible"))
             tests.append(_test(f"{name} (hidden cases)", hidden_score, hidden_max, _line(e, "hidden"),
-                               HIDDEN_VISIBILITY))
+                               hidden_visibility))
         else:
             tests.append(_test(name, e.points or 0.0, max_points, _line(e, "all"), "visible"))
     return tests
 
 
-def _test(name: str, score: float, max_score: float, output: str, visibility: str) -> dict:
+def _test(name: str, score: float, max_score: float, output: str, visibility: str, failed: bool = False) -> dict:
     return {"name": name, "score": round(score, 4), "max_score": round(max_score, 4),
-            "status": "passed" if score >= max_score else "failed", "output": output, "output_format": "text",
-            "visibility": visibility}
+            "status": "failed" if failed or score < max_score else "passed", "output": output,
+            "output_format": "text", "visibility": visibility}
 
 
-def gradescope_results(results: list[NotebookResult], note: str | None = None) -> dict:
+def gradescope_results(results: list[NotebookResult], note: str | None = None,
+                       possible: dict[str, float] | None = None, hidden_visibility: str = HIDDEN_VISIBILITY) -> dict:
     """Gradescope's ``results.json`` for one submission's notebooks (see the module docstring); ``note``: a line
-    for the whole submission (e.g. that no notebook was found)."""
+    for the whole submission (e.g. that no notebook was found); ``possible``: ``{notebook: the points its
+    reference is worth}``, the ``max_score`` of a notebook that could not be graded (a failed test, never a passed
+    0/0 one)."""
     tests, lines, seconds = [], [], 0.0
     for r in results:
         prefix = f"{Path(r.reference or r.notebook).stem}, " if len(results) > 1 else ""
         if r.error:
-            tests.append(_test(f"{prefix}the notebook {Path(r.notebook).name}".strip(", "), 0.0, 0.0,
-                               printable(f"Not graded: {r.error}"), "visible"))
+            tests.append(_test(f"{prefix}the notebook {Path(r.notebook).name}".strip(", "), 0.0,
+                               (possible or {}).get(r.notebook, 0.0), printable(f"Not graded: {r.error}"),
+                               "visible", failed=True))
             lines.append(printable(f"{Path(r.notebook).name}: not graded: {r.error}"))
             continue
-        tests += _tests(r, prefix)
+        tests += _tests(r, prefix, hidden_visibility)
         seconds += sum(e.seconds or 0.0 for e in r.exercises)
         lines.append(printable(f"{Path(r.notebook).name}: {r.passed}/{r.total} exercises, "
                                f"{points_text(r.score)}/{points_text(r.max_score)} points. Isolation: {r.isolation}"))
+        lines += [printable(f"Note: {note}") for note in r.notes]
+        lines += [printable(f"{CELL_ERRORS_TITLE}: {'; '.join(cell_error_lines(r))}")] if r.cell_errors else []
     if note:
         lines.insert(0, printable(note))
     return {"score": round(sum(r.score for r in results if not r.error), 4), "output": "\n".join(lines),
@@ -108,20 +114,69 @@ def gradescope_results(results: list[NotebookResult], note: str | None = None) -
             "tests": tests}
 
 
-def gradebook_csv(by_student: dict[str, dict[str, NotebookResult]], notebooks: list[str],
-                  max_points: dict[str, float]) -> str:
-    """One row per student, one column per notebook (its points; empty: not submitted), a total column; the
-    second row gives each column's points possible (Canvas's gradebook import reads such a row)."""
+@dataclass
+class GradebookRow:
+    """One person's row: as the LMS knows them (a group submission gives each member a row), their results by
+    notebook, the notebooks they submitted late and when they submitted."""
+
+    name: str
+    id: str = ""
+    email: str = ""
+    results: dict[str, NotebookResult] = field(default_factory=dict)
+    late: set[str] = field(default_factory=set)
+    submitted_at: dict[str, str] = field(default_factory=dict)
+
+    def points(self, notebook: str, late_penalty: float) -> float | None:
+        """The notebook's points in the gradebook: 0 for an ERROR, less ``late_penalty`` (a share of them) when
+        late; None: not submitted."""
+        r = self.results.get(notebook)
+        if r is None:
+            return None
+        score = 0.0 if r.error else r.score
+        return round(score * (1 - late_penalty), 4) if notebook in self.late else score
+
+
+def gradebook_csv(rows: list[GradebookRow], notebooks: list[str], max_points: dict[str, float],
+                  late_penalty: float = 0.0) -> str:
+    """One row per person (name, the LMS's id and e-mail where it gave them), one column per notebook (its points,
+    late penalty applied; empty: not submitted), a total, the notebooks submitted late and the submission times;
+    the second row gives each column's points possible (Canvas's gradebook import reads such a row)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["student", *notebooks, "total"])
-    writer.writerow(["Points Possible", *(points_text(max_points.get(n)) for n in notebooks),
-                     points_text(sum(max_points.get(n, 0.0) for n in notebooks))])
-    for student in sorted(by_student):
-        row = by_student[student]
-        cells = [points_text(0.0 if row[n].error else row[n].score) if n in row else "" for n in notebooks]
-        total = sum(0.0 if row[n].error else row[n].score for n in notebooks if n in row)
-        writer.writerow([_csv_cell(student), *cells, points_text(total)])
+    writer.writerow(["student", "id", "email", *notebooks, "total", "late", "submitted_at"])
+    writer.writerow(["Points Possible", "", "", *(points_text(max_points.get(n)) for n in notebooks),
+                     points_text(sum(max_points.get(n, 0.0) for n in notebooks)), "", ""])
+    for row in sorted(rows, key=lambda r: (r.name, r.id)):
+        cells = [row.points(n, late_penalty) for n in notebooks]
+        times = "; ".join(f"{n}: {row.submitted_at[n]}" for n in notebooks if row.submitted_at.get(n))
+        writer.writerow([_csv_cell(row.name), _csv_cell(row.id), _csv_cell(row.email),
+                         *("" if c is None else points_text(c) for c in cells),
+                         points_text(sum(c for c in cells if c is not None)),
+                         "; ".join(n for n in notebooks if n in row.late), _csv_cell(times)])
+    return buf.getvalue()
+
+
+def exercises_csv(rows: list[GradebookRow], notebooks: list[str]) -> str:
+    """One row per person, one column per exercise (``NOTEBOOK:N``, its points; empty: not graded), then a row of
+    each exercise's mean points and one of the share of graded submissions that passed it (as Otter's
+    ``final_grades.csv`` with per-question statistics)."""
+    columns = sorted({(n, e.exercise) for row in rows for n, r in row.results.items() if n in notebooks
+                      for e in r.exercises})
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["student", "id", *(f"{n}:{number}" for n, number in columns)])
+    found: dict[tuple[str, int], list] = {c: [] for c in columns}
+    for row in sorted(rows, key=lambda r: (r.name, r.id)):
+        by_column = {(n, e.exercise): e for n, r in row.results.items() for e in r.exercises}
+        for column, e in by_column.items():
+            if column in found:
+                found[column].append(e)
+        writer.writerow([_csv_cell(row.name), _csv_cell(row.id),
+                         *(points_text(by_column[c].points) if c in by_column else "" for c in columns)])
+    writer.writerow(["mean points", "", *(points_text(sum(e.points or 0 for e in found[c]) / len(found[c]))
+                                          if found[c] else "" for c in columns)])
+    writer.writerow(["passed (share)", "", *(f"{sum(e.passed for e in found[c]) / len(found[c]):.2f}"
+                                             if found[c] else "" for c in columns)])
     return buf.getvalue()
 
 
@@ -162,9 +217,20 @@ def feedback_markdown(r: NotebookResult, student: str | None = None) -> str:
               "passed.", "", "| Exercise | Points | Result | Time | What to look at |", "|---|---|---|---|---|"]
     lines += ["| " + " | ".join(md(cell) for cell in row) + " |" for row in _feedback_rows(r)]
     lines += ["", "Partly: the public cases (the ones your notebook runs) pass and a hidden case fails: the code "
-              "and hint name the mistake. Time: how long the exercise's check took.", "",
-              f"Graded in isolation: {md(r.isolation or 'unknown')}.", ""]
+              "and hint name the mistake. Time: how long the exercise's check took.", ""]
+    lines += [f"**Note:** {md(note)}" for note in r.notes] + ([""] if r.notes else [])
+    lines += [f"{CELL_ERRORS_TITLE}:", ""] + [f"- {md(line)}" for line in cell_error_lines(r)] + [""] \
+        if r.cell_errors else []
+    lines += [f"Graded in isolation: {md(r.isolation or 'unknown')}.", ""]
     return "\n".join(lines)
+
+
+CELL_ERRORS_TITLE = "Cells of your notebook that raised an error (not checks; run them in your notebook)"
+
+
+def cell_error_lines(r: NotebookResult) -> list[str]:
+    """``cell 5: ModuleNotFoundError: No module named 'pandas'``, one per cell that raised."""
+    return [f"cell {number}: {etype}: {message}" for number, etype, message in r.cell_errors]
 
 
 def feedback_html(r: NotebookResult, student: str | None = None) -> str:
@@ -185,6 +251,37 @@ def feedback_html(r: NotebookResult, student: str | None = None) -> str:
                      "<th>What to look at</th></tr></thead><tbody>")
         parts += ["<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in _feedback_rows(r)]
         parts.append("</tbody></table>")
+        parts += [f"<p><strong>Note:</strong> {esc(note)}</p>" for note in r.notes]
+        if r.cell_errors:
+            parts.append(f"<p>{esc(CELL_ERRORS_TITLE)}:</p><ul>" +
+                         "".join(f"<li>{esc(line)}</li>" for line in cell_error_lines(r)) + "</ul>")
         parts.append(f"<p>Graded in isolation: {esc(r.isolation or 'unknown')}.</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def review_notebook(nb, result: NotebookResult, check_indices: dict[int, list[int]]):
+    """The submitted notebook ``nb`` (an nbformat node, changed in place and returned) annotated for an instructor's
+    manual review: after each exercise's check cell (``check_indices``: ``{exercise: its cells' indices}``) a
+    markdown cell with the grader's verdict, after each cell that raised one with its error, and a first cell with
+    the notebook's points and notes. Its outputs are what the student saved (the sandbox keeps none)."""
+    from nbformat.v4 import new_markdown_cell
+
+    after: dict[int, list[str]] = {}
+    for e in result.exercises:
+        verdict = "passed" if e.passed else f"{status(e)} [{e.code}]: {e.message or ''}"
+        for index in check_indices.get(e.exercise, []):
+            after.setdefault(index, []).append(f"Grader, exercise {e.exercise}: {points_text(e.points)}/"
+                                               f"{points_text(e.max_points)} points, {verdict}")
+    for number, etype, message in result.cell_errors:
+        after.setdefault(number - 1, []).append(f"Grader: this cell raised {etype}: {message}")
+    cells = []
+    for index, cell in enumerate(nb.cells):
+        cells.append(cell)
+        cells += [new_markdown_cell(md(line)) for line in after.get(index, [])]
+    head = [f"Grader: {points_text(result.score)}/{points_text(result.max_score)} points, {result.passed} of "
+            f"{result.total} exercises passed. Isolation: {result.isolation or 'unknown'}.",
+            *(f"Note: {note}" for note in result.notes)]
+    nb.cells = [new_markdown_cell("\n\n".join(md(line) for line in head)), *cells]
+    return nb
+

@@ -20,8 +20,12 @@ error, not a row of failures.
 Only a check cell that is not a plain ``checks.check_*(...)`` call, which can happen only without a reference,
 runs inside the sandbox (see the instructor guide).
 
-An exercise whose check cell the submission no longer has (deleted, or its tags removed) fails with the code
-``check-missing``; it still counts in the total. Without a reference the notebook's own check cells are graded,
+A check cell whose tags were lost is recognised by its text (the reference's). An exercise whose check cell the
+submission no longer has (deleted, or its tags removed and its text changed) fails with the code
+``check-missing``; it still counts in the total. What an honest student needs to act on is reported too: the errors
+of the cells that are not checks (``cell_errors``; a ``NameError`` names the cell that raised before it, e.g. an
+import that failed) and a notebook from an older version of the course (``notes``: its exercises are not the
+reference's). Without a reference the notebook's own check cells are graded,
 and the result says so. The command line is :mod:`.cli`; the results and their formats are :mod:`.results`.
 """
 
@@ -44,8 +48,9 @@ DEFAULT_TIMEOUT_S = 60
 DEFAULT_NOTEBOOK_TIMEOUT_S = 300
 CHECK_MISSING = "check-missing"
 # failures that a run with the public cases only cannot turn into a pass: decided before any case ran, or (a stub
-# still raising NotImplementedError) at the first public case
-NOT_RUN_AGAIN = {"calls-reference", "wrong-type", "not-implemented"}
+# still raising NotImplementedError) at the first public case; and a check stopped by its time limit, which is not
+# run again for its public share (its time limit a second time)
+NOT_RUN_AGAIN = {"calls-reference", "wrong-type", "not-implemented", "timeout"}
 
 
 def _sandbox_cells(nb, exercises: list[Exercise]) -> tuple[list[dict], dict]:
@@ -89,7 +94,7 @@ def _judge_point(event, exercise: Exercise, sandbox, cells, index, reference: Re
         else:
             with _public_cases_only():
                 rerun = judge.run_checks(exercise.calls, sandbox, str(index), event.get("objects") or {},
-                                         sandbox.limits.cell_s)
+                                         sandbox.limits.cell_wall_s)
             public = rerun[0]
             if not public:  # report the public case's failure: the one the student's notebook shows
                 passed, code, message = rerun
@@ -118,12 +123,28 @@ def _verdict(event, exercise: Exercise, sandbox, cells, index, reference: Refere
                                            reference.uses.get(exercise.number, set()))
         if problem:
             return False, "calls-reference", problem
-    return judge.run_checks(calls, sandbox, str(index), objects, sandbox.limits.cell_s)
+    return judge.run_checks(calls, sandbox, str(index), objects, sandbox.limits.cell_wall_s)
 
 
-def run_in_sandbox(nb, exercises: list[Exercise], limits: Limits, reference: Reference | None = None) -> dict:
+MAX_CELL_ERRORS = 50  # errors of cells that are not checks, kept per notebook
+
+
+def _collect_errors(event: dict, errors: dict) -> None:
+    """Add the errors of cells that are not checks reported with ``event`` (untrusted: checked, each text cut)
+    to ``errors``, ``{cell index: (exception name, message)}``."""
+    reported = event.get("errors")
+    for item in reported[:MAX_CELL_ERRORS] if isinstance(reported, list) else []:
+        key = item.get("key") if isinstance(item, dict) else None
+        if isinstance(key, str) and key.isdigit() and len(errors) < MAX_CELL_ERRORS:
+            errors.setdefault(int(key), (str(item.get("etype"))[:100], str(item.get("message"))[:300]))
+
+
+def run_in_sandbox(nb, exercises: list[Exercise], limits: Limits, reference: Reference | None = None,
+                   errors: dict | None = None) -> dict:
     """``{cell index: (passed, code, message, public_passed, seconds)}`` for the check cells that were reached;
-    ``reference``: see :func:`_judge_point` (None: calls to the reference are not looked for)."""
+    ``reference``: see :func:`_judge_point` (None: calls to the reference are not looked for); ``errors``, if given,
+    gets the errors of the cells that are not checks (see :func:`_collect_errors`)."""
+    errors = {} if errors is None else errors
     sandbox_cells, points = _sandbox_cells(nb, exercises)
     cells = references.parse_cells(nb) if reference is not None else []
     deadline = time.monotonic() + limits.notebook_s
@@ -136,6 +157,7 @@ def run_in_sandbox(nb, exercises: list[Exercise], limits: Limits, reference: Ref
                 sandbox.start()
                 while True:
                     event = sandbox.next_event()
+                    _collect_errors(event, errors)
                     if event["op"] == wire.DONE:
                         break
                     key = str(event.get("key"))
@@ -194,6 +216,26 @@ def _other_chapter(nb, ref: Reference, ref_nb_title: str | None) -> str | None:
             f"of {ref.path.name}'s (titled {ref_nb_title!r}); submit the notebook of this chapter under its name")
 
 
+def _older_version(nb, ref: Reference) -> str | None:
+    """Why ``nb``, a notebook of its reference's chapter, looks like an older version of it (its exercises are not
+    the reference's: another title under one number, or other numbers), or None."""
+    own = {h.number: h.title for h in map(canonical.parse_heading, nb.cells) if h is not None}
+    current = {c.number: c.title for c in ref.checks}
+    if not own or own == current:
+        return None
+    changed = [n for n in sorted(own) if n in current and own[n] != current[n]]
+    if changed:
+        n = changed[0]
+        detail = f"exercise {n} is {own[n]!r} here and {current[n]!r} in the current version"
+    elif set(own) != set(current):
+        detail = (f"it has exercises {', '.join(map(str, sorted(own)))}; the current version has "
+                  f"{', '.join(map(str, sorted(current)))}")
+    else:
+        return None
+    return (f"this notebook is from an older version of the course ({ref.path.name}: {detail}): download the "
+            "current exercise notebook and move your answers into it")
+
+
 def _chapter_part(title: str) -> str:
     return title.split(":", 1)[-1].strip().lower()
 
@@ -203,6 +245,7 @@ def _grade_notebook(path, reference, limits) -> NotebookResult:
     if limits.isolation == "bwrap" and not bwrap_works():
         result.error = ("bubblewrap is not available here: install it (apt-get install bubblewrap), or ask for the "
                         "weaker isolation (--isolation=rlimit)")
+        result.grader_failed = True
         return result
     path = Path(path)
     nb, result.error = canonical.read_notebook(path)
@@ -218,11 +261,15 @@ def _grade_notebook(path, reference, limits) -> NotebookResult:
         result.error = _other_chapter(nb, ref, ref.title)
         if result.error:
             return result
+        result.notes = [note for note in [_older_version(nb, ref)] if note]
     exercises = canonical.plan(nb, ref)
     if not exercises:
         result.error = "no check cells (cells tagged 'check') found"
         return result
-    outcomes = run_in_sandbox(nb, exercises, limits, ref) if any(e.indices for e in exercises) else {}
+    errors: dict[int, tuple[str, str]] = {}
+    outcomes = run_in_sandbox(nb, exercises, limits, ref, errors) if any(e.indices for e in exercises) else {}
+    result.cell_errors = [[index + 1, etype, message] for index, (etype, message) in sorted(errors.items())
+                          if "raises-exception" not in nb.cells[index].get("metadata", {}).get("tags", [])]
     for e in exercises:
         if not e.indices:
             result.exercises.append(ExerciseResult(
@@ -232,11 +279,24 @@ def _grade_notebook(path, reference, limits) -> NotebookResult:
             continue
         found = [outcomes[index] for index in e.indices]  # several copies: all must pass
         passed, code, message, _, _ = next((o for o in found if not o[0]), found[0])
+        if code == "NameError":
+            message = f"{message}{_failed_before(errors, e.indices[0])}"
         public = all(o[3] for o in found) if all(o[3] is not None for o in found) else None
         seconds = None if any(o[4] is None for o in found) else round(sum(o[4] for o in found), 3)
         result.exercises.append(ExerciseResult(e.number, e.title, e.level, passed, code, message, public,
                                                _has_hidden(e), seconds))
     return result
+
+
+def _failed_before(errors: dict, index: int) -> str:
+    """What a student needs next to a ``NameError``: the cell before the check that raised (an import that failed
+    first), or nothing."""
+    before = [(i, e) for i, e in sorted(errors.items()) if i < index]
+    imports = [(i, e) for i, e in before if e[0] in ("ModuleNotFoundError", "ImportError")]
+    if not (imports or before):
+        return ""
+    i, (etype, message) = (imports or before)[0]
+    return f" (cell {i + 1} raised {etype} before it: {message})"
 
 
 def grade(paths, timeout: int = DEFAULT_TIMEOUT_S, reference: str | Path | None = AUTO,

@@ -5,10 +5,14 @@ Build the bundle (one command)::
     python -P -m attention_course.grade bundle --out autograder [--notebooks 02_single_head_exercises ...]
         [--points points.toml] [--isolation bwrap|rlimit]
 
-It writes ``setup.sh``, ``run_autograder``, ``solutions/`` (the reference notebooks), ``course/`` (the package's
-source and its requirements), ``points.toml`` if given, and ``autograder.zip`` with all of them at its root, which
-is what Gradescope takes. ``setup.sh`` installs bubblewrap and the course's requirements (torch from its CPU-only
-index) and makes the reference notebooks and the points file readable by root only. ``run_autograder`` runs::
+It writes ``setup.sh``, ``run_autograder``, ``check_image.sh``, ``solutions/`` (the reference notebooks),
+``course/`` (the package's source and its requirements), ``points.toml`` if given, and ``autograder.zip`` with all
+of them at its root, which is what Gradescope takes. ``setup.sh`` installs bubblewrap and the course's requirements
+(torch from its CPU-only index) and makes the reference notebooks and the points file readable by root only; it
+fails the image's build, saying why, where the image cannot run the grader (``check_image.sh``: Python >= 3.11 and
+pip >= 23 before the installs; after them, a reference notebook graded as a submission under the bundle's
+isolation, so that a sandbox that cannot start is found at build time, not by every student's 0).
+``run_autograder`` runs::
 
     python3 -P -m attention_course.grade gradescope --submission /autograder/submission \\
         --results /autograder/results/results.json --solutions /autograder/source/solutions
@@ -22,7 +26,8 @@ isolation the bundle was built with (never weaker: without bubblewrap the result
 the bundle was built with ``--isolation=rlimit``). Under bubblewrap the student's code sees only the system's and
 the package's files, so not ``/autograder/source/solutions`` nor the points file; the hidden cases are drawn in
 the grader's process from a seed that is never in the sandbox's environment. It always writes ``results.json``
-(:func:`.exports.gradescope_results`), also when nothing could be graded.
+(:func:`.exports.gradescope_results`), also when nothing could be graded, with the hidden cases' seed in its
+``extra_data`` and in the run's log (its stdout, which students do not see).
 """
 
 from __future__ import annotations
@@ -33,14 +38,14 @@ import os
 import secrets
 import shutil
 import stat
-import sys
 import zipfile
 from pathlib import Path
 
-from .canonical import AUTO, default_reference, find_reference
+from .canonical import AUTO, check_cells, default_reference, find_reference, read_notebook
 from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
 from .exports import gradescope_results
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
+from .points import Points
 from .results import NotebookResult
 from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works
 
@@ -62,6 +67,7 @@ set -euo pipefail
 SOURCE=/autograder/source
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap python3 python3-pip python3-venv
+bash "$SOURCE/check_image.sh" python  # Python >= 3.11, pip >= 23: else the build fails here, saying so
 python3 -m pip install --break-system-packages --quiet torch=={torch} --index-url https://download.pytorch.org/whl/cpu
 python3 -m pip install --break-system-packages --quiet -r "$SOURCE/course/requirements.txt"
 # the student's code must never read the reference notebooks or the points: root only (the package stays readable)
@@ -69,6 +75,34 @@ chmod -R go-rwx "$SOURCE/solutions"
 [ -e "$SOURCE/points.toml" ] && chmod go-rwx "$SOURCE/points.toml"
 chmod -R a+rX "$SOURCE/course"
 chmod +x "$SOURCE/run_autograder"
+bash "$SOURCE/check_image.sh" sandbox  # a reference notebook graded as a submission: else the build fails here
+"""
+
+CHECK_IMAGE = """#!/usr/bin/env bash
+# Whether Gradescope's image can run the grader, checked when the image is built (setup.sh), so that a missing
+# requirement fails the build loudly instead of giving every student 0. `check_image.sh python`: Python >= 3.11 and
+# pip >= 23; `check_image.sh sandbox`: a reference notebook graded, as a submission, under the bundle's isolation.
+set -uo pipefail
+SOURCE="${{AUTOGRADER_SOURCE:-/autograder/source}}"
+PYTHON="${{AUTOGRADER_PYTHON:-python3}}"
+fail() {{ echo "AUTOGRADER SETUP FAILED: $*" >&2; exit 1; }}
+case "${{1:-}}" in
+python)
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+        fail "the grader needs Python >= 3.11; this image has $("$PYTHON" -V 2>&1): choose a newer base image" \
+             "(Ubuntu 24.04) in the assignment's autograder settings"
+    PIP=$("$PYTHON" -m pip --version 2>/dev/null | cut -d' ' -f2)
+    [ "${{PIP%%.*}}" -ge 23 ] 2>/dev/null || fail "the grader needs pip >= 23; this image has ${{PIP:-no pip}}" ;;
+sandbox)
+    REFERENCE=$(ls "$SOURCE"/solutions/*.ipynb | head -n 1)
+    OUT=$(PYTHONPATH="$SOURCE/course/src" "$PYTHON" -P -m attention_course.grade "$REFERENCE" --solutions \
+          "$SOURCE/solutions" --isolation {isolation} 2>&1) ||
+        fail "grading the reference notebook $REFERENCE in this image (isolation {isolation}) failed:" \
+             "$OUT"$'\n'"where bubblewrap cannot run, rebuild the bundle with --isolation=rlimit (weaker; see the" \
+             "instructor guide)"
+    echo "$OUT" ;;
+*) fail "usage: check_image.sh python|sandbox" ;;
+esac
 """
 
 # what the grader needs besides torch (installed from its CPU index by setup.sh)
@@ -122,7 +156,8 @@ def build_bundle(out: Path, reference: Path, notebooks: list[str] | None, points
     points_arg = ' \\\n    --points "$ROOT/source/points.toml"' if points else ""
     torch = pins.get("torch", "torch==2.13.0").split("==")[1]
     for name, text in (("run_autograder", RUN_AUTOGRADER.format(isolation=isolation, points=points_arg)),
-                       ("setup.sh", SETUP_SH.format(torch=torch))):
+                       ("setup.sh", SETUP_SH.format(torch=torch)),
+                       ("check_image.sh", CHECK_IMAGE.format(isolation=isolation))):
         (out / name).write_text(text, encoding="utf-8")
         (out / name).chmod(0o755)
     archive = out / "autograder.zip"
@@ -166,6 +201,13 @@ def _notebooks(submission: Path, reference: Path) -> list[tuple[Path, Path | Non
     return [(p, find_reference(p.name, reference)) for p in paths]
 
 
+def _possible(reference: Path, points: Points) -> float:
+    """The points the reference notebook's exercises are worth (0 if it cannot be read)."""
+    nb, _ = read_notebook(reference)
+    cells = check_cells(nb) if nb is not None else []
+    return round(sum(points.of(reference.stem, c.number, c.level)[0] for c in cells), 4)
+
+
 def main_run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -P -m attention_course.grade gradescope",
                                      description="Grade one Gradescope submission and write results.json.")
@@ -181,9 +223,10 @@ def main_run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _without_current_folder()
     args.reference = Path(args.reference).resolve()
-    points = load_points(parser, args)
+    points = load_points(parser, args, complete=False)  # the bundle may hold some chapters of a course's file
     args.seed = secrets.randbelow(2**31)
     results: list[NotebookResult] = []
+    possible: dict[str, float] = {}
     note = None
     if args.isolation == "bwrap" and not bwrap_works():
         note = ("Not graded: bubblewrap cannot run in this container; the instructor can rebuild the autograder "
@@ -202,9 +245,12 @@ def main_run(argv: list[str] | None = None) -> int:
             result = score_result(_grade_in_child(str(path), child), points)
             result.notebook = str(path.relative_to(args.submission)) if path.is_relative_to(args.submission) \
                 else path.name
+            possible[result.notebook] = _possible(reference, points)
             results.append(result)
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(gradescope_results(results, note), indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {out}", file=sys.stderr)
+    data = gradescope_results(results, note, possible, points.hidden_visibility)
+    data["extra_data"] = {"seed": args.seed}  # kept with the submission: the hidden cases can be drawn again
+    out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out}; hidden-case seed {args.seed}")  # stdout: the instructor's log (hidden from students)
     return 0

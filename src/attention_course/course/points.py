@@ -9,6 +9,8 @@ failure's code). A check without hidden cases is worth all its points on its pub
 An instructor overrides points without editing a notebook in one TOML file (``--points FILE``)::
 
     hidden_share = 0.5              # optional: the hidden cases' share of every exercise that has them
+    late_penalty = 0.1              # optional: the share of a late notebook's points taken off (default 0)
+    hidden_visibility = "after_published"  # optional: when Gradescope shows the hidden cases' tests
 
     [levels]                        # optional: the points of each level
     warm-up = 1
@@ -37,6 +39,7 @@ from .exercises import LEVELS
 
 DEFAULT_POINTS = {"warm-up": 1.0, "core": 2.0, "challenge": 3.0}
 DEFAULT_HIDDEN_SHARE = 0.5
+VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's test visibilities
 
 
 class PointsError(ValueError):
@@ -61,6 +64,8 @@ class Points:
     hidden_share: float = DEFAULT_HIDDEN_SHARE
     notebooks: dict[str, dict[int, tuple[float | None, float | None]]] = field(default_factory=dict)
     source: str | None = None  # the file read, for messages
+    late_penalty: float = 0.0  # the share of a late notebook's points taken off in the gradebook
+    hidden_visibility: str = "after_published"  # when Gradescope shows a student their hidden cases' tests
 
     @classmethod
     def load(cls, path: str | Path) -> Points:
@@ -76,10 +81,17 @@ class Points:
     @classmethod
     def from_dict(cls, data: dict, source: str = "points") -> Points:
         points = cls(source=source)
-        unknown = set(data) - {"levels", "hidden_share", "notebooks"}
+        unknown = set(data) - {"levels", "hidden_share", "notebooks", "late_penalty", "hidden_visibility"}
         if unknown:
             raise PointsError(f"{source}: unknown key(s) {', '.join(sorted(unknown))} (expected levels, "
-                              "hidden_share, notebooks)")
+                              "hidden_share, late_penalty, hidden_visibility, notebooks)")
+        if "late_penalty" in data:
+            points.late_penalty = _number(data["late_penalty"], f"{source} late_penalty", 1)
+        if "hidden_visibility" in data:
+            if data["hidden_visibility"] not in VISIBILITIES:
+                raise PointsError(f"{source} hidden_visibility: expected one of {', '.join(VISIBILITIES)}, got "
+                                  f"{data['hidden_visibility']!r}")
+            points.hidden_visibility = data["hidden_visibility"]
         for level, value in _table(data.get("levels", {}), f"{source} [levels]").items():
             if level not in LEVELS:
                 raise PointsError(f"{source} [levels]: unknown level {level!r} (one of {', '.join(LEVELS)})")
@@ -95,9 +107,14 @@ class Points:
                 entries[int(key)] = _entry(value, f"{where} {key}")
         return points
 
-    def validate(self, exercises: dict[str, set[int]]) -> None:
-        """Check the overrides against ``{notebook stem: its exercise numbers}`` (the reference notebooks)."""
+    def validate(self, exercises: dict[str, set[int]], complete: bool = True) -> None:
+        """Check the overrides against ``{notebook stem: its exercise numbers}`` (the reference notebooks).
+        ``complete=False``: ``exercises`` holds only some of the course's notebooks (one submission's reference, a
+        bundle's chapters), so a notebook not among them is another chapter's, not a typo; its own numbers are
+        still checked."""
         for notebook, entries in self.notebooks.items():
+            if notebook not in exercises and not complete:
+                continue
             if notebook not in exercises:
                 known = ", ".join(sorted(exercises)) or "none"
                 raise PointsError(f"{self.source} [notebooks.{notebook}]: no reference notebook of that name "

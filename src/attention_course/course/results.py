@@ -57,6 +57,10 @@ class NotebookResult:
     error: str | None = None
     reference: str | None = None  # the solution notebook whose check cells were used; None: the notebook's own
     isolation: str | None = None  # how the submission was isolated and limited (sandbox.describe)
+    grader_failed: bool = False  # the error is the grader's (its process crashed, ran out of time): never a grade
+    cell_errors: list = field(default_factory=list)  # [cell number (1-based), exception name, message] of the
+    # cells that are not checks and raised (the student's code: shown in the feedback)
+    notes: list = field(default_factory=list)  # what the student should know about the whole notebook
 
     @property
     def passed(self) -> int:
@@ -77,12 +81,14 @@ class NotebookResult:
     def as_dict(self) -> dict:
         return {"notebook": self.notebook, "passed": self.passed, "total": self.total, "score": self.score,
                 "max_score": self.max_score, "error": self.error, "reference": self.reference,
-                "isolation": self.isolation, "exercises": [asdict(e) for e in self.exercises]}
+                "isolation": self.isolation, "grader_failed": self.grader_failed, "notes": list(self.notes),
+                "cell_errors": list(self.cell_errors), "exercises": [asdict(e) for e in self.exercises]}
 
     @classmethod
     def from_dict(cls, data: dict) -> NotebookResult:
         result = cls(str(data["notebook"]), error=data.get("error"), reference=data.get("reference"),
-                     isolation=data.get("isolation"))
+                     isolation=data.get("isolation"), grader_failed=bool(data.get("grader_failed")),
+                     cell_errors=list(data.get("cell_errors") or []), notes=list(data.get("notes") or []))
         fields = set(ExerciseResult.__dataclass_fields__)
         result.exercises = [ExerciseResult(**{k: v for k, v in e.items() if k in fields})
                             for e in data.get("exercises", [])]
@@ -132,6 +138,7 @@ def format_table(results: list[NotebookResult]) -> str:
                      f"points{own}")
         if r.isolation:
             lines.append(f"  isolation: {r.isolation}")
+        lines += [f"  note: {printable(note)}" for note in r.notes]
         titles = [printable(e.title) for e in r.exercises]
         width = max(map(len, titles), default=0)
         for e, title in zip(r.exercises, titles, strict=True):

@@ -71,6 +71,7 @@ ETC = ["/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localti
 
 
 ISOLATIONS = ("bwrap", "rlimit")
+WALL_FACTOR, WALL_MARGIN_S = 4, 30  # Limits.cell_wall_s
 
 
 @dataclass
@@ -78,7 +79,7 @@ class Limits:
     """How one submission is isolated and limited."""
 
     notebook_s: float = 300.0  # wall time of the whole notebook, cells and calls together
-    cell_s: float = 60.0  # wall time of one cell
+    cell_s: float = 60.0  # CPU time of one cell or one call (see cell_wall_s)
     memory_mb: int = 8192  # memory: of all its processes together where a cgroup can be made, else address space
     processes: int = 256  # processes and threads
     file_mb: int = 64  # size of any file written
@@ -87,6 +88,14 @@ class Limits:
     tmp_mb: int = 256  # bwrap: its /tmp, a tmpfs of this size
     files: int = 10_000  # files and folders in each of those tmpfs, where the grader can mount them (see private_tmpfs)
     isolation: str = "bwrap"  # "bwrap", or "rlimit": weaker, only when the instructor asks for it
+
+    @property
+    def cell_wall_s(self) -> float:
+        """The wall time of one cell, call or check: a backstop for code that waits without computing (a sleep).
+        A submission's work is limited in CPU time (``cell_s``), which the machine's load does not change; this
+        limit is large enough that a load of two busy processes per core (a third of a core each) does not reach it
+        before the CPU limit."""
+        return WALL_FACTOR * self.cell_s + WALL_MARGIN_S
 
 
 @functools.cache
@@ -545,7 +554,8 @@ class Sandbox:
                                      cwd="/", env=env, start_new_session=True, close_fds=True,
                                      preexec_fn=_preexec(self.limits, self.cgroups, user, mounts, workdir,
                                                          [*_readonly_paths(), str(self.folder)]))  # noqa: PLW1509
-        job = json.dumps({"cells": self.cells, "cell_s": self.limits.cell_s}).encode()
+        job = json.dumps({"cells": self.cells, "cell_s": self.limits.cell_s,
+                          "cell_wall_s": self.limits.cell_wall_s}).encode()
         self._send({"op": wire.JOB}, {"job": np.frombuffer(job, dtype=np.uint8)})
 
     def next_event(self) -> dict:

@@ -56,18 +56,32 @@ def _describe(obj) -> dict:
     return {"kind": wire.VALUE, **wire.encode_value(obj)}
 
 
-def _run_cell(shell, source: str, seconds: float):
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+@contextlib.contextmanager
+def _time_limit(seconds: tuple[float, float]):
+    """Raise :class:`_CellTimeout` in the block after ``seconds[0]`` of this process's CPU time (the submission's
+    work: the machine's load does not change it) or ``seconds[1]`` of wall time (a backstop for code that waits
+    without computing); both timers off after the block."""
+    cpu, wall = seconds
+    for signum in (signal.SIGPROF, signal.SIGALRM):
+        signal.signal(signum, _alarm)
+    signal.setitimer(signal.ITIMER_PROF, cpu)
+    signal.setitimer(signal.ITIMER_REAL, wall)
     try:
-        return shell.run_cell(source, store_history=False, silent=False)
-    except BaseException:  # noqa: BLE001 - the submission's cell failed in any way: go on with the next
-        return None
+        yield
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _check_point(shell, check: dict, source: str, seconds: float) -> dict:
+def _run_cell(shell, source: str, seconds: tuple[float, float]):
+    try:
+        with _time_limit(seconds):
+            return shell.run_cell(source, store_history=False, silent=False)
+    except BaseException:  # noqa: BLE001 - the submission's cell failed in any way: go on with the next
+        return None
+
+
+def _check_point(shell, check: dict, source: str, seconds: tuple[float, float]) -> dict:
     """At a check cell: describe the objects its check is given; run the check cell itself only when it is not
     a plain ``checks.check_*(...)`` call (graded without a reference: the notebook's own check cells)."""
     objects, report = {}, {}
@@ -116,7 +130,7 @@ def _no_grad():
     return torch.no_grad() if torch is not None else contextlib.nullcontext()
 
 
-def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) -> tuple[dict, dict]:
+def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: tuple[float, float]) -> tuple[dict, dict]:
     """Answer one request: ``call`` the object ``expr`` (an expression of the check cell or a number) on the
     request's arguments (inside the observers its ``observe`` lists, see :func:`.checks.observe.run_observed`), or
     read its ``getattr`` attribute ``name``. Results that are not data (a module, a
@@ -131,11 +145,9 @@ def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) 
         from ..checks import observe
 
         observe.warm_up()  # PyTorch's dispatch machinery loads once, before the call's time limit starts
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     out: dict = {}
     try:
-        with _no_grad():
+        with _time_limit(seconds), _no_grad():
             if request.get("op") == wire.GETATTR:
                 value = getattr(target, str(request.get("name")))
                 result = table.keep(value) if wire.is_torch_tensor(value) else wire.encode(value, out, keep=table.keep)
@@ -158,14 +170,13 @@ def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: float) 
         err = original_error(err)
         return {"ok": False, "etype": type(err).__name__, "message": str(err).strip()[:2000],
                 "not_implemented": isinstance(err, NotImplementedError)}, {}
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 _MISSING = object()
 
 
-def _serve(reply_fd: int, request_fd: int, table: Objects, seconds: float) -> bool:  # pragma: no cover - in the sandbox
+def _serve(reply_fd: int, request_fd: int, table: Objects,  # pragma: no cover - in the sandbox
+           seconds: tuple[float, float]) -> bool:
     """Answer the grader's calls until it says continue (True) or closes the pipe (False)."""
     while True:
         try:
@@ -199,18 +210,33 @@ def worker(folder: str) -> int:  # pragma: no cover - runs in the sandbox (tests
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
-    seconds = float(job.get("cell_s", 60))
+    seconds = (float(job.get("cell_s", 60)), float(job.get("cell_wall_s", 270)))  # CPU, wall
+    errors: list[dict] = []  # the errors of the cells that are not checks, sent with the next report
     for index, cell in enumerate(job["cells"]):
+        key = str(cell.get("key", index))
         if not cell.get("check"):
-            _run_cell(shell, cell["source"], seconds)
+            error = cell_error(_run_cell(shell, cell["source"], seconds))
+            if error is not None:
+                errors.append({"key": key, **error})
             continue
         point = _check_point(shell, cell["check"], cell["source"], seconds)
         table = Objects(point.pop("_objects"))
-        wire.write_message(reply_fd, {"op": wire.CHECK, "key": str(cell.get("key", index)), **point})
+        wire.write_message(reply_fd, {"op": wire.CHECK, "key": key, **point, "errors": errors})
+        errors = []
         if not _serve(reply_fd, request_fd, table, seconds):
             return 0
-    wire.write_message(reply_fd, {"op": wire.DONE})
+    wire.write_message(reply_fd, {"op": wire.DONE, "errors": errors})
     return 0
+
+
+def cell_error(result) -> dict | None:
+    """A cell's error as the grader reports it to the student (``etype``, ``message``), or None: it ran."""
+    if result is None:  # stopped by its time limit (or anything raised outside IPython's own handling)
+        return {"etype": "timeout", "message": "the cell was interrupted by its time limit"}
+    error = result.error_before_exec or result.error_in_exec
+    if error is None:
+        return None
+    return {"etype": type(error).__name__, "message": str(error).strip()[:300]}
 
 
 if __name__ == "__main__":  # pragma: no cover - the sandbox's entry point
