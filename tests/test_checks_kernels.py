@@ -1,5 +1,6 @@
-"""Chapter 16's checks (attention_course.checks.kernels): right kernels pass, in Triton with other tiles and in plain
-PyTorch; planted mistakes, written as the Triton kernels a student would write, get their codes. Runs under Triton's
+"""Chapter 16's checks (attention_course.checks.kernels): right kernels pass, with tiles of 16 and 32; planted
+mistakes, written as the Triton kernels a student would write, get their codes, and so do answers that are no kernel
+(PyTorch, autograd, the library's kernel, a log-sum-exp computed outside the kernel). Runs under Triton's
 interpreter (tests/test_checks_planted.py runs the tables)."""
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from attention_course.checks.questions import QUESTIONS  # noqa: E402
 @triton.jit
 def _step(s, v, m, l, acc, MISTAKE: tl.constexpr):
     m_new = tl.maximum(m, tl.max(s, 1))
+    if MISTAKE == "no-max":  # exp(s) itself: overflows at large scores
+        m_new = tl.zeros_like(m)
+    elif MISTAKE == "max-frozen":  # the first tile's maximum, kept
+        m_new = tl.where(m == float("-inf"), tl.max(s, 1), m)
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
     if MISTAKE == "sum-not-rescaled":
@@ -64,6 +69,10 @@ def _forward(Q, K, V, O, LSE, T, scale, D: tl.constexpr, BLOCK: tl.constexpr, CA
         if MISTAKE == "no-causal-mask":
             below = T
             stop = T
+        if MISTAKE == "stops-late":  # one masked tile too many: the output is right
+            stop = tl.minimum(start_m + 2 * BLOCK, T)
+        if MISTAKE == "never-stops":  # every later tile, masked: the output is right
+            stop = T
     for start in range(0, below, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         k = tl.load(K + cols[:, None] * D + feats[None, :])
@@ -88,6 +97,8 @@ def _forward(Q, K, V, O, LSE, T, scale, D: tl.constexpr, BLOCK: tl.constexpr, CA
         lse = tl.log(l)
     elif MISTAKE == "lse-without-sum":
         lse = m
+    elif MISTAKE == "lse-through-exp":  # right until exp(m) overflows
+        lse = tl.log(l * tl.exp(m))
     else:
         lse = m + tl.log(l)
     tl.store(LSE + rows, lse, mask=rows < T)
@@ -171,16 +182,39 @@ causal_forward = named(triton_forward, "causal_forward", causal=True)
 forward_with_lse = named(triton_forward, "forward_with_lse", with_lse=True)
 attention_dk = named(triton_dk, "attention_dk")
 
+def library_forward(q, k, v, causal=False):
+    """The course's own kernel on one head: no kernel written."""
+    from attention_course import flash_triton
+
+    return flash_triton.flash_attention(q[None, None], k[None, None], v[None, None], is_causal=causal)[0, 0]
+
+
+def library_forward_with_lse(q, k, v):
+    from attention_course import flash_triton
+
+    out, lse = flash_triton.flash_forward(q[None, None], k[None, None], v[None, None])
+    return out[0, 0], lse[0, 0]
+
+
+def kernel_then_torch_lse(q, k, v):
+    """The kernel's output, but the log-sum-exp computed outside the kernel, by PyTorch."""
+    return triton_forward(q, k, v), torch.logsumexp(q @ k.T / q.shape[-1] ** 0.5, -1)
+
+
+attention_forward = named(triton_forward, "attention_forward")
+attention_forward_32 = named(triton_forward, "attention_forward_32", block=32)
+causal_forward = named(triton_forward, "causal_forward", causal=True)
+causal_forward_32 = named(triton_forward, "causal_forward_32", causal=True, block=32)
+forward_with_lse = named(triton_forward, "forward_with_lse", with_lse=True)
+attention_dk = named(triton_dk, "attention_dk")
+
 CORRECT = [
     (checks.check_tile_loop, attention_forward),
     (checks.check_tile_loop, attention_forward_32),
-    (checks.check_tile_loop, torch_forward),
     (checks.check_causal_tiles, causal_forward),
-    (checks.check_causal_tiles, named(torch_forward, "torch_causal", causal=True)),
+    (checks.check_causal_tiles, causal_forward_32),
     (checks.check_lse, forward_with_lse),
-    (checks.check_lse, torch_forward_with_lse),
     (checks.check_dk, attention_dk),
-    (checks.check_dk, torch_dk),
 ]
 
 
@@ -195,18 +229,34 @@ PLANTED = [
     (checks.check_tile_loop, wrong(triton_forward, "nothing-rescaled"), "stream-not-rescaled"),
     (checks.check_tile_loop, wrong(triton_forward, "ragged-unmasked"), "ragged-tile-unmasked"),
     (checks.check_tile_loop, wrong(triton_forward, "not-normalized"), "weights-not-normalized"),
+    (checks.check_tile_loop, wrong(triton_forward, "no-max"), "scores-overflow"),
+    (checks.check_tile_loop, wrong(triton_forward, "max-frozen"), "scores-overflow"),
+    (checks.check_tile_loop, torch_forward, "kernel-not-written"),
+    (checks.check_tile_loop, named(library_forward, "library_forward"), "kernel-not-written"),
     (checks.check_causal_tiles, wrong(triton_forward, "diagonal-unmasked", causal=True),
      "causal-bound-off-by-one-tile"),
     (checks.check_causal_tiles, wrong(triton_forward, "diagonal-skipped", causal=True),
      "causal-bound-off-by-one-tile"),
     (checks.check_causal_tiles, wrong(triton_forward, "no-causal-mask", causal=True), "mask-ignored"),
+    (checks.check_causal_tiles, wrong(triton_forward, "stops-late", causal=True), "causal-tiles-not-skipped"),
+    (checks.check_causal_tiles, wrong(triton_forward, "never-stops", causal=True), "causal-tiles-not-skipped"),
+    (checks.check_causal_tiles, wrong(triton_forward, "never-stops", causal=True, block=32),
+     "causal-tiles-not-skipped"),
+    (checks.check_causal_tiles, wrong(triton_forward, "no-max", causal=True), "scores-overflow"),
+    (checks.check_causal_tiles, named(torch_forward, "torch_causal", causal=True), "kernel-not-written"),
+    (checks.check_causal_tiles, named(library_forward, "library_causal", causal=True), "kernel-not-written"),
     (checks.check_lse, wrong(triton_forward, "lse-without-max", with_lse=True), "lse-without-max"),
     (checks.check_lse, wrong(triton_forward, "lse-without-sum", with_lse=True), "lse-without-sum"),
     (checks.check_lse, wrong(triton_forward, "sum-not-rescaled", with_lse=True), "sum-not-rescaled"),
+    (checks.check_lse, wrong(triton_forward, "lse-through-exp", with_lse=True), "lse-overflows"),
     (checks.check_lse, named(lambda q, k, v: triton_forward(q, k, v), "out_only"), "wrong-type"),
+    (checks.check_lse, torch_forward_with_lse, "kernel-not-written"),
+    (checks.check_lse, kernel_then_torch_lse, "kernel-not-written"),
+    (checks.check_lse, named(library_forward_with_lse, "library_with_lse"), "kernel-not-written"),
     (checks.check_dk, wrong(triton_dk, "ds-without-d"), "ds-without-d"),
     (checks.check_dk, wrong(triton_dk, "dk-missing-scale"), "dk-missing-scale"),
     (checks.check_dk, wrong(triton_dk, "ds-sign"), "wrong-output"),
+    (checks.check_dk, torch_dk, "kernel-not-written"),
 ]
 
 
@@ -219,7 +269,7 @@ def test_right_kernels_pass_the_hidden_cases(seed, capsys):
         checks.check_tile_loop(attention_forward)
         checks.check_causal_tiles(causal_forward)
     out = capsys.readouterr().out
-    assert out.count("✓ ") == 2 and "5 random cases" in out and "4 random cases" in out
+    assert out.count("✓ ") == 2 and "6 random cases" in out and "6 random cases (causal" in out
 
 
 def test_a_kernel_not_written_yet_is_not_implemented():
