@@ -417,3 +417,13 @@ def test_gpu_check_refuses_without_a_gpu_and_its_checks_run_here(monkeypatch, ca
     assert "gpu_check needs a CUDA GPU" in capsys.readouterr().out
     rows, ok = gpu_check.run_checks(ft, dtypes=("fp32",), device="cpu", t=8, head_sizes=(80,))
     assert ok and len(rows) == 10 and {row[-1] for row in rows} == {"PASS"}
+
+
+def test_memory_traffic_counts_each_matrix_it_moves():
+    """T = 256, Dh = 64, tiles of 128, 2-byte elements, counted by hand: unfused Q, K, V, O (4 * 256 * 64) and
+    S, P written and read (4 * 256^2); tiled Q and O once, K and V twice (2 tiles), the float32 lse."""
+    traffic = ft.memory_traffic(256, 64, 128)
+    assert traffic == {"unfused": (4 * 256 * 64 + 4 * 256 * 256) * 2, "tiled": (6 * 256 * 64) * 2 + 4 * 256}
+    assert ft.memory_traffic(100, 64, 128)["tiled"] == (4 * 100 * 64) * 2 + 400  # one ragged tile: K, V once
+    with pytest.raises(ValueError, match="block_m must be >= 1"):
+        ft.memory_traffic(256, 64, 0)

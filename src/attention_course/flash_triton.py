@@ -599,6 +599,23 @@ def key_tiles_visited(query_tile: int, t_q: int, t_k: int, block_m: int, block_n
     return sum(kind > 0 for kind in kinds[query_tile])
 
 
+def memory_traffic(t: int, head_dim: int, block_m: int, bytes_per_element: int = 2) -> dict[str, int]:
+    """Bytes one (batch, head) of a forward pass moves between the GPU's memory (HBM) and its processors, counted
+    element by element, without caches (a GPU's L2 absorbs part of the repeated reads), for T queries and T keys.
+
+    ``"unfused"``: attention as three kernels, S = Q K^T written out, the softmax reading S and writing P, then
+    O = P V reading P: Q, K, V read once, S and P (T, T) each written once and read once, O written once.
+    ``"tiled"``: the forward kernel here: Q read once, K and V once per query tile (ceil(T / block_m) times), O
+    written once, and the float32 log-sum-exp of each row.
+    """
+    for value, name in ((t, "t"), (head_dim, "head_dim"), (block_m, "block_m"), (bytes_per_element, "bytes")):
+        check_int(value, name)
+    row = t * head_dim  # elements of one (T, Dh) matrix
+    unfused = (3 * row + 4 * t * t + row) * bytes_per_element
+    tiled = (row + 2 * row * -(-t // block_m) + row) * bytes_per_element + 4 * t
+    return {"unfused": unfused, "tiled": tiled}
+
+
 # ------------------------------------------------------------------------------------------------ what the GPU adds
 
 
