@@ -149,6 +149,69 @@ def triton_dk(q, k, v, o, lse, do, mistake="", block=16):
     return dk
 
 
+@triton.jit
+def _safe_step(s, v, m, l, acc):
+    """The online step with rows that have seen no key yet (m = -inf) kept at 0, not NaN."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+
+@triton.jit
+def _flash(Q, K, V, O, LSE, T_Q, T_K, scale, D: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
+           MISTAKE: tl.constexpr):
+    """Exercise 6's whole forward kernel (Tq != Tk, causal bottom-right), right or with MISTAKE."""
+    start_m = tl.program_id(0) * BLOCK
+    rows = start_m + tl.arange(0, BLOCK)
+    feats = tl.arange(0, D)
+    q = tl.load(Q + rows[:, None] * D + feats[None, :], mask=rows[:, None] < T_Q, other=0.0)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK], tl.float32)
+    acc = tl.zeros([BLOCK, D], tl.float32)
+    offset = T_K - T_Q
+    if MISTAKE == "top-left":
+        offset = 0
+    free = T_K
+    stop = T_K
+    if CAUSAL:
+        free = tl.minimum(tl.maximum(start_m + offset + 1, 0), T_K)
+        stop = tl.minimum(tl.maximum(start_m + BLOCK + offset, 0), T_K)
+        if MISTAKE == "never-stops":
+            stop = T_K
+    below = free // BLOCK * BLOCK
+    for start in range(0, below, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        k = tl.load(K + cols[:, None] * D + feats[None, :])
+        v = tl.load(V + cols[:, None] * D + feats[None, :])
+        m, l, acc = _safe_step(tl.dot(q, tl.trans(k)) * scale, v, m, l, acc)
+    for start in range(below, stop, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        k = tl.load(K + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T_K, other=0.0)
+        v = tl.load(V + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T_K, other=0.0)
+        visible = (cols[None, :] < T_K) & (rows[:, None] < T_Q)
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + offset)
+        s = tl.where(visible, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        m, l, acc = _safe_step(s, v, m, l, acc)
+    seen = l > 0.0
+    if MISTAKE == "no-guard":
+        out = acc / l[:, None]
+    else:
+        out = acc / tl.where(seen, l, 1.0)[:, None]
+    lse = tl.where(seen, m + tl.log(tl.where(seen, l, 1.0)), float("-inf"))
+    tl.store(O + rows[:, None] * D + feats[None, :], out, mask=rows[:, None] < T_Q)
+    tl.store(LSE + rows, lse, mask=rows < T_Q)
+
+
+def triton_flash(q, k, v, is_causal, mistake="", block=16):
+    out, lse = torch.empty_like(q), torch.empty(len(q))
+    _flash[(triton.cdiv(len(q), block),)](q, k, v, out, lse, len(q), len(k), q.shape[1] ** -0.5, D=q.shape[1],
+                                          BLOCK=block, CAUSAL=is_causal, MISTAKE=mistake)
+    return out, lse
+
+
 # ---------------------------------------------------------------------------------------------------- other styles
 
 
@@ -215,6 +278,8 @@ CORRECT = [
     (checks.check_causal_tiles, causal_forward_32),
     (checks.check_lse, forward_with_lse),
     (checks.check_dk, attention_dk),
+    (checks.check_flash_forward, named(triton_flash, "flash_forward")),
+    (checks.check_flash_forward, named(triton_flash, "flash_forward_32", block=32)),
 ]
 
 
@@ -257,6 +322,13 @@ PLANTED = [
     (checks.check_dk, wrong(triton_dk, "dk-missing-scale"), "dk-missing-scale"),
     (checks.check_dk, wrong(triton_dk, "ds-sign"), "wrong-output"),
     (checks.check_dk, torch_dk, "kernel-not-written"),
+    (checks.check_flash_forward, wrong(triton_flash, "top-left"), "causal-top-left-aligned"),
+    (checks.check_flash_forward, wrong(triton_flash, "no-guard"), "nan-on-masked-row"),
+    (checks.check_flash_forward, wrong(triton_flash, "never-stops"), "causal-tiles-not-skipped"),
+    (checks.check_flash_forward, named(lambda q, k, v, is_causal: (torch_forward(q, k, v), None), "no_lse"),
+     "kernel-not-written"),
+    (checks.check_flash_forward, named(lambda q, k, v, is_causal: library_forward_with_lse(q, k, v), "library"),
+     "kernel-not-written"),
 ]
 
 

@@ -349,6 +349,89 @@ def check_dk(fn, *, timeout: float = TIMEOUT):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The whole forward kernel
+# ----------------------------------------------------------------------------------------------------------
+
+
+def flash_forward_reference(q, k, v, causal, *, top_left=False):
+    """(out (Tq, Dv), lse (Tq,)) of one head, float64: the causal mask bottom-right (query i sees keys
+    j <= i + Tk - Tq; ``top_left``: j <= i, the mistake), and rows that may attend no key give out 0, lse -inf."""
+    t_q, t_k = len(q), len(k)
+    s = q @ k.T / math.sqrt(q.shape[1])
+    if causal:
+        s = np.where(np.arange(t_k)[None, :] <= np.arange(t_q)[:, None] + (0 if top_left else t_k - t_q), s, -np.inf)
+    m = s.max(axis=1)
+    seen = np.isfinite(m)
+    safe = np.where(seen, m, 0.0)
+    p = np.exp(s - safe[:, None])
+    total = np.where(seen, p.sum(axis=1), 1.0)
+    return np.where(seen[:, None], p @ v / total[:, None], 0.0), np.where(seen, safe + np.log(total), -np.inf)
+
+
+# (Tq, Tk, Dh, causal): square and not, Tq > Tk (causal: the first rows see no key), T no multiple of a tile
+_FLASH_CASES = [(37, 37, 16, False), (21, 50, 32, True), (50, 21, 16, True), (5, 40, 16, False), (32, 32, 16, True)]
+
+
+def _flash_case(fn, label, q, k, v, causal, case):
+    """Run one case and compare the output, then the log-sum-exp (its -inf rows exactly)."""
+    args = {**_torch_args(q=q, k=k, v=v), "is_causal": causal}
+    out, lse = split_result(_call_kernel(fn, args, label, 3, case, q.shape[1]), case, ("out", "lse"))
+    if lse is None:
+        raise fail("wrong-type", "Return the output AND the log-sum-exp of each row: (out, lse).", case=case)
+    out, lse = as_array(out, "out", case), as_array(lse, "lse", case)
+    ref_out, ref_lse = flash_forward_reference(q, k, v, causal)
+    if not close(out, ref_out, ATOL, RTOL):
+        blind = ~np.isfinite(ref_lse)  # rows that may attend no key
+        if blind.any() and not np.isfinite(out[blind]).all() and close(out[~blind], ref_out[~blind], ATOL, RTOL):
+            raise fail("nan-on-masked-row", case=case)
+        overflow = _overflow_failure(out, ref_out, q, k, case, "output")
+        if overflow:
+            raise overflow
+        candidates = [("mask-ignored", "", lambda: flash_forward_reference(q, k, v, False)[0])] if causal else []
+        if causal and len(q) != len(k):
+            candidates.append(("causal-top-left-aligned", "",
+                               lambda: flash_forward_reference(q, k, v, True, top_left=True)[0]))
+        _match(out, candidates, case, ref_out, "output")
+    seen = np.isfinite(ref_lse)
+    if np.array_equal(np.isfinite(lse), seen) and close(lse[seen], ref_lse[seen], ATOL, RTOL) and \
+            (np.isneginf(lse[~seen]).all()):
+        return
+    overflow = _overflow_failure(lse[seen], ref_lse[seen], q[seen], k, case, "log-sum-exp")
+    if overflow:
+        raise overflow
+    row_max = np.max(np.where(np.isfinite(ref_lse)[:, None], q @ k.T / math.sqrt(q.shape[1]), 0.0), axis=1)
+    _match(lse, [("lse-without-max", "", lambda: ref_lse - row_max), ("lse-without-sum", "", lambda: row_max)], case,
+           ref_lse, "log-sum-exp")
+
+
+def _flash_body(fn, label):
+    rng = np.random.default_rng(164)
+    sizes = _FLASH_CASES + [(t, t, d, True) for t, d in hidden.triton_sizes()] + [(48, 40, 16, True)]
+    for n, (t_q, t_k, d, causal) in enumerate(sizes, 1):
+        spread = LARGE_SPREAD if n == len(sizes) else 2.0
+        q = rng.standard_normal((t_q, d)) * spread
+        k, v = rng.standard_normal((t_k, d)) * spread, rng.standard_normal((t_k, d))
+        case = (f"case {n} of {len(sizes)}: q {shape_text(q.shape)}, k and v {shape_text(k.shape)}, "
+                f"is_causal={causal}, scores of std {spread**2:.0f}")
+        _flash_case(fn, label, q, k, v, causal, case)
+    _require_tiles_skipped(lambda q, k, v: split_result(fn(q, k, v, True), "", ("out", "lse"))[0], label, rng,
+                           len(sizes) + 1)
+    return (f"✓ {display_name(fn, label)}: {len(sizes) + 1} random cases (Tq != Tk, causal bottom-right and not, "
+            "rows that see no key, large scores) match the float64 reference in the output and the log-sum-exp, "
+            "loading no key tile past the diagonal")
+
+
+def check_flash_forward(fn, *, timeout: float = TIMEOUT):
+    """Chapter 16: check ``fn(q, k, v, is_causal)`` -> (out (Tq, Dv), lse (Tq,)): the whole forward kernel of one
+    head, q (Tq, Dh), k and v (Tk, Dh) float32, causal bottom-right (query i sees keys j <= i + Tk - Tq), rows that
+    may attend no key giving out 0 and lse -inf. Diagnoses ``[causal-top-left-aligned]``, ``[mask-ignored]``,
+    ``[nan-on-masked-row]``, ``[scores-overflow]``, ``[lse-overflows]``, ``[lse-without-max]``,
+    ``[lse-without-sum]``, ``[causal-tiles-not-skipped]`` and ``[kernel-not-written]``."""
+    observe.warm_up()
+    run_check(lambda: _flash_body(fn, "flash_forward"), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Question
 # ----------------------------------------------------------------------------------------------------------
 
