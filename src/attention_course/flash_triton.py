@@ -395,6 +395,8 @@ def check_flash_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
             raise ValueError(f"{name} must be 4-D (B, H, T, Dh), got shape {tuple(x.shape)}")
         if x.shape[-2] == 0:
             raise ValueError(f"{name} has length T = 0: there is nothing to attend")
+        if 0 in x.shape:
+            raise ValueError(f"{name} has an empty dimension, shape {tuple(x.shape)}: B, H and Dh must be >= 1")
         if x.shape[-1] > MAX_HEAD_DIM:
             raise ValueError(f"{name} head size {x.shape[-1]} is larger than {MAX_HEAD_DIM}, the most a tile of "
                              "the kernel holds")
