@@ -25,13 +25,15 @@ from attention_course.checks.questions import QUESTIONS  # noqa: E402
 
 @triton.jit
 def _step(s, v, m, l, acc, MISTAKE: tl.constexpr):
+    """The online step, right or with MISTAKE; a row that has seen no key yet uses 0 as its maximum."""
     m_new = tl.maximum(m, tl.max(s, 1))
     if MISTAKE == "no-max":  # exp(s) itself: overflows at large scores
         m_new = tl.zeros_like(m)
     elif MISTAKE == "max-frozen":  # the first tile's maximum, kept
         m_new = tl.where(m == float("-inf"), tl.max(s, 1), m)
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(s - m_safe[:, None])
     if MISTAKE == "sum-not-rescaled":
         l = l + tl.sum(p, 1)
     elif MISTAKE == "nothing-rescaled":
@@ -47,32 +49,36 @@ def _step(s, v, m, l, acc, MISTAKE: tl.constexpr):
 
 
 @triton.jit
-def _forward(Q, K, V, O, LSE, T, scale, D: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
-             MISTAKE: tl.constexpr):
-    """One head, one program per query tile; the tile loop of the exercises, right or with MISTAKE."""
+def _forward(Q, K, V, O, LSE, T_Q, T_K, scale, D: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
+             GUARD: tl.constexpr, MISTAKE: tl.constexpr):
+    """One head, one program per query tile; the tile loop of the exercises (Tq != Tk: exercise 6, causal
+    bottom-right; GUARD: rows that see no key give 0, not NaN), right or with MISTAKE."""
     start_m = tl.program_id(0) * BLOCK
     rows = start_m + tl.arange(0, BLOCK)
     feats = tl.arange(0, D)
-    q = tl.load(Q + rows[:, None] * D + feats[None, :], mask=rows[:, None] < T, other=0.0)
+    q = tl.load(Q + rows[:, None] * D + feats[None, :], mask=rows[:, None] < T_Q, other=0.0)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK], tl.float32)
     acc = tl.zeros([BLOCK, D], tl.float32)
-    below = 0
-    stop = T
+    offset = T_K - T_Q
+    if MISTAKE == "top-left":
+        offset = 0
+    below = T_K // BLOCK * BLOCK
+    stop = T_K
     if CAUSAL:
-        below = start_m
-        stop = start_m + BLOCK
+        below = tl.minimum(tl.maximum(start_m + offset + 1, 0), T_K) // BLOCK * BLOCK
+        stop = tl.minimum(tl.maximum(start_m + BLOCK + offset, 0), T_K)
         if MISTAKE == "diagonal-unmasked":
-            below = start_m + BLOCK
+            below = stop
         if MISTAKE == "diagonal-skipped":
-            stop = start_m
+            stop = below
         if MISTAKE == "no-causal-mask":
-            below = T
-            stop = T
+            below = T_K
+            stop = T_K
         if MISTAKE == "stops-late":  # one masked tile too many: the output is right
-            stop = tl.minimum(start_m + 2 * BLOCK, T)
+            stop = tl.minimum(stop + BLOCK, T_K)
         if MISTAKE == "never-stops":  # every later tile, masked: the output is right
-            stop = T
+            stop = T_K
     for start in range(0, below, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         k = tl.load(K + cols[:, None] * D + feats[None, :])
@@ -80,19 +86,22 @@ def _forward(Q, K, V, O, LSE, T, scale, D: tl.constexpr, BLOCK: tl.constexpr, CA
         m, l, acc = _step(tl.dot(q, tl.trans(k)) * scale, v, m, l, acc, MISTAKE)
     for start in range(below, stop, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        k = tl.load(K + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T, other=0.0)
-        v = tl.load(V + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T, other=0.0)
+        k = tl.load(K + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T_K, other=0.0)
+        v = tl.load(V + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T_K, other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale
         if MISTAKE != "ragged-unmasked":
-            s = tl.where(cols[None, :] < T, s, float("-inf"))
+            s = tl.where(cols[None, :] < T_K, s, float("-inf"))
         if CAUSAL:
-            s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+            s = tl.where(cols[None, :] <= rows[:, None] + offset, s, float("-inf"))
         m, l, acc = _step(s, v, m, l, acc, MISTAKE)
+    seen = l > 0.0
     if MISTAKE == "not-normalized":
         out = acc
+    elif GUARD:
+        out = acc / tl.where(seen, l, 1.0)[:, None]
     else:
         out = acc / l[:, None]
-    tl.store(O + rows[:, None] * D + feats[None, :], out, mask=rows[:, None] < T)
+    tl.store(O + rows[:, None] * D + feats[None, :], out, mask=rows[:, None] < T_Q)
     if MISTAKE == "lse-without-max":
         lse = tl.log(l)
     elif MISTAKE == "lse-without-sum":
@@ -100,16 +109,20 @@ def _forward(Q, K, V, O, LSE, T, scale, D: tl.constexpr, BLOCK: tl.constexpr, CA
     elif MISTAKE == "lse-through-exp":  # right until exp(m) overflows
         lse = tl.log(l * tl.exp(m))
     else:
-        lse = m + tl.log(l)
-    tl.store(LSE + rows, lse, mask=rows < T)
+        lse = tl.where(seen, m + tl.log(tl.where(seen, l, 1.0)), float("-inf"))
+    tl.store(LSE + rows, lse, mask=rows < T_Q)
 
 
-def triton_forward(q, k, v, causal=False, mistake="", block=16, with_lse=False):
-    t, d = q.shape
-    out, lse = torch.empty_like(q), torch.empty(t)
-    _forward[(triton.cdiv(t, block),)](q, k, v, out, lse, t, d**-0.5, D=d, BLOCK=block, CAUSAL=causal,
-                                       MISTAKE=mistake)
+def triton_forward(q, k, v, causal=False, mistake="", block=16, with_lse=False, guard=False):
+    out, lse = torch.empty_like(q), torch.empty(len(q))
+    _forward[(triton.cdiv(len(q), block),)](q, k, v, out, lse, len(q), len(k), q.shape[1] ** -0.5, D=q.shape[1],
+                                            BLOCK=block, CAUSAL=causal, GUARD=guard, MISTAKE=mistake)
     return (out, lse) if with_lse else out
+
+
+def triton_flash(q, k, v, is_causal, mistake="", block=16, guard=True):
+    """Exercise 6's launcher: (out, lse) for Tq != Tk."""
+    return triton_forward(q, k, v, is_causal, mistake, block, with_lse=True, guard=guard)
 
 
 @triton.jit
@@ -147,69 +160,6 @@ def triton_dk(q, k, v, o, lse, do, mistake="", block=16):
     _dk[(triton.cdiv(t, block),)](q, k, v, do, lse, (do * o).sum(-1), dk, t, d**-0.5, D=d, BLOCK=block,
                                   MISTAKE=mistake)
     return dk
-
-
-@triton.jit
-def _safe_step(s, v, m, l, acc):
-    """The online step with rows that have seen no key yet (m = -inf) kept at 0, not NaN."""
-    m_new = tl.maximum(m, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - m_safe)
-    p = tl.exp(s - m_safe[:, None])
-    return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
-
-
-@triton.jit
-def _flash(Q, K, V, O, LSE, T_Q, T_K, scale, D: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
-           MISTAKE: tl.constexpr):
-    """Exercise 6's whole forward kernel (Tq != Tk, causal bottom-right), right or with MISTAKE."""
-    start_m = tl.program_id(0) * BLOCK
-    rows = start_m + tl.arange(0, BLOCK)
-    feats = tl.arange(0, D)
-    q = tl.load(Q + rows[:, None] * D + feats[None, :], mask=rows[:, None] < T_Q, other=0.0)
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK], tl.float32)
-    acc = tl.zeros([BLOCK, D], tl.float32)
-    offset = T_K - T_Q
-    if MISTAKE == "top-left":
-        offset = 0
-    free = T_K
-    stop = T_K
-    if CAUSAL:
-        free = tl.minimum(tl.maximum(start_m + offset + 1, 0), T_K)
-        stop = tl.minimum(tl.maximum(start_m + BLOCK + offset, 0), T_K)
-        if MISTAKE == "never-stops":
-            stop = T_K
-    below = free // BLOCK * BLOCK
-    for start in range(0, below, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        k = tl.load(K + cols[:, None] * D + feats[None, :])
-        v = tl.load(V + cols[:, None] * D + feats[None, :])
-        m, l, acc = _safe_step(tl.dot(q, tl.trans(k)) * scale, v, m, l, acc)
-    for start in range(below, stop, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        k = tl.load(K + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T_K, other=0.0)
-        v = tl.load(V + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T_K, other=0.0)
-        visible = (cols[None, :] < T_K) & (rows[:, None] < T_Q)
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= rows[:, None] + offset)
-        s = tl.where(visible, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-        m, l, acc = _safe_step(s, v, m, l, acc)
-    seen = l > 0.0
-    if MISTAKE == "no-guard":
-        out = acc / l[:, None]
-    else:
-        out = acc / tl.where(seen, l, 1.0)[:, None]
-    lse = tl.where(seen, m + tl.log(tl.where(seen, l, 1.0)), float("-inf"))
-    tl.store(O + rows[:, None] * D + feats[None, :], out, mask=rows[:, None] < T_Q)
-    tl.store(LSE + rows, lse, mask=rows < T_Q)
-
-
-def triton_flash(q, k, v, is_causal, mistake="", block=16):
-    out, lse = torch.empty_like(q), torch.empty(len(q))
-    _flash[(triton.cdiv(len(q), block),)](q, k, v, out, lse, len(q), len(k), q.shape[1] ** -0.5, D=q.shape[1],
-                                          BLOCK=block, CAUSAL=is_causal, MISTAKE=mistake)
-    return out, lse
 
 
 # ---------------------------------------------------------------------------------------------------- other styles
@@ -323,7 +273,7 @@ PLANTED = [
     (checks.check_dk, wrong(triton_dk, "ds-sign"), "wrong-output"),
     (checks.check_dk, torch_dk, "kernel-not-written"),
     (checks.check_flash_forward, wrong(triton_flash, "top-left"), "causal-top-left-aligned"),
-    (checks.check_flash_forward, wrong(triton_flash, "no-guard"), "nan-on-masked-row"),
+    (checks.check_flash_forward, named(triton_flash, "no_guard", guard=False), "nan-on-masked-row"),
     (checks.check_flash_forward, wrong(triton_flash, "never-stops"), "causal-tiles-not-skipped"),
     (checks.check_flash_forward, named(lambda q, k, v, is_causal: (torch_forward(q, k, v), None), "no_lse"),
      "kernel-not-written"),
