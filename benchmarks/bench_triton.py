@@ -12,7 +12,8 @@ Every shape is first checked against SDPA (fp32 reference) at a small size; time
 ``triton.testing.do_bench``. Writes ``benchmarks/results/bench_triton.json``, which chapter 16 reads (it never times
 anything itself). Without a CUDA GPU the script says so and exits 0.
 
-Usage: python benchmarks/bench_triton.py [--quick]   (--quick: T up to 4096, Dh 64 only)
+Usage: python benchmarks/bench_triton.py [--quick]   (--quick: T up to 4096, Dh 64 only); ``benchmarks/gpu_check.py``
+runs it after checking the kernels on the GPU.
 """
 
 from __future__ import annotations
@@ -82,10 +83,11 @@ def measure(ft, dtype, dh, t, causal, bench) -> dict:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The command line (``argv``: its arguments; None: sys.argv), or ``benchmarks/gpu_check.py``'s call."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_triton needs a CUDA GPU (the kernels are compiled by Triton for it); none here: nothing to do.")
         return

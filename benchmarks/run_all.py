@@ -21,6 +21,14 @@ RESULTS = HERE / "results"
 BENCHMARKS = ["bench_peak", "bench_mha_block", "bench_attention_core", "bench_blockwise_memory", "bench_kv_cache",
               "bench_keras", "bench_training", "bench_flex", "bench_triton", "bench_linear_attention",
               "bench_serving"]  # fmt: skip
+GPU_CHECK = (  # the one script to run on a GPU machine: checks, then bench_triton
+    "On a GPU machine run `python benchmarks/gpu_check.py` (`--quick`: timings at T <= 4096 and Dh = 64 only). It "
+    "first checks chapter 16's kernels on the GPU (outputs and the three gradients against float64 SDPA, in "
+    "float16, bfloat16 and float32, head sizes 64, 128 and 80, causal and not, Tq != Tk, GQA, sliding window, "
+    "padded key lengths, views of a fused QKV and expanded keys; results in `benchmarks/results/gpu_check.json`), "
+    "then, if every check passed, runs `bench_triton.py`, whose results file this section and chapter 16 read; "
+    "then `python benchmarks/run_all.py --readme-only`. Without a CUDA GPU it says so and exits with status 2."
+)
 GPU_ONLY = {"bench_triton"}  # on a machine without a CUDA GPU they print so and write no results
 
 TITLES = {
@@ -104,6 +112,7 @@ NOTES = {
 
     ),
     "bench_triton": (
+        GPU_CHECK + " "
         "Useful FLOPs: 4·B·H·Dh per visible query-key pair for the forward, 3.5 times that for forward + backward. "
         "Times: medians of `triton.testing.do_bench`. The peak is a (8192, 8192) matmul in the same dtype, measured "
         "in the same run. Chapter 16 prints this table from `benchmarks/results/bench_triton.json`."
@@ -163,7 +172,8 @@ def readme() -> str:
     for name in BENCHMARKS:
         if name not in results and name in GPU_ONLY:
             out += ["", f"## {TITLES[name]}", "", f"No GPU result yet: `python benchmarks/{name}.py` on a Linux "
-                    "machine with a CUDA GPU writes it (on a CPU the script says it needs a GPU and exits)."]
+                    "machine with a CUDA GPU writes it (on a CPU the script says it needs a GPU and exits).",
+                    "", GPU_CHECK]
             continue
         if name not in results:
             continue

@@ -1,5 +1,6 @@
-"""Chapter 16's checks (attention_course.checks.kernels): right kernels pass, in Triton with other tiles and in plain
-PyTorch; planted mistakes, written as the Triton kernels a student would write, get their codes. Runs under Triton's
+"""Chapter 16's checks (attention_course.checks.kernels): right kernels pass, with tiles of 16 and 32; planted
+mistakes, written as the Triton kernels a student would write, get their codes, and so do answers that are no kernel
+(PyTorch, autograd, the library's kernel, a log-sum-exp computed outside the kernel). Runs under Triton's
 interpreter (tests/test_checks_planted.py runs the tables)."""
 
 from __future__ import annotations
@@ -24,9 +25,15 @@ from attention_course.checks.questions import QUESTIONS  # noqa: E402
 
 @triton.jit
 def _step(s, v, m, l, acc, MISTAKE: tl.constexpr):
+    """The online step, right or with MISTAKE; a row that has seen no key yet uses 0 as its maximum."""
     m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
+    if MISTAKE == "no-max":  # exp(s) itself: overflows at large scores
+        m_new = tl.zeros_like(m)
+    elif MISTAKE == "max-frozen":  # the first tile's maximum, kept
+        m_new = tl.where(m == float("-inf"), tl.max(s, 1), m)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(s - m_safe[:, None])
     if MISTAKE == "sum-not-rescaled":
         l = l + tl.sum(p, 1)
     elif MISTAKE == "nothing-rescaled":
@@ -42,28 +49,36 @@ def _step(s, v, m, l, acc, MISTAKE: tl.constexpr):
 
 
 @triton.jit
-def _forward(Q, K, V, O, LSE, T, scale, D: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
-             MISTAKE: tl.constexpr):
-    """One head, one program per query tile; the tile loop of the exercises, right or with MISTAKE."""
+def _forward(Q, K, V, O, LSE, T_Q, T_K, scale, D: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
+             GUARD: tl.constexpr, MISTAKE: tl.constexpr):
+    """One head, one program per query tile; the tile loop of the exercises (Tq != Tk: exercise 6, causal
+    bottom-right; GUARD: rows that see no key give 0, not NaN), right or with MISTAKE."""
     start_m = tl.program_id(0) * BLOCK
     rows = start_m + tl.arange(0, BLOCK)
     feats = tl.arange(0, D)
-    q = tl.load(Q + rows[:, None] * D + feats[None, :], mask=rows[:, None] < T, other=0.0)
+    q = tl.load(Q + rows[:, None] * D + feats[None, :], mask=rows[:, None] < T_Q, other=0.0)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK], tl.float32)
     acc = tl.zeros([BLOCK, D], tl.float32)
-    below = 0
-    stop = T
+    offset = T_K - T_Q
+    if MISTAKE == "top-left":
+        offset = 0
+    below = T_K // BLOCK * BLOCK
+    stop = T_K
     if CAUSAL:
-        below = start_m
-        stop = start_m + BLOCK
+        below = tl.minimum(tl.maximum(start_m + offset + 1, 0), T_K) // BLOCK * BLOCK
+        stop = tl.minimum(tl.maximum(start_m + BLOCK + offset, 0), T_K)
         if MISTAKE == "diagonal-unmasked":
-            below = start_m + BLOCK
+            below = stop
         if MISTAKE == "diagonal-skipped":
-            stop = start_m
+            stop = below
         if MISTAKE == "no-causal-mask":
-            below = T
-            stop = T
+            below = T_K
+            stop = T_K
+        if MISTAKE == "stops-late":  # one masked tile too many: the output is right
+            stop = tl.minimum(stop + BLOCK, T_K)
+        if MISTAKE == "never-stops":  # every later tile, masked: the output is right
+            stop = T_K
     for start in range(0, below, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         k = tl.load(K + cols[:, None] * D + feats[None, :])
@@ -71,34 +86,43 @@ def _forward(Q, K, V, O, LSE, T, scale, D: tl.constexpr, BLOCK: tl.constexpr, CA
         m, l, acc = _step(tl.dot(q, tl.trans(k)) * scale, v, m, l, acc, MISTAKE)
     for start in range(below, stop, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        k = tl.load(K + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T, other=0.0)
-        v = tl.load(V + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T, other=0.0)
+        k = tl.load(K + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T_K, other=0.0)
+        v = tl.load(V + cols[:, None] * D + feats[None, :], mask=cols[:, None] < T_K, other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale
         if MISTAKE != "ragged-unmasked":
-            s = tl.where(cols[None, :] < T, s, float("-inf"))
+            s = tl.where(cols[None, :] < T_K, s, float("-inf"))
         if CAUSAL:
-            s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+            s = tl.where(cols[None, :] <= rows[:, None] + offset, s, float("-inf"))
         m, l, acc = _step(s, v, m, l, acc, MISTAKE)
+    seen = l > 0.0
     if MISTAKE == "not-normalized":
         out = acc
+    elif GUARD:
+        out = acc / tl.where(seen, l, 1.0)[:, None]
     else:
         out = acc / l[:, None]
-    tl.store(O + rows[:, None] * D + feats[None, :], out, mask=rows[:, None] < T)
+    tl.store(O + rows[:, None] * D + feats[None, :], out, mask=rows[:, None] < T_Q)
     if MISTAKE == "lse-without-max":
         lse = tl.log(l)
     elif MISTAKE == "lse-without-sum":
         lse = m
+    elif MISTAKE == "lse-through-exp":  # right until exp(m) overflows
+        lse = tl.log(l * tl.exp(m))
     else:
-        lse = m + tl.log(l)
-    tl.store(LSE + rows, lse, mask=rows < T)
+        lse = tl.where(seen, m + tl.log(tl.where(seen, l, 1.0)), float("-inf"))
+    tl.store(LSE + rows, lse, mask=rows < T_Q)
 
 
-def triton_forward(q, k, v, causal=False, mistake="", block=16, with_lse=False):
-    t, d = q.shape
-    out, lse = torch.empty_like(q), torch.empty(t)
-    _forward[(triton.cdiv(t, block),)](q, k, v, out, lse, t, d**-0.5, D=d, BLOCK=block, CAUSAL=causal,
-                                       MISTAKE=mistake)
+def triton_forward(q, k, v, causal=False, mistake="", block=16, with_lse=False, guard=False):
+    out, lse = torch.empty_like(q), torch.empty(len(q))
+    _forward[(triton.cdiv(len(q), block),)](q, k, v, out, lse, len(q), len(k), q.shape[1] ** -0.5, D=q.shape[1],
+                                            BLOCK=block, CAUSAL=causal, GUARD=guard, MISTAKE=mistake)
     return (out, lse) if with_lse else out
+
+
+def triton_flash(q, k, v, is_causal, mistake="", block=16, guard=True):
+    """Exercise 6's launcher: (out, lse) for Tq != Tk."""
+    return triton_forward(q, k, v, is_causal, mistake, block, with_lse=True, guard=guard)
 
 
 @triton.jit
@@ -171,16 +195,41 @@ causal_forward = named(triton_forward, "causal_forward", causal=True)
 forward_with_lse = named(triton_forward, "forward_with_lse", with_lse=True)
 attention_dk = named(triton_dk, "attention_dk")
 
+def library_forward(q, k, v, causal=False):
+    """The course's own kernel on one head: no kernel written."""
+    from attention_course import flash_triton
+
+    return flash_triton.flash_attention(q[None, None], k[None, None], v[None, None], is_causal=causal)[0, 0]
+
+
+def library_forward_with_lse(q, k, v):
+    from attention_course import flash_triton
+
+    out, lse = flash_triton.flash_forward(q[None, None], k[None, None], v[None, None])
+    return out[0, 0], lse[0, 0]
+
+
+def kernel_then_torch_lse(q, k, v):
+    """The kernel's output, but the log-sum-exp computed outside the kernel, by PyTorch."""
+    return triton_forward(q, k, v), torch.logsumexp(q @ k.T / q.shape[-1] ** 0.5, -1)
+
+
+attention_forward = named(triton_forward, "attention_forward")
+attention_forward_32 = named(triton_forward, "attention_forward_32", block=32)
+causal_forward = named(triton_forward, "causal_forward", causal=True)
+causal_forward_32 = named(triton_forward, "causal_forward_32", causal=True, block=32)
+forward_with_lse = named(triton_forward, "forward_with_lse", with_lse=True)
+attention_dk = named(triton_dk, "attention_dk")
+
 CORRECT = [
     (checks.check_tile_loop, attention_forward),
     (checks.check_tile_loop, attention_forward_32),
-    (checks.check_tile_loop, torch_forward),
     (checks.check_causal_tiles, causal_forward),
-    (checks.check_causal_tiles, named(torch_forward, "torch_causal", causal=True)),
+    (checks.check_causal_tiles, causal_forward_32),
     (checks.check_lse, forward_with_lse),
-    (checks.check_lse, torch_forward_with_lse),
     (checks.check_dk, attention_dk),
-    (checks.check_dk, torch_dk),
+    (checks.check_flash_forward, named(triton_flash, "flash_forward")),
+    (checks.check_flash_forward, named(triton_flash, "flash_forward_32", block=32)),
 ]
 
 
@@ -195,18 +244,41 @@ PLANTED = [
     (checks.check_tile_loop, wrong(triton_forward, "nothing-rescaled"), "stream-not-rescaled"),
     (checks.check_tile_loop, wrong(triton_forward, "ragged-unmasked"), "ragged-tile-unmasked"),
     (checks.check_tile_loop, wrong(triton_forward, "not-normalized"), "weights-not-normalized"),
+    (checks.check_tile_loop, wrong(triton_forward, "no-max"), "scores-overflow"),
+    (checks.check_tile_loop, wrong(triton_forward, "max-frozen"), "scores-overflow"),
+    (checks.check_tile_loop, torch_forward, "kernel-not-written"),
+    (checks.check_tile_loop, named(library_forward, "library_forward"), "kernel-not-written"),
     (checks.check_causal_tiles, wrong(triton_forward, "diagonal-unmasked", causal=True),
      "causal-bound-off-by-one-tile"),
     (checks.check_causal_tiles, wrong(triton_forward, "diagonal-skipped", causal=True),
      "causal-bound-off-by-one-tile"),
     (checks.check_causal_tiles, wrong(triton_forward, "no-causal-mask", causal=True), "mask-ignored"),
+    (checks.check_causal_tiles, wrong(triton_forward, "stops-late", causal=True), "causal-tiles-not-skipped"),
+    (checks.check_causal_tiles, wrong(triton_forward, "never-stops", causal=True), "causal-tiles-not-skipped"),
+    (checks.check_causal_tiles, wrong(triton_forward, "never-stops", causal=True, block=32),
+     "causal-tiles-not-skipped"),
+    (checks.check_causal_tiles, wrong(triton_forward, "no-max", causal=True), "scores-overflow"),
+    (checks.check_causal_tiles, named(torch_forward, "torch_causal", causal=True), "kernel-not-written"),
+    (checks.check_causal_tiles, named(library_forward, "library_causal", causal=True), "kernel-not-written"),
     (checks.check_lse, wrong(triton_forward, "lse-without-max", with_lse=True), "lse-without-max"),
     (checks.check_lse, wrong(triton_forward, "lse-without-sum", with_lse=True), "lse-without-sum"),
     (checks.check_lse, wrong(triton_forward, "sum-not-rescaled", with_lse=True), "sum-not-rescaled"),
+    (checks.check_lse, wrong(triton_forward, "lse-through-exp", with_lse=True), "lse-overflows"),
     (checks.check_lse, named(lambda q, k, v: triton_forward(q, k, v), "out_only"), "wrong-type"),
+    (checks.check_lse, torch_forward_with_lse, "kernel-not-written"),
+    (checks.check_lse, kernel_then_torch_lse, "kernel-not-written"),
+    (checks.check_lse, named(library_forward_with_lse, "library_with_lse"), "kernel-not-written"),
     (checks.check_dk, wrong(triton_dk, "ds-without-d"), "ds-without-d"),
     (checks.check_dk, wrong(triton_dk, "dk-missing-scale"), "dk-missing-scale"),
     (checks.check_dk, wrong(triton_dk, "ds-sign"), "wrong-output"),
+    (checks.check_dk, torch_dk, "kernel-not-written"),
+    (checks.check_flash_forward, wrong(triton_flash, "top-left"), "causal-top-left-aligned"),
+    (checks.check_flash_forward, named(triton_flash, "no_guard", guard=False), "nan-on-masked-row"),
+    (checks.check_flash_forward, wrong(triton_flash, "never-stops"), "causal-tiles-not-skipped"),
+    (checks.check_flash_forward, named(lambda q, k, v, is_causal: (torch_forward(q, k, v), None), "no_lse"),
+     "kernel-not-written"),
+    (checks.check_flash_forward, named(lambda q, k, v, is_causal: library_forward_with_lse(q, k, v), "library"),
+     "kernel-not-written"),
 ]
 
 
@@ -219,7 +291,7 @@ def test_right_kernels_pass_the_hidden_cases(seed, capsys):
         checks.check_tile_loop(attention_forward)
         checks.check_causal_tiles(causal_forward)
     out = capsys.readouterr().out
-    assert out.count("✓ ") == 2 and "5 random cases" in out and "4 random cases" in out
+    assert out.count("✓ ") == 2 and "6 random cases" in out and "6 random cases (causal" in out
 
 
 def test_a_kernel_not_written_yet_is_not_implemented():

@@ -12,15 +12,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # the course's module first: it chooses the interpreter before Triton is imported (Linux-only wheels: else skip)
 ft = pytest.importorskip("attention_course.flash_triton", reason="Triton has wheels for Linux only")
 
 from attention_course import flash_reference  # noqa: E402
 from attention_course.blockwise import blockwise_attention  # noqa: E402
-from attention_course.masks import causal_mask  # noqa: E402
+from attention_course.masks import causal_mask, padding_mask, sliding_window_mask  # noqa: E402
 
 ATOL = 3e-5  # float32 kernels against a float64 reference, sums of up to ~100 terms
+# the interpreter runs every program in Python: tiny shapes, few examples, no deadline; derandomized, so that a run
+# is the same on every machine (the examples are still drawn by hypothesis, not picked by hand)
+PROPERTY = settings(max_examples=12, deadline=None, database=None, derandomize=True)
 
 
 def draw(seed: int, head_dim: int, same_length: bool, t_max: int = 50):
@@ -166,18 +171,32 @@ def qkv(shape=(1, 2, 8, 16), dtype=torch.float32):
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error", "words"), [
-    (qkv((1, 2, 8, 48)), {}, ValueError, "head size Dh=48"),
-    (qkv((1, 2, 8, 8)), {}, ValueError, "head size Dh=8"),
-    (qkv((1, 2, 8, 256)), {}, ValueError, "head size Dh=256"),
+    (qkv((1, 2, 8, 300)), {}, ValueError, "query head size 300 is larger than 256"),
+    ((torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 257)), {}, ValueError,
+     "value head size 257 is larger than 256"),
     (qkv(dtype=torch.bfloat16), {}, TypeError, "torch.bfloat16 is not supported under Triton's interpreter"),
     (qkv(dtype=torch.float64), {}, TypeError, "torch.float64 is not supported"),
     (qkv(dtype=torch.int64), {}, TypeError, "query must be a floating-point tensor"),
     (qkv((2, 8, 16)), {}, ValueError, "query must be 4-D (B, H, T, Dh)"),
     (qkv((1, 2, 0, 16)), {}, ValueError, "length T = 0"),
-    ((torch.zeros(1, 2, 8, 16), torch.zeros(1, 1, 8, 16), torch.zeros(1, 1, 8, 16)), {}, ValueError,
-     "the same (B, H)"),
-    ((torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 32)), {}, ValueError,
-     "value head size Dv=32 != query head size Dk=16"),
+    ((torch.zeros(1, 2, 8, 16), torch.zeros(1, 0, 8, 16), torch.zeros(1, 0, 8, 16)), {}, ValueError,
+     "key has an empty dimension, shape (1, 0, 8, 16)"),
+    ((torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 0)), {}, ValueError,
+     "value has an empty dimension"),
+    ((torch.zeros(1, 3, 8, 16), torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16)), {}, ValueError,
+     "3 query heads do not split into groups over 2 key/value heads"),
+    ((torch.zeros(1, 2, 8, 16), torch.zeros(2, 2, 8, 16), torch.zeros(2, 2, 8, 16)), {}, ValueError,
+     "one batch size B"),
+    ((torch.zeros(1, 2, 8, 16), torch.zeros(1, 1, 8, 16), torch.zeros(1, 2, 8, 16)), {}, ValueError,
+     "key and value the same heads"),
+    ((torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 32), torch.zeros(1, 2, 8, 16)), {}, ValueError,
+     "query feature size 16 != key feature size 32"),
+    (qkv(), {"window": 4}, ValueError, "window needs is_causal=True"),
+    (qkv(), {"window": 0, "is_causal": True}, ValueError, "window must be >= 1"),
+    (qkv(), {"key_lengths": torch.tensor([9])}, ValueError, "lengths must lie in [0, t=8]"),
+    (qkv(), {"key_lengths": torch.tensor([1.0])}, TypeError, "lengths must be integers"),
+    (qkv(), {"key_lengths": torch.tensor([1, 2])}, ValueError, "key_lengths must be (B,) = (1,)"),
+    (qkv(), {"key_lengths": [3]}, TypeError, "key_lengths must be a torch.Tensor"),
     (qkv(), {"block_m": 24}, ValueError, "block_m=24 is not supported"),
     (qkv(), {"block_n": 8}, ValueError, "block_n=8 is not supported"),
     (qkv(), {"block_m": 16.0}, TypeError, "block_m must be an int"),
@@ -210,7 +229,7 @@ def test_interpreter_is_chosen_in_one_place_and_triton_imported_only_there():
 
 def test_gpu_summary_reads_the_benchmark_file_or_says_there_is_none(tmp_path):
     missing = ft.gpu_benchmark_summary(tmp_path / "bench_triton.json")
-    assert missing[0].startswith("No GPU result yet") and "python benchmarks/bench_triton.py" in missing[2]
+    assert missing[0].startswith("No GPU result yet") and "python benchmarks/gpu_check.py" in missing[2]
     assert max(map(len, missing)) <= 79  # printed in chapter 16: fits the book's output column
     path = tmp_path / "bench_triton.json"
     path.write_text('{"config": {"gpu": "GPU X", "date": "2026-01-01 00:00", "torch": "2.13", "triton": "3.9.0"}, '
@@ -246,3 +265,169 @@ def test_the_graders_sandbox_runs_triton_interpreted():
 
     env = sandbox._environment(sandbox.Limits(), "/tmp")
     assert env["TRITON_INTERPRET"] == "1" and env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+# ------------------------------------------------------------------------------------------------ any layout
+# Gradients are written by the kernels with strides: every view a practitioner passes (a slice of a fused QKV
+# projection or of the head dimension, a transposed (B, T, H, Dh) tensor, keys expanded from one head, every other
+# time step, one tensor as q, k and v) must give autograd's gradients of the tensors the views were taken from.
+
+
+def _views(layout: str, b: int, h: int, t_q: int, t_k: int, d: int, g: torch.Generator):
+    """(leaves, make): the float64 tensors a user holds and a function that takes q, k, v (B, H, T, d) as views
+    of them. Layouts that need one length use t_k for both."""
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    if layout == "contiguous":
+        return [randn(b, h, t_q, d), randn(b, h, t_k, d), randn(b, h, t_k, d)], lambda q, k, v: (q, k, v)
+    if layout == "transposed":  # (B, T, H, Dh), as a projection's output before its heads are moved
+        return ([randn(b, t_q, h, d), randn(b, t_k, h, d), randn(b, t_k, h, d)],
+                lambda q, k, v: (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
+    if layout == "head-slice":  # slices of a wider head dimension, one with a feature stride of 2
+        return ([randn(b, h, t_q, 2 * d), randn(b, h, t_k, 2 * d), randn(b, h, t_k, 2 * d)],
+                lambda q, k, v: (q[..., :d], k[..., d:], v[..., ::2]))
+    if layout == "fused-qkv":  # one (B, T, 3 * H * Dh) projection, split without a copy
+        return [randn(b, t_k, 3 * h * d)], lambda x: x.unflatten(-1, (3, h, d)).permute(2, 0, 3, 1, 4).unbind(0)
+    if layout == "expanded":  # one key/value head expanded over H query heads (GQA through expand)
+        return ([randn(b, h, t_q, d), randn(b, 1, t_k, d), randn(b, 1, t_k, d)],
+                lambda q, k, v: (q, k.expand(b, h, t_k, d), v.expand(b, h, t_k, d)))
+    if layout == "every-other-step":  # every other time step: a stride of 2 rows
+        return ([randn(b, h, 2 * t_q, d), randn(b, h, 2 * t_k, d), randn(b, h, 2 * t_k, d)],
+                lambda q, k, v: (q[:, :, ::2], k[:, :, ::2], v[:, :, ::2]))
+    assert layout == "one-tensor"  # q = k = v, a slice of the head dimension (self-attention on one tensor)
+    return [randn(b, h, t_k, 2 * d)], lambda x: (x[..., :d],) * 3
+
+
+LAYOUTS = ("contiguous", "transposed", "head-slice", "fused-qkv", "expanded", "every-other-step", "one-tensor")
+
+
+@st.composite
+def layout_shapes(draw, layout):
+    b, h = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    t_k = draw(st.integers(1, 40))
+    t_q = t_k if layout in ("fused-qkv", "one-tensor") else draw(st.integers(1, 40))
+    d = draw(st.sampled_from([16, 32]))
+    return (b, h, t_q, t_k, d), draw(st.booleans()), draw(st.integers(0, 2**31 - 1))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_outputs_and_gradients_for_every_layout(layout):
+    """Output and the gradients of the tensors the views were taken from, against autograd through SDPA in
+    float64 on the same views."""
+    @settings(PROPERTY, max_examples=3)
+    @given(layout_shapes(layout))
+    def check(case):
+        shape, is_causal, seed = case
+        leaves, make = _views(layout, *shape, torch.Generator().manual_seed(seed))
+        ours = [x.float().requires_grad_() for x in leaves]
+        refs = [x.clone().requires_grad_() for x in leaves]
+        out = ft.flash_attention(*make(*ours), is_causal=is_causal)
+        q, k, v = make(*refs)
+        mask = causal_mask(q.shape[2], k.shape[2]) if is_causal else None
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).nan_to_num(0.0)
+        do = torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+        out.backward(do.float())
+        ref.backward(do)
+        what = f"{layout}, q {tuple(q.shape)}, k {tuple(k.shape)}, causal={is_causal}"
+        assert_close(out.detach().double(), ref.detach(), f"output, {what}")
+        for i, (a, r) in enumerate(zip(ours, refs, strict=True)):
+            assert_close(a.grad.double(), r.grad, f"gradient of leaf {i}, {what}")
+
+    check()
+
+
+# ------------------------------------------------------------------------------------------------ GQA, sizes, masks
+
+
+def masked_sdpa(q, k, v, do, is_causal=False, window=None, key_lengths=None):
+    """float64 SDPA on keys and values repeated over each group of query heads, with chapter 4's masks (and the
+    sliding window of chapter 14); fully masked rows -> 0. The output and the gradients of q, k, v."""
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    group = q.shape[1] // k.shape[1]
+    k_rep, v_rep = (x.repeat_interleave(group, dim=1) for x in leaves[1:])
+    t_q, t_k = q.shape[2], k.shape[2]
+    mask = torch.ones(t_q, t_k, dtype=torch.bool)
+    if window is not None:
+        mask = sliding_window_mask(t_q, t_k, window)
+    elif is_causal:
+        mask = causal_mask(t_q, t_k)
+    if key_lengths is not None:
+        mask = mask & padding_mask(key_lengths, t_k)  # (B, 1, Tq, Tk)
+    out = F.scaled_dot_product_attention(leaves[0], k_rep, v_rep, attn_mask=mask).nan_to_num(0.0)
+    out.backward(do)
+    return out.detach(), [x.grad for x in leaves]
+
+
+@st.composite
+def gqa_cases(draw):
+    """Shapes and masks: Hkv in 1..2 key/value heads shared by 1..3 query heads each, head sizes that are no
+    power of two (padded inside the kernel), Dv != Dk, and causal, sliding window, padding, or several at once."""
+    b, h_kv, group = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    t_q, t_k = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    d_k, d_v = draw(st.sampled_from([1, 8, 16, 24, 40])), draw(st.sampled_from([4, 16, 20, 32]))
+    is_causal = draw(st.booleans())
+    window = draw(st.one_of(st.none(), st.integers(1, 20))) if is_causal else None
+    lengths = draw(st.one_of(st.none(), st.lists(st.integers(0, t_k), min_size=b, max_size=b)))
+    blocks = draw(st.sampled_from([(16, 16), (16, 32), (32, 16)]))
+    return (b, h_kv, group, t_q, t_k, d_k, d_v), is_causal, window, lengths, blocks, draw(st.integers(0, 2**31 - 1))
+
+
+@PROPERTY
+@given(gqa_cases())
+def test_gqa_head_sizes_and_masks_equal_sdpa(case):
+    (b, h_kv, group, t_q, t_k, d_k, d_v), is_causal, window, lengths, blocks, seed = case
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h_kv * group, t_q, d_k, generator=g, dtype=torch.float64)
+    k = torch.randn(b, h_kv, t_k, d_k, generator=g, dtype=torch.float64)
+    v = torch.randn(b, h_kv, t_k, d_v, generator=g, dtype=torch.float64)
+    do = torch.randn(b, h_kv * group, t_q, d_v, generator=g, dtype=torch.float64)
+    key_lengths = None if lengths is None else torch.tensor(lengths)
+    ref_out, ref_grads = masked_sdpa(q, k, v, do, is_causal, window, key_lengths)
+    out, grads = flash(q, k, v, do, is_causal, block_m=blocks[0], block_n=blocks[1], window=window,
+                       key_lengths=key_lengths)
+    what = f"q {tuple(q.shape)}, v {tuple(v.shape)}, causal={is_causal}, window={window}, lengths={lengths}"
+    assert_close(out, ref_out, f"output, {what}")
+    for name, ours, ref in zip("qkv", grads, ref_grads, strict=True):
+        assert_close(ours, ref, f"d{name}, {what}")
+
+
+@pytest.mark.parametrize(("t_q", "t_k", "window", "length"), [(100, 100, 40, None), (50, 90, 17, None),
+                                                                (90, 50, None, 33), (64, 64, 20, 40)])
+def test_key_tiles_loaded_are_those_with_a_visible_key(t_q, t_k, window, length):
+    """With a window or a key length the forward loads exactly the key tiles that hold a visible key, and the
+    tiles it loads without a mask are entirely visible."""
+    bm = bn = 16
+    visible = sliding_window_mask(t_q, t_k, window) if window else causal_mask(t_q, t_k)
+    if length is not None:
+        visible = visible & (torch.arange(t_k) < length)
+    for tile, kinds in enumerate(ft.key_tile_kinds(t_q, t_k, bm, bn, True, window, length)):
+        rows = visible[tile * bm:(tile + 1) * bm]
+        for j, kind in enumerate(kinds):
+            block = rows[:, j * bn:(j + 1) * bn]
+            assert (kind > 0) == bool(block.any()), (tile, j)
+            assert kind != 1 or (block.all() and block.shape[1] == bn), (tile, j)
+
+
+def test_gpu_check_refuses_without_a_gpu_and_its_checks_run_here(monkeypatch, capsys):
+    """benchmarks/gpu_check.py returns 2 and says why where there is no CUDA GPU (a check that did not run is no
+    pass); its checks themselves run here, under the interpreter, on tiny sequences."""
+    benchmarks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    monkeypatch.syspath_prepend(benchmarks)
+    import gpu_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main([]) == 2
+    assert "gpu_check needs a CUDA GPU" in capsys.readouterr().out
+    rows, ok = gpu_check.run_checks(ft, dtypes=("fp32",), device="cpu", t=8, head_sizes=(80,))
+    assert ok and len(rows) == 10 and {row[-1] for row in rows} == {"PASS"}
+
+
+def test_memory_traffic_counts_each_matrix_it_moves():
+    """T = 256, Dh = 64, tiles of 128, 2-byte elements, counted by hand: unfused Q, K, V, O (4 * 256 * 64) and
+    S, P written and read (4 * 256^2); tiled Q and O once, K and V twice (2 tiles), the float32 lse."""
+    traffic = ft.memory_traffic(256, 64, 128)
+    assert traffic == {"unfused": (4 * 256 * 64 + 4 * 256 * 256) * 2, "tiled": (6 * 256 * 64) * 2 + 4 * 256}
+    assert ft.memory_traffic(100, 64, 128)["tiled"] == (4 * 100 * 64) * 2 + 400  # one ragged tile: K, V once
+    with pytest.raises(ValueError, match="block_m must be >= 1"):
+        ft.memory_traffic(256, 64, 0)

@@ -4,24 +4,27 @@ A Triton kernel is a Python function decorated with ``@triton.jit`` and launched
 program handles one block of data, and ``tl.load`` / ``tl.store`` move whole blocks between memory and the program,
 with a boolean ``mask`` for the elements past the end of a tensor. The kernels here:
 
-* :func:`_forward_kernel`: one program per (query tile, batch * head). It loads its (BLOCK_M, Dh) queries once and
-  walks over key tiles with chapter 9's online softmax: running maximum ``m``, running sum ``l`` and accumulator
-  ``acc``, rescaled by ``exp(m_old - m_new)`` when a tile raises the maximum. Tiles that lie entirely before the
-  diagonal (and inside the sequence) need no mask; the loop then runs over the tiles that cross the diagonal or the
-  end of the keys, with a mask, and **stops** at the last key any row of the tile may see (causal tile skipping).
-  It stores the output and the log-sum-exp ``lse = m + log(l)`` of each row, all the backward needs.
+* :func:`_forward_kernel`: one program per (query tile, batch * query head). It loads its (BLOCK_M, Dk) queries once
+  and walks over key tiles with chapter 9's online softmax: running maximum ``m``, running sum ``l`` and
+  accumulator ``acc``, rescaled by ``exp(m_old - m_new)`` when a tile raises the maximum. :func:`_key_range` says
+  which key tiles its rows may see (a causal mask **stops** the walk at the diagonal, a sliding window also
+  **starts** it late, a padded batch row stops it at the row's last key) and which of them every row sees whole:
+  those need no mask; the others are masked by :func:`_visible`. It stores the output and the log-sum-exp
+  ``lse = m + log(l)`` of each row, all the backward needs. With GQA a group of query heads reads one key/value
+  head, never copied; heads of any size up to 256 travel in blocks of the next power of two, padded with zeros.
 * :func:`_backward_d_kernel`: ``D = rowsum(dO * O)``, one number per query row (FlashAttention-2).
-* :func:`_backward_dkdv_kernel`: one program per key tile; it walks over the query tiles that may see it, recomputes
-  the probabilities ``P = exp(S - lse)`` and accumulates ``dV = P^T dO`` and ``dK = scale * dS^T Q`` with
-  ``dS = P * (dO V^T - D)``.
+* :func:`_backward_dkdv_kernel`: one program per key tile of a key/value head; it walks over the query tiles of
+  every query head of its group that may see it, recomputes the probabilities ``P = exp(S - lse)`` and
+  accumulates ``dV = P^T dO`` and ``dK = scale * dS^T Q`` with ``dS = P * (dO V^T - D)``.
 * :func:`_backward_dq_kernel`: one program per query tile; ``dQ = scale * dS K`` over its key tiles.
 
 :func:`flash_attention` joins them in a ``torch.autograd.Function``. The same equations on whole matrices, in
 PyTorch, are :mod:`attention_course.flash_reference`.
 
 On a machine without a CUDA GPU the kernels run under Triton's **interpreter** (``TRITON_INTERPRET=1``): each
-program is executed in Python with NumPy, one after the other. Same code, same results, about a million times slower
-than a GPU, but it runs on any Linux CPU, which is what the course's tests and notebooks need. Triton publishes
+program is executed in Python with NumPy, one after the other: the same code and the same arithmetic (bfloat16
+aside, which it computes wrongly), about a million times slower than a GPU, and blind to the GPU's limits (shared
+memory, registers), but it runs on any Linux CPU, which is what the course's tests and notebooks need. Triton publishes
 wheels for Linux only: on macOS or Windows importing this module fails with an ImportError that says so.
 """
 
@@ -32,7 +35,7 @@ import sys
 
 import torch
 
-from .validation import check_attention_inputs
+from .validation import check_attention_inputs, check_floating, check_int, check_lengths, check_tensor
 
 
 def _interpret_without_gpu() -> None:
@@ -67,7 +70,7 @@ except ModuleNotFoundError as err:  # pragma: no cover - Linux CI has triton
                       "Colab, or read its stored outputs in the book.") from err
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HEAD_DIMS = (16, 32, 64, 128)  # powers of two: tl.arange needs one; tl.dot needs every side >= 16
+MAX_HEAD_DIM = 256  # a head is padded to a power of two >= 16 (tl.arange needs one; tl.dot needs sides >= 16)
 BLOCK_SIZES = (16, 32, 64, 128)
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -104,8 +107,8 @@ def softmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _online_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
-    """Fold one tile of scaled scores s (BM, BN) and its values v (BN, Dh) into the running m_i, l_i (BM,) and
-    acc (BM, Dh): chapter 9's online softmax. Rows whose maximum is still -inf (no key seen) use 0 instead, so
+    """Fold one tile of scaled scores s (BM, BN) and its values v (BN, Dv) into the running m_i, l_i (BM,) and
+    acc (BM, Dv): chapter 9's online softmax. Rows whose maximum is still -inf (no key seen) use 0 instead, so
     that exp(-inf - (-inf)) never makes a NaN."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -117,54 +120,107 @@ def _online_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(Q, K, V, O, LSE, scale, T_Q, T_K, H,
+def _visible(rows, cols, T_Q, T_K, length, window, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """True where query ``rows`` may attend key ``cols`` (broadcast against each other: (BM, 1) and (1, BN), or
+    transposed): both inside their sequence, the key before this batch row's ``length``, and, causal, at most the
+    query's position ``rows + T_K - T_Q`` (bottom-right), within ``window`` of it for a sliding window."""
+    position = rows + T_K - T_Q
+    ok = (rows < T_Q) & (cols < length)
+    if IS_CAUSAL:
+        ok = ok & (cols <= position)
+    if HAS_WINDOW:
+        ok = ok & (cols > position - window)
+    return ok
+
+
+@triton.jit
+def _key_range(start_m, T_Q, T_K, length, window, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key tiles of the query tile at ``start_m``: keys [lo, hi) hold every key a row of it may see, and the
+    tiles in [full_lo, full_hi) lie entirely inside what every row sees (no mask needed). ``lo``, ``full_lo`` and
+    ``full_hi`` are multiples of BLOCK_N; :func:`key_tile_kinds` is the same arithmetic in Python."""
+    first = start_m + T_K - T_Q  # the positions of the tile's first and last query
+    last = first + BLOCK_M - 1
+    hi = tl.minimum(first * 0 + length, T_K)  # first * 0: a tensor even where length is a plain int
+    free_hi = hi
+    lo = first * 0
+    free_lo = lo
+    if IS_CAUSAL:
+        hi = tl.minimum(hi, tl.maximum(last + 1, 0))
+        free_hi = tl.minimum(free_hi, tl.maximum(first + 1, 0))
+    if HAS_WINDOW:
+        lo = tl.maximum(first - window + 1, 0)
+        free_lo = tl.maximum(last - window + 1, 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    full_lo = tl.maximum(tl.cdiv(free_lo, BLOCK_N) * BLOCK_N, lo)
+    full_hi = tl.maximum((free_hi // BLOCK_N) * BLOCK_N, full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _load(ptrs, rows_ok, offs_d, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A tile (R, BLOCK_D) of rows: zeros where ``rows_ok`` (R, 1) is False and in the features D .. BLOCK_D - 1
+    that pad a head size to a power of two (zeros change no dot product)."""
+    ok = rows_ok
+    if D < BLOCK_D:
+        ok = ok & (offs_d[None, :] < D)
+    return tl.load(ptrs, mask=ok, other=0.0)
+
+
+@triton.jit
+def _forward_kernel(Q, K, V, O, LSE, LENS, scale, window, T_Q, T_K, H, GROUP,
                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-                    IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
+                    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_K: tl.constexpr, D_V: tl.constexpr,
+                    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M  # this program's query tile ...
-    bh = tl.program_id(1)  # ... of this (batch, head)
+    bh = tl.program_id(1)  # ... of this (batch, query head)
     b, h = bh // H, bh % H
+    h_kv = h // GROUP  # the key/value head its group of GROUP query heads shares (GQA; GROUP = 1: one each)
+    length = T_K
+    if HAS_LENGTHS:
+        length = tl.load(LENS + b)  # this batch row's keys: [0, length), the rest is padding
     offs_m = start_m + tl.arange(0, BLOCK_M)  # (BM,) query rows
     offs_n = tl.arange(0, BLOCK_N)  # (BN,) key columns of a tile, from its start
-    offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                mask=offs_m[:, None] < T_Q, other=0.0)  # (BM, Dh), read once
-    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
-    v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :]
+    offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
+    q = _load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_dk[None, :],
+              offs_m[:, None] < T_Q, offs_dk, D_K, BLOCK_DK)  # (BM, Dk), read once
+    k_ptrs = K + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kt + offs_dk[None, :]
+    v_ptrs = V + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
 
-    # keys [0, free) are visible to every row of the tile, keys >= stop to none (bottom-right causal mask)
-    free, stop = T_K, T_K
-    if IS_CAUSAL:
-        free = tl.minimum(tl.maximum(start_m + T_K - T_Q + 1, 0), T_K)
-        stop = tl.minimum(tl.maximum(start_m + BLOCK_M + T_K - T_Q, 0), T_K)
-    full_stop = (free // BLOCK_N) * BLOCK_N  # whole tiles before it need no mask at all
-
-    for start_n in range(0, full_stop, BLOCK_N):  # tiles below the diagonal: no mask
-        k = tl.load(k_ptrs + start_n * stride_kt)
-        v = tl.load(v_ptrs + start_n * stride_vt)
+    lo, full_lo, full_hi, hi = _key_range(start_m, T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW,
+                                          BLOCK_M, BLOCK_N)
+    every = offs_n[:, None] < BLOCK_N  # (BN, 1) all True: the unmasked tiles lie inside the keys
+    for start_n in range(full_lo, full_hi, BLOCK_N):  # tiles every row sees whole: no mask
+        k = _load(k_ptrs + start_n * stride_kt, every, offs_dk, D_K, BLOCK_DK)
+        v = _load(v_ptrs + start_n * stride_vt, every, offs_dv, D_V, BLOCK_DV)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BM, BN)
         m_i, l_i, acc = _online_step(s, v, m_i, l_i, acc, PRECISION)
-    for start_n in range(full_stop, stop, BLOCK_N):  # the diagonal and the ragged end: masked; then stop
-        cols = start_n + offs_n
-        k = tl.load(k_ptrs + start_n * stride_kt, mask=cols[:, None] < T_K, other=0.0)
-        v = tl.load(v_ptrs + start_n * stride_vt, mask=cols[:, None] < T_K, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        visible = cols[None, :] < T_K
-        if IS_CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + T_K - T_Q)
-        s = tl.where(visible, s, float("-inf"))
-        m_i, l_i, acc = _online_step(s, v, m_i, l_i, acc, PRECISION)
+    # then the tiles that cross a mask's edge (the window's start, the diagonal, the padding, the ragged end),
+    # with the mask; nothing before lo or from hi on is ever loaded
+    for start_n in range(lo, hi, BLOCK_N):
+        if (start_n < full_lo) | (start_n >= full_hi):
+            cols = start_n + offs_n
+            k = _load(k_ptrs + start_n * stride_kt, cols[:, None] < T_K, offs_dk, D_K, BLOCK_DK)
+            v = _load(v_ptrs + start_n * stride_vt, cols[:, None] < T_K, offs_dv, D_V, BLOCK_DV)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            visible = _visible(offs_m[:, None], cols[None, :], T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW)
+            s = tl.where(visible, s, float("-inf"))
+            m_i, l_i, acc = _online_step(s, v, m_i, l_i, acc, PRECISION)
 
     seen = l_i > 0.0  # False for a row that may attend no key: output 0, lse -inf
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=offs_m[:, None] < T_Q)
+    o_ok = offs_m[:, None] < T_Q
+    if D_V < BLOCK_DV:
+        o_ok = o_ok & (offs_dv[None, :] < D_V)
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :],
+             out.to(O.dtype.element_ty), mask=o_ok)
     tl.store(LSE + bh * T_Q + offs_m, lse, mask=offs_m < T_Q)
 
 
@@ -172,18 +228,17 @@ def _forward_kernel(Q, K, V, O, LSE, scale, T_Q, T_K, H,
 
 
 @triton.jit
-def _backward_d_kernel(O, DO, D, T_Q, H, stride_ob, stride_oh, stride_ot, stride_db, stride_dh, stride_dt,
-                       BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """D = rowsum(dO * O) (B * H, Tq), float32: FlashAttention-2's stand-in for rowsum(dP * P)."""
+def _backward_d_kernel(O, DO, D, T_Q, H, stride_ob, stride_oh, stride_ot,
+                       BLOCK_M: tl.constexpr, D_V: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """D = rowsum(dO * O) (B * H, Tq), float32: FlashAttention-2's stand-in for rowsum(dP * P). O and dO are
+    contiguous (B, H, Tq, Dv): one set of strides for both."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m[:, None] < T_Q
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
-                mask=rows, other=0.0)
-    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dt + offs_d[None, :],
-                 mask=rows, other=0.0)
+    offs_d = tl.arange(0, BLOCK_DV)
+    at = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
+    o = _load(O + at, offs_m[:, None] < T_Q, offs_d, D_V, BLOCK_DV)
+    do = _load(DO + at, offs_m[:, None] < T_Q, offs_d, D_V, BLOCK_DV)
     tl.store(D + bh * T_Q + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < T_Q)
 
 
@@ -196,94 +251,121 @@ def _recompute_p(s, lse, visible):
 
 
 @triton.jit
-def _backward_dkdv_kernel(Q, K, V, DO, LSE, D, DK, DV, scale, T_Q, T_K, H,
-                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-                          stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
-                          IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per (key tile, batch * head): dK and dV of its BLOCK_N keys, from every query tile that may
-    see them. Computed transposed, (BN, BM), so that the key rows stay rows."""
-    start_n = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    keys = offs_n[:, None] < T_K
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
-                mask=keys, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
-                mask=keys, other=0.0)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-
-    first = 0
-    if IS_CAUSAL:  # the first query that may see key start_n is start_n - (Tk - Tq): earlier tiles are skipped
-        first = (tl.maximum(start_n - (T_K - T_Q), 0) // BLOCK_M) * BLOCK_M
-    for start_m in range(first, T_Q, BLOCK_M):
-        rows = start_m + offs_m  # (BM,)
-        q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + offs_d[None, :],
-                    mask=rows[:, None] < T_Q, other=0.0)
-        do = tl.load(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dt + offs_d[None, :],
-                     mask=rows[:, None] < T_Q, other=0.0)
-        lse = tl.load(LSE + bh * T_Q + rows, mask=rows < T_Q, other=0.0)
-        d = tl.load(D + bh * T_Q + rows, mask=rows < T_Q, other=0.0)
-        visible = keys & (rows[None, :] < T_Q)  # (BN, BM)
-        if IS_CAUSAL:
-            visible = visible & (offs_n[:, None] <= rows[None, :] + T_K - T_Q)
-        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale  # (BN, BM) = S^T
-        p_t = _recompute_p(s_t, lse[None, :], visible)
-        dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)  # dV = P^T dO
-        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dP^T = V dO^T
-        ds_t = p_t * (dp_t - d[None, :])  # dS^T = P^T * (dP^T - D)
-        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PRECISION)  # dK = dS^T Q (times scale, below)
-    tl.store(DK + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
-             (dk * scale).to(DK.dtype.element_ty), mask=keys)
-    tl.store(DV + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=keys)
+def _query_range(start_n, T_Q, T_K, length, window, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The query rows [lo, hi) that may see a key of the tile at ``start_n`` (lo a multiple of BLOCK_M): from the
+    first query whose position reaches it (causal) to the last whose window still holds it; none past the
+    padding."""
+    lo = start_n * 0
+    hi = tl.where(start_n < length, T_Q, 0)
+    if IS_CAUSAL:  # query i sits at position i + T_K - T_Q and sees keys up to it
+        lo = tl.maximum(start_n - (T_K - T_Q), 0)
+    if HAS_WINDOW:  # ... and none more than window - 1 before it
+        hi = tl.minimum(hi, tl.maximum(start_n + BLOCK_N - 1 + window - (T_K - T_Q), 0))
+    return (lo // BLOCK_M) * BLOCK_M, hi
 
 
 @triton.jit
-def _backward_dq_kernel(Q, K, V, DO, LSE, D, DQ, scale, T_Q, T_K, H,
+def _backward_dkdv_kernel(Q, K, V, DO, LSE, D, DK, DV, LENS, scale, window, T_Q, T_K, H, GROUP,
+                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                          stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
+                          IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_K: tl.constexpr, D_V: tl.constexpr,
+                          BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per (key tile, batch * key/value head): dK and dV of its BLOCK_N keys, summed over the GROUP
+    query heads that share them and every query tile that may see them. Computed transposed, (BN, BM), so that
+    the key rows stay rows. DK and DV are written with K's and V's strides: the launcher makes them equal."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bh_kv = tl.program_id(1)
+    b, h_kv = bh_kv // (H // GROUP), bh_kv % (H // GROUP)
+    length = T_K
+    if HAS_LENGTHS:
+        length = tl.load(LENS + b)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
+    keys = offs_n[:, None] < T_K
+    k_at = b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kt + offs_dk[None, :]
+    v_at = b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :]
+    k = _load(K + k_at, keys, offs_dk, D_K, BLOCK_DK)
+    v = _load(V + v_at, keys, offs_dv, D_V, BLOCK_DV)
+    dk = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+
+    lo, hi = _query_range(start_n, T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+    for h in range(h_kv * GROUP, (h_kv + 1) * GROUP):  # the query heads that read these keys
+        bh = b * H + h
+        for start_m in range(lo, hi, BLOCK_M):
+            rows = start_m + offs_m  # (BM,)
+            q = _load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + offs_dk[None, :],
+                      rows[:, None] < T_Q, offs_dk, D_K, BLOCK_DK)
+            do = _load(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dt + offs_dv[None, :],
+                       rows[:, None] < T_Q, offs_dv, D_V, BLOCK_DV)
+            lse = tl.load(LSE + bh * T_Q + rows, mask=rows < T_Q, other=0.0)
+            d = tl.load(D + bh * T_Q + rows, mask=rows < T_Q, other=0.0)
+            visible = _visible(rows[None, :], offs_n[:, None], T_Q, T_K, length, window, IS_CAUSAL,
+                               HAS_WINDOW)  # (BN, BM)
+            s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale  # (BN, BM) = S^T
+            p_t = _recompute_p(s_t, lse[None, :], visible)
+            dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)  # dV = P^T dO
+            dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dP^T = V dO^T
+            ds_t = p_t * (dp_t - d[None, :])  # dS^T = P^T * (dP^T - D)
+            dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PRECISION)  # dK = dS^T Q (times scale, below)
+    dk_ok, dv_ok = keys, keys
+    if D_K < BLOCK_DK:
+        dk_ok = dk_ok & (offs_dk[None, :] < D_K)
+    if D_V < BLOCK_DV:
+        dv_ok = dv_ok & (offs_dv[None, :] < D_V)
+    tl.store(DK + k_at, (dk * scale).to(DK.dtype.element_ty), mask=dk_ok)
+    tl.store(DV + v_at, dv.to(DV.dtype.element_ty), mask=dv_ok)
+
+
+@triton.jit
+def _backward_dq_kernel(Q, K, V, DO, LSE, D, DQ, LENS, scale, window, T_Q, T_K, H, GROUP,
                         stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                         stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
-                        IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per (query tile, batch * head): dQ = scale * dS K over the key tiles its rows may see."""
+                        IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_K: tl.constexpr, D_V: tl.constexpr,
+                        BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per (query tile, batch * query head): dQ = scale * dS K over the key tiles its rows may see
+    (the forward's range, every tile masked). DQ is written with Q's strides: the launcher makes them equal."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
+    h_kv = h // GROUP
+    length = T_K
+    if HAS_LENGTHS:
+        length = tl.load(LENS + b)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     rows = offs_m[:, None] < T_Q
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                mask=rows, other=0.0)
-    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dt + offs_d[None, :],
-                 mask=rows, other=0.0)
+    q_at = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_dk[None, :]
+    q = _load(Q + q_at, rows, offs_dk, D_K, BLOCK_DK)
+    do = _load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dt + offs_dv[None, :],
+               rows, offs_dv, D_V, BLOCK_DV)
     lse = tl.load(LSE + bh * T_Q + offs_m, mask=offs_m < T_Q, other=0.0)
     d = tl.load(D + bh * T_Q + offs_m, mask=offs_m < T_Q, other=0.0)
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
 
-    stop = T_K
-    if IS_CAUSAL:  # as in the forward: no row of this tile sees a key at or after stop
-        stop = tl.minimum(tl.maximum(start_m + BLOCK_M + T_K - T_Q, 0), T_K)
-    for start_n in range(0, stop, BLOCK_N):
+    lo, full_lo, full_hi, hi = _key_range(start_m, T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW,
+                                          BLOCK_M, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + offs_d[None, :],
-                    mask=cols[:, None] < T_K, other=0.0)
-        v = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vt + offs_d[None, :],
-                    mask=cols[:, None] < T_K, other=0.0)
-        visible = rows & (cols[None, :] < T_K)
-        if IS_CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + T_K - T_Q)
+        k = _load(K + b * stride_kb + h_kv * stride_kh + cols[:, None] * stride_kt + offs_dk[None, :],
+                  cols[:, None] < T_K, offs_dk, D_K, BLOCK_DK)
+        v = _load(V + b * stride_vb + h_kv * stride_vh + cols[:, None] * stride_vt + offs_dv[None, :],
+                  cols[:, None] < T_K, offs_dv, D_V, BLOCK_DV)
+        visible = _visible(offs_m[:, None], cols[None, :], T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BM, BN)
         p = _recompute_p(s, lse[:, None], visible)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dP = dO V^T
         ds = p * (dp - d[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    tl.store(DQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=rows)
+    dq_ok = rows
+    if D_K < BLOCK_DK:
+        dq_ok = dq_ok & (offs_dk[None, :] < D_K)
+    tl.store(DQ + q_at, (dq * scale).to(DQ.dtype.element_ty), mask=dq_ok)
 
 
 # ------------------------------------------------------------------------------------------------ launchers
@@ -297,26 +379,36 @@ def _power_of_two_in(value, allowed, name: str, why: str) -> int:
     return value
 
 
-def check_flash_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise, naming the problem, unless q, k, v (B, H, T, Dh) are what the kernels handle.
+def check_flash_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                       window: int | None = None, key_lengths: torch.Tensor | None = None) -> None:
+    """Raise, naming the problem, unless q (B, Hq, Tq, Dk), k (B, Hkv, Tk, Dk), v (B, Hkv, Tk, Dv) and the mask's
+    arguments are what the kernels handle.
 
-    The kernels read one (batch, head) per program with no broadcasting, a head size Dh in :data:`HEAD_DIMS` for
-    queries, keys and values alike, float32 / float16 (bfloat16 on a GPU only: the interpreter computes it wrongly),
-    on the GPU when the kernels are compiled and on the CPU when they are interpreted.
+    Hq must be a multiple of Hkv (each key/value head serves Hq / Hkv query heads: GQA, MQA); head sizes up to
+    :data:`MAX_HEAD_DIM` (padded to a power of two >= 16 inside the kernel); float32 / float16 (bfloat16 on a GPU
+    only: the interpreter computes it wrongly), on the GPU when the kernels are compiled and on the CPU when they
+    are interpreted. Any strides: the kernels read through them, and the backward writes into fresh tensors.
     """
-    check_attention_inputs(q, k, v)
     for name, x in (("query", q), ("key", k), ("value", v)):
+        check_floating(x, name)
         if x.dim() != 4:
             raise ValueError(f"{name} must be 4-D (B, H, T, Dh), got shape {tuple(x.shape)}")
         if x.shape[-2] == 0:
             raise ValueError(f"{name} has length T = 0: there is nothing to attend")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
-        raise ValueError(f"query, key and value must have the same (B, H), got {tuple(q.shape[:2])}, "
-                         f"{tuple(k.shape[:2])}, {tuple(v.shape[:2])} (the kernel does not broadcast)")
-    if v.shape[-1] != q.shape[-1]:
-        raise ValueError(f"value head size Dv={v.shape[-1]} != query head size Dk={q.shape[-1]}: the kernel "
-                         "needs one head size")
-    _power_of_two_in(q.shape[-1], HEAD_DIMS, "head size Dh", "the kernel's tiles need a power of two in")
+        if 0 in x.shape:
+            raise ValueError(f"{name} has an empty dimension, shape {tuple(x.shape)}: B, H and Dh must be >= 1")
+        if x.shape[-1] > MAX_HEAD_DIM:
+            raise ValueError(f"{name} head size {x.shape[-1]} is larger than {MAX_HEAD_DIM}, the most a tile of "
+                             "the kernel holds")
+    if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"query, key and value must have one batch size B and key and value the same heads, got "
+                         f"{tuple(q.shape[:2])}, {tuple(k.shape[:2])}, {tuple(v.shape[:2])} (the kernel does not "
+                         "broadcast)")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{q.shape[1]} query heads do not split into groups over {k.shape[1]} key/value heads: "
+                         "Hq must be a multiple of Hkv")
+    groups = q.shape[1] // k.shape[1]  # query heads per key/value head: SDPA's broadcast over (B, Hkv, group)
+    check_attention_inputs(q.unflatten(1, (k.shape[1], groups)), k[:, :, None], v[:, :, None])
     if q.dtype not in _DTYPES or (INTERPRETED and q.dtype == torch.bfloat16):
         where = "under Triton's interpreter (no GPU)" if INTERPRETED else "on the GPU"
         allowed = ("float32", "float16") if INTERPRETED else tuple(_DTYPES.values())
@@ -326,23 +418,39 @@ def check_flash_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Non
     if not INTERPRETED and q.device.type != "cuda":
         raise ValueError(f"the tensors are on {q.device}, but the kernels are compiled for the GPU: move them with "
                          ".cuda()")
+    if window is not None:
+        check_int(window, "window")
+        if not is_causal:
+            raise ValueError("window needs is_causal=True: the sliding window is causal (query i sees keys i' - "
+                             "window < j <= i', as masks.sliding_window_mask)")
+    if key_lengths is not None:
+        check_tensor(key_lengths, "key_lengths")
+        check_lengths(key_lengths, k.shape[2])
+        if key_lengths.shape[0] != q.shape[0] or key_lengths.device != q.device:
+            raise ValueError(f"key_lengths must be (B,) = ({q.shape[0]},) on {q.device}, got "
+                             f"{tuple(key_lengths.shape)} on {key_lengths.device}")
 
 
 def _blocks(block_m, block_n, head_dim: int) -> tuple[int, int]:
     """Tile sizes: small under the interpreter (each program is Python), larger on a GPU (fewer programs)."""
-    default_m, default_n = (32, 32) if INTERPRETED else ((128, 64) if head_dim <= 64 else (64, 64))
+    gpu = (128, 64) if head_dim <= 64 else (64, 64) if head_dim <= 128 else (64, 32)  # tiles in shared memory
+    default_m, default_n = (32, 32) if INTERPRETED else gpu
     why = "a tile needs a power of two in"
     return (_power_of_two_in(default_m if block_m is None else block_m, BLOCK_SIZES, "block_m", why),
             _power_of_two_in(default_n if block_n is None else block_n, BLOCK_SIZES, "block_n", why))
 
 
-def _launch_options(head_dim: int) -> dict:
-    """Warps and software-pipelining stages of a compiled launch (a GPU's business; the interpreter has neither)."""
-    return {} if INTERPRETED else {"num_warps": 8 if head_dim > 64 else 4, "num_stages": 3}  # pragma: no cover
+def _launch_options(head_dim: int, dtype: torch.dtype) -> dict:
+    """Warps and software-pipelining stages of a compiled launch (a GPU's business; the interpreter has neither).
+    Each stage holds a K and a V tile in shared memory: two stages where a stage's tiles are large (float32 heads
+    over 64 features, any head over 128), so that they fit in the 163 KiB an A100 gives a program."""
+    large = head_dim > 128 or (head_dim > 64 and dtype == torch.float32)
+    return {} if INTERPRETED else {"num_warps": 8 if head_dim > 64 else 4,  # pragma: no cover
+                                   "num_stages": 2 if large else 3}
 
 
 def _contiguous_rows(x: torch.Tensor) -> torch.Tensor:
-    """The kernels address (B, H, T) by strides but assume the Dh features of a row lie side by side."""
+    """The kernels address (B, H, T) by strides but assume the features of a row lie side by side."""
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
@@ -356,45 +464,73 @@ def _precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None
 
 
-def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                  block_m: int | None = None, block_n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the forward kernel: the output (B, H, Tq, Dh) and the log-sum-exp of each row (B, H, Tq), float32.
+def _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n) -> tuple[tuple, dict]:
+    """What every kernel takes besides its tensors: (lengths, scale, window, Tq, Tk, Hq, group) and the
+    compile-time constants (the mask's kind, the tiles, the head sizes and their padded blocks)."""
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    bm, bn = _blocks(block_m, block_n, max(d_k, d_v))
+    lengths = q.new_zeros(1, dtype=torch.int32) if key_lengths is None else key_lengths.to(torch.int32)
+    args = (lengths, d_k**-0.5, 0 if window is None else window, q.shape[2], k.shape[2], q.shape[1],
+            q.shape[1] // k.shape[1])
+    constants = dict(IS_CAUSAL=bool(is_causal), HAS_WINDOW=window is not None, HAS_LENGTHS=key_lengths is not None,
+                     BLOCK_M=bm, BLOCK_N=bn, D_K=d_k, BLOCK_DK=_padded(d_k), D_V=d_v, BLOCK_DV=_padded(d_v),
+                     PRECISION=_precision(q.dtype),
+                     **_launch_options(max(d_k, d_v), q.dtype))
+    return args, constants
 
-    q (B, H, Tq, Dh), k and v (B, H, Tk, Dh). ``is_causal``: bottom-right aligned (query i may attend key j iff
-    j <= i + Tk - Tq); a row that may attend no key gets output 0 and lse -inf.
+
+def _padded(head_dim: int) -> int:
+    """The block that holds a head: a power of two (tl.arange) of at least 16 (tl.dot)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                  block_m: int | None = None, block_n: int | None = None, *, window: int | None = None,
+                  key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel: the output (B, Hq, Tq, Dv) and the log-sum-exp of each row (B, Hq, Tq), float32.
+
+    q (B, Hq, Tq, Dk), k (B, Hkv, Tk, Dk), v (B, Hkv, Tk, Dv). Masks: ``is_causal`` bottom-right aligned (query i
+    may attend key j iff j <= i' = i + Tk - Tq); ``window`` (with ``is_causal``): also j > i' - window;
+    ``key_lengths`` (B,): batch row b attends only its first key_lengths[b] keys. A row that may attend no key
+    gets output 0 and lse -inf.
     """
-    check_flash_inputs(q, k, v)
+    check_flash_inputs(q, k, v, is_causal, window, key_lengths)
     q, k, v = (_contiguous_rows(x) for x in (q, k, v))
-    bm, bn = _blocks(block_m, block_n, q.shape[-1])
-    b, h, t_q, dh = q.shape
-    o = torch.empty_like(q)
+    args, constants = _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n)
+    b, h, t_q, d_v = *q.shape[:3], v.shape[-1]
+    o = torch.empty((b, h, t_q, d_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, t_q), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(t_q, bm), b * h)  # one program per (query tile, batch * head)
-    _forward_kernel[grid](q, k, v, o, lse, dh**-0.5, t_q, k.shape[2], h, *_strides(q), *_strides(k), *_strides(v),
-                          *_strides(o), IS_CAUSAL=bool(is_causal), BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=dh,
-                          PRECISION=_precision(q.dtype), **_launch_options(dh))
+    grid = (triton.cdiv(t_q, constants["BLOCK_M"]), b * h)  # one program per (query tile, batch * query head)
+    _forward_kernel[grid](q, k, v, o, lse, *args, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+                          **constants)
     return o, lse
 
 
 def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, block_m: int | None = None,
-                   block_n: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   block_n: int | None = None, *, window: int | None = None,
+                   key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels: (dQ, dK, dV) from the inputs, the output ``o``, its ``lse`` and the output's
-    gradient ``do`` (B, H, Tq, Dh). Three launches: D = rowsum(dO * O), then dK and dV per key tile, then dQ per
-    query tile (two kernels rather than one, so that no two programs add into the same rows)."""
-    check_flash_inputs(q, k, v)
-    q, k, v, o, do = (_contiguous_rows(x) for x in (q, k, v, o, do))
-    bm, bn = _blocks(block_m, block_n, q.shape[-1])
-    b, h, t_q, dh = q.shape
-    t_k = k.shape[2]
+    gradient ``do`` (B, Hq, Tq, Dv). Three launches: D = rowsum(dO * O), then dK and dV per key tile (summed over
+    the query heads of its group), then dQ per query tile (two kernels rather than one, so that no two programs
+    add into the same rows).
+
+    The kernels write each gradient with the strides of the tensor it is the gradient of, so every tensor is made
+    contiguous first and each gradient allocated like it: a view (a slice of a fused QKV, of the head dimension, an
+    expanded or transposed tensor) is never written through. Autograd then maps the gradients back to the views'
+    bases (summing an expanded tensor's gradient over its copies)."""
+    check_flash_inputs(q, k, v, is_causal, window, key_lengths)
+    q, k, v, o, lse, do = (x.contiguous() for x in (q, k, v, o, lse, do))
+    args, constants = _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n)
+    b, h, t_q, d_v = *q.shape[:3], v.shape[-1]
+    bm, bn = constants["BLOCK_M"], constants["BLOCK_N"]
     d = torch.empty((b, h, t_q), dtype=torch.float32, device=q.device)
-    _backward_d_kernel[(triton.cdiv(t_q, bm), b * h)](o, do, d, t_q, h, *_strides(o), *_strides(do),
-                                                       BLOCK_M=bm, HEAD_DIM=dh)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(IS_CAUSAL=bool(is_causal), BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=dh, PRECISION=_precision(q.dtype),
-                  **_launch_options(dh))
-    args = (dh**-0.5, t_q, t_k, h, *_strides(q), *_strides(k), *_strides(v), *_strides(do))
-    _backward_dkdv_kernel[(triton.cdiv(t_k, bn), b * h)](q, k, v, do, lse, d, dk, dv, *args, **common)
-    _backward_dq_kernel[(triton.cdiv(t_q, bm), b * h)](q, k, v, do, lse, d, dq, *args, **common)
+    _backward_d_kernel[(triton.cdiv(t_q, bm), b * h)](o, do, d, t_q, h, *_strides(o), BLOCK_M=bm, D_V=d_v,
+                                                       BLOCK_DV=constants["BLOCK_DV"])
+    dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do))
+    _backward_dkdv_kernel[(triton.cdiv(k.shape[2], bn), b * k.shape[1])](q, k, v, do, lse, d, dk, dv, *args,
+                                                                          *strides, **constants)
+    _backward_dq_kernel[(triton.cdiv(t_q, bm), b * h)](q, k, v, do, lse, d, dq, *args, *strides, **constants)
     return dq, dk, dv
 
 
@@ -402,46 +538,84 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Autograd's view of the kernels: forward saves q, k, v, the output and the log-sum-exp (never P)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, block_m, block_n):
-        o, lse = flash_forward(q, k, v, is_causal, block_m, block_n)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = (is_causal, block_m, block_n)
+    def forward(ctx, q, k, v, is_causal, block_m, block_n, window, key_lengths):
+        o, lse = flash_forward(q, k, v, is_causal, block_m, block_n, window=window, key_lengths=key_lengths)
+        ctx.save_for_backward(q, k, v, o, lse, key_lengths)
+        ctx.options = (is_causal, block_m, block_n, window)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(q, k, v, o, lse, do, *ctx.options)
-        return dq, dk, dv, None, None, None
+        q, k, v, o, lse, key_lengths = ctx.saved_tensors
+        is_causal, block_m, block_n, window = ctx.options
+        dq, dk, dv = flash_backward(q, k, v, o, lse, do, is_causal, block_m, block_n, window=window,
+                                    key_lengths=key_lengths)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                    block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
-    """Scaled dot-product attention (B, H, Tq, Dh) by the Triton kernels, differentiable in q, k and v.
+                    block_m: int | None = None, block_n: int | None = None, *, window: int | None = None,
+                    key_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled dot-product attention (B, Hq, Tq, Dv) by the Triton kernels, differentiable in q, k and v.
 
-    Equal to ``F.scaled_dot_product_attention(q, k, v, is_causal=...)`` up to float rounding when Tq == Tk; for
-    Tq != Tk the causal mask is bottom-right aligned, as the course's ``causal_mask``.
+    q (B, Hq, Tq, Dk), k (B, Hkv, Tk, Dk), v (B, Hkv, Tk, Dv), Hq a multiple of Hkv (GQA: query head h reads
+    key/value head h // (Hq / Hkv), as SDPA's ``enable_gqa``). Equal to SDPA with the mask ``causal_mask`` (or
+    ``sliding_window_mask`` for a ``window``) combined with ``padding_mask(key_lengths)``, up to float rounding;
+    rows that may attend no key give 0.
     """
-    return FlashAttentionFunction.apply(q, k, v, is_causal, block_m, block_n)
+    return FlashAttentionFunction.apply(q, k, v, is_causal, block_m, block_n, window, key_lengths)
 
 
-def key_tile_kinds(t_q: int, t_k: int, block_m: int, block_n: int, is_causal: bool) -> list[list[int]]:
+def key_range(start_m: int, t_q: int, t_k: int, block_m: int, block_n: int, is_causal: bool,
+              window: int | None = None, length: int | None = None) -> tuple[int, int, int, int]:
+    """:func:`_key_range` in Python: (lo, full_lo, full_hi, hi) of the query tile at ``start_m``."""
+    first = start_m + t_k - t_q
+    last = first + block_m - 1
+    hi = free_hi = t_k if length is None else min(length, t_k)
+    lo = free_lo = 0
+    if is_causal:
+        hi, free_hi = min(hi, max(last + 1, 0)), min(free_hi, max(first + 1, 0))
+    if window is not None:
+        lo, free_lo = max(first - window + 1, 0), max(last - window + 1, 0)
+    lo = lo // block_n * block_n
+    full_lo = max(-(-free_lo // block_n) * block_n, lo)
+    return lo, full_lo, max(free_hi // block_n * block_n, full_lo), hi
+
+
+def key_tile_kinds(t_q: int, t_k: int, block_m: int, block_n: int, is_causal: bool, window: int | None = None,
+                   length: int | None = None) -> list[list[int]]:
     """What the forward kernel does with each (query tile, key tile), by the kernel's own bounds: 0 never loaded,
-    1 loaded without a mask (before ``full_stop``), 2 loaded with the mask (the diagonal, the ragged end)."""
+    1 loaded without a mask (in [full_lo, full_hi)), 2 loaded with the mask (a mask's edge, the ragged end)."""
     kinds = []
     for start_m in range(0, t_q, block_m):
-        free, stop = t_k, t_k
-        if is_causal:
-            free = min(max(start_m + t_k - t_q + 1, 0), t_k)
-            stop = min(max(start_m + block_m + t_k - t_q, 0), t_k)
-        full_stop = free // block_n * block_n
-        kinds.append([0 if start_n >= stop else 1 if start_n < full_stop else 2 for start_n in range(0, t_k, block_n)])
+        lo, full_lo, full_hi, hi = key_range(start_m, t_q, t_k, block_m, block_n, is_causal, window, length)
+        kinds.append([1 if full_lo <= start_n < full_hi else 2 if lo <= start_n < hi else 0
+                      for start_n in range(0, t_k, block_n)])
     return kinds
 
 
-def key_tiles_visited(query_tile: int, t_q: int, t_k: int, block_m: int, block_n: int, is_causal: bool) -> int:
+def key_tiles_visited(query_tile: int, t_q: int, t_k: int, block_m: int, block_n: int, is_causal: bool,
+                      window: int | None = None, length: int | None = None) -> int:
     """How many key tiles the forward program of query tile ``query_tile`` loads."""
-    return sum(kind > 0 for kind in key_tile_kinds(t_q, t_k, block_m, block_n, is_causal)[query_tile])
+    kinds = key_tile_kinds(t_q, t_k, block_m, block_n, is_causal, window, length)
+    return sum(kind > 0 for kind in kinds[query_tile])
+
+
+def memory_traffic(t: int, head_dim: int, block_m: int, bytes_per_element: int = 2) -> dict[str, int]:
+    """Bytes one (batch, head) of a forward pass moves between the GPU's memory (HBM) and its processors, counted
+    element by element, without caches (a GPU's L2 absorbs part of the repeated reads), for T queries and T keys.
+
+    ``"unfused"``: attention as three kernels, S = Q K^T written out, the softmax reading S and writing P, then
+    O = P V reading P: Q, K, V read once, S and P (T, T) each written once and read once, O written once.
+    ``"tiled"``: the forward kernel here: Q read once, K and V once per query tile (ceil(T / block_m) times), O
+    written once, and the float32 log-sum-exp of each row.
+    """
+    for value, name in ((t, "t"), (head_dim, "head_dim"), (block_m, "block_m"), (bytes_per_element, "bytes")):
+        check_int(value, name)
+    row = t * head_dim  # elements of one (T, Dh) matrix
+    unfused = (3 * row + 4 * t * t + row) * bytes_per_element
+    tiled = (row + 2 * row * -(-t // block_m) + row) * bytes_per_element + 4 * t
+    return {"unfused": unfused, "tiled": tiled}
 
 
 # ------------------------------------------------------------------------------------------------ what the GPU adds
@@ -459,9 +633,9 @@ def gpu_benchmark_summary(path) -> list[str]:
         # lines of at most 79 characters: the book's output column holds 81 (tests/test_browser.py)
         return ["No GPU result yet: no run on a GPU has been recorded. On a Linux machine",
                 "with a CUDA GPU run",
-                "    python benchmarks/bench_triton.py",
-                "which times the kernels against SDPA's flash backend and writes",
-                f"{path.name}; this cell reads it."]
+                "    python benchmarks/gpu_check.py",
+                "which checks the kernels there, times them against SDPA's flash backend",
+                f"(benchmarks/bench_triton.py) and writes {path.name}; this cell reads it."]
     result = json.loads(path.read_text())
     config, table = result["config"], result["table"]
     lines = [f"GPU: {config['gpu']}, {config['date']}, torch {config['torch']}, triton {config['triton']}",

@@ -801,6 +801,29 @@ mistake("dk-missing-scale", "attention backward: dK without the scale 1 / sqrt(d
         "Your dK is sqrt(d) times too large: the scores are S = Q K^T / sqrt(d), so dK = dS^T Q / sqrt(d); the "
         "chain rule passes the scale on to the gradients of Q and K.",
         chapter=16, topic="kernels")
+mistake("kernel-not-written", "a kernel exercise answered without a kernel of one's own (PyTorch, SDPA, autograd, "
+        "the library's kernel)",
+        "Your function {detail}. The exercise is the Triton kernel itself: the launcher only allocates the outputs "
+        "and launches it; the scores, the softmax and the sums happen inside the kernel (chapter 16, 'Triton's "
+        "model: programs and blocks').",
+        chapter=16, topic="kernels")
+mistake("scores-overflow", "kernel: exp of the scores overflows at large scores (no running maximum, or one that "
+        "stops following the scores)",
+        "Your output has inf or NaN where the reference is finite, with {detail}: exp overflows float32 above 88. "
+        "Look at what each exp subtracts from the scores, at every tile: it must keep every exponent <= 0 "
+        "(chapter 9, the online softmax).",
+        chapter=16, topic="kernels")
+mistake("lse-overflows", "log-sum-exp formed through exp(m) (log(l * exp(m))), which overflows at large scores",
+        "Your log-sum-exp is inf or NaN where the reference is finite, with {detail}: somewhere it takes exp of a "
+        "row maximum, which overflows float32 above 88. The log-sum-exp can be formed from m and l without any exp.",
+        chapter=16, topic="kernels")
+mistake("causal-tiles-not-skipped", "causal kernel: key tiles past the diagonal loaded (the loop stops late or "
+        "never), though masked",
+        "The values of one key tile were set to inf, and your output has inf or NaN in {detail}, which may not see "
+        "that tile: their programs loaded it. Masked scores do not change the output, but every tile loaded past "
+        "the diagonal costs a load and a tile product for nothing; where does your causal loop stop (chapter 16, "
+        "'Where the causal loop stops')?",
+        chapter=16, topic="kernels")
 
 
 # ==================================================================================================================

@@ -5,15 +5,24 @@ tensors, tiles of ``BLOCK`` = 16 rows. Each check calls the launcher and compare
 references computed here (NumPy, no Triton: this module never imports it). A wrong result is compared with
 :func:`tiled_forward` or :func:`dk_variant`, the same tile loop with one deliberate mistake, and named; the
 simulation tries tiles of 16, 32 and 64 so that a student who chose other tiles is still diagnosed.
+
+What the exercises are about, beyond the returned values, is observed: every call runs inside a
+:class:`.observe.ScoreCounter` (a Triton kernel, compiled or interpreted, computes its scores outside PyTorch, so an
+answer whose scores PyTorch computes, SDPA, ``q @ k.T``, autograd, is no kernel), with the library's own kernels
+disarmed where the call runs in this process (the grader reads the submission for calls of the library); one case
+has scores large enough that ``exp`` overflows float32 without the running maximum; and the causal check poisons
+the values of one key tile with ``inf``, which only a program that loads that tile can see.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 
 import numpy as np
 
-from . import hidden
+from . import hidden, observe
 from .cases import to_framework
 from .diagnosis import diagnose
 from .questions import number_question
@@ -126,34 +135,128 @@ _FORWARD_CASES = [(16, 16), (37, 16), (50, 32), (5, 16)]  # (T, Dh): one tile, r
 _CAUSAL_CASES = [(48, 16), (16, 16), (64, 32)]
 
 
+LARGE_SPREAD = 8.0  # q, k entries of standard deviation 8: scores of standard deviation 64, row maxima above 88
+_POISONED = (128, 16, 64)  # (T, Dh, first key of the poisoned tile): a multiple of every tile in BLOCKS
+
+
+class _LibraryKernelCalled(Exception):
+    """Raised by a disarmed library kernel: the answer launched the course's kernel instead of its own."""
+
+
+class _Disarmed:
+    """Stands in for one of :mod:`attention_course.flash_triton`'s kernels during a check: launching it raises."""
+
+    def __getitem__(self, grid):
+        raise _LibraryKernelCalled
+
+
+@contextlib.contextmanager
+def _library_kernels_disarmed():
+    """While the student's call runs in this process, the library's kernels cannot be launched (its launchers
+    read them from the module at each call). Under the grader the call runs in the sandbox, and the grader rejects
+    a submission that uses the library (``calls-reference``) before any check runs."""
+    library = sys.modules.get("attention_course.flash_triton")
+    names = [name for name in dir(library) if name.startswith("_") and name.endswith("_kernel")] if library else []
+    saved = {name: getattr(library, name) for name in names}
+    try:
+        for name in names:
+            setattr(library, name, _Disarmed())
+        yield
+    finally:
+        for name, kernel in saved.items():
+            setattr(library, name, kernel)
+
+
+def _call_kernel(fn, args: dict, label: str, positional: int, case: str, dk: int):
+    """The student's launcher called as the exercise's kernel must be: no query-key score computed by PyTorch
+    (counted where the call can be observed) and no kernel of the library launched."""
+    counter = observe.ScoreCounter(dk)
+    try:
+        with _library_kernels_disarmed(), counter if observe.observable(fn) else contextlib.nullcontext():
+            result = call(fn, args, label, positional=positional)
+    except Exception as err:  # noqa: BLE001 - call() wraps the student's exceptions; find ours inside
+        if isinstance(err, _LibraryKernelCalled) or "_LibraryKernelCalled" in str(err):
+            raise fail("kernel-not-written", detail="launches the course's own kernel (attention_course."
+                       "flash_triton)", case=case) from None
+        raise
+    if counter.scores:
+        raise fail("kernel-not-written", detail=f"computes {counter.scores} query-key scores with PyTorch "
+                   "(a matrix product, SDPA or autograd), which a Triton kernel never does", case=case)
+    return result
+
+
+def _overflow_failure(out, ref, q, k, case, what):
+    """A non-finite result where the reference is finite, on scores past exp's float32 range: the running maximum
+    is missing or stops following the scores (or, for the log-sum-exp, exp(m) is formed)."""
+    top = float(np.max(q @ k.T / math.sqrt(q.shape[1])))
+    if np.isfinite(out).all() or not np.isfinite(ref).all() or top < math.log(np.finfo(np.float32).max):
+        return None  # not an overflow: other mistakes give NaN too (a row that sees no key)
+    code = "lse-overflows" if what == "log-sum-exp" else "scores-overflow"
+    return fail(code, detail=f"scores up to {top:.0f}", case=case)
+
+
+def _forward_sizes(causal: bool) -> list[tuple[int, int, float]]:
+    """(T, Dh, spread) of each case: the fixed ones, the grader's hidden ones, then one with large scores."""
+    fixed = _CAUSAL_CASES if causal else _FORWARD_CASES
+    sizes = fixed + hidden.triton_sizes(BLOCKS[0] if causal else None)
+    return [(t, d, 2.0) for t, d in sizes] + [(48, 16, LARGE_SPREAD)]
+
+
 def _forward_body(fn, label, causal):
     rng = np.random.default_rng(160 + causal)
-    multiple = BLOCKS[0] if causal else None
-    sizes = (_CAUSAL_CASES if causal else _FORWARD_CASES) + hidden.triton_sizes(multiple)
-    for n, (t, d) in enumerate(sizes, 1):
-        q, k, v = _inputs(rng, t, d)
-        case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}"
-        out = as_array(call(fn, _torch_args(q=q, k=k, v=v), label, positional=3), "result", case)
+    sizes = _forward_sizes(causal)
+    for n, (t, d, spread) in enumerate(sizes, 1):
+        q, k, v = _inputs(rng, t, d, spread)
+        case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}, scores of std {spread**2:.0f}"
+        out = as_array(_call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d), "result", case)
         ref = tiled_forward(q, k, v, BLOCKS[0], causal=causal)[0]
         if not close(out, ref, ATOL, RTOL):
+            overflow = _overflow_failure(out, ref, q, k, case, "output")
+            if overflow:
+                raise overflow
             _match(out, _forward_candidates(q, k, v, causal), case, ref, "output")
+    if causal:
+        _require_tiles_skipped(fn, label, rng, len(sizes) + 1)
     what = "causal attention, T a multiple of the tile" if causal else "attention, T ragged and shorter than a tile"
-    return f"✓ {display_name(fn, label)}: {len(sizes)} random cases ({what}) match the float64 reference"
+    extra = ", loading no key tile past the diagonal" if causal else ""
+    return (f"✓ {display_name(fn, label)}: {len(sizes) + causal} random cases ({what}; large scores) match the "
+            f"float64 reference{extra}")
+
+
+def _require_tiles_skipped(fn, label, rng, n):
+    """The values of key tile [64, 80) are inf: a row before 64 may not see it, and only a program that loads it
+    reads an inf (0 * inf is NaN, so even masked scores do not hide it). Rows 0..63 must come out finite and right."""
+    t, d, first = _POISONED
+    q, k, v = _inputs(rng, t, d)
+    v[first:first + BLOCKS[0]] = np.inf
+    case = (f"case {n} of {n}: q, k, v of shape {shape_text(q.shape)}, the values of keys {first}..."
+            f"{first + BLOCKS[0] - 1} set to inf")
+    out = as_array(_call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d), "result", case)
+    ref = tiled_forward(q[:first], k[:first], v[:first], BLOCKS[0], causal=True)[0]
+    if not np.isfinite(out[:first]).all():
+        rows = np.flatnonzero(~np.isfinite(out[:first]).all(axis=1))
+        raise fail("causal-tiles-not-skipped", detail=f"rows {rows.min()}..{rows.max()}", case=case)
+    if not close(out[:first], ref, ATOL, RTOL):
+        diagnose(out[:first], None, [], case, ref, None, what="output rows 0..63", atol=ATOL, rtol=RTOL)
 
 
 def check_tile_loop(fn, *, timeout: float = TIMEOUT):
     """Chapter 16: check ``fn(q, k, v)`` -> out (T, Dh): attention of one head (scale 1 / sqrt(Dh), no mask) by a
     Triton kernel that walks over key tiles with the online softmax. q, k, v (T, Dh) float32 tensors; T is not a
-    multiple of the tile in some cases. Diagnoses ``[sum-not-rescaled]``, ``[stream-not-rescaled]``,
-    ``[ragged-tile-unmasked]`` and ``[weights-not-normalized]``."""
+    multiple of the tile in some cases, and one case has scores past exp's float32 range. Diagnoses
+    ``[sum-not-rescaled]``, ``[stream-not-rescaled]``, ``[ragged-tile-unmasked]``, ``[weights-not-normalized]``,
+    ``[scores-overflow]`` and ``[kernel-not-written]``."""
+    observe.warm_up()
     run_check(lambda: _forward_body(fn, "attention_forward", causal=False), timeout)
 
 
 def check_causal_tiles(fn, *, timeout: float = TIMEOUT):
     """Chapter 16: check ``fn(q, k, v)`` -> out (T, Dh): causal attention of one head (query i sees keys j <= i) by
     a kernel whose unmasked loop covers the tiles below the diagonal and whose masked loop covers the diagonal tile,
-    then stops. T is a multiple of the tile of 16. Diagnoses ``[causal-bound-off-by-one-tile]`` and
-    ``[mask-ignored]``."""
+    then stops. T is a multiple of the tile of 16. Diagnoses ``[causal-bound-off-by-one-tile]``,
+    ``[mask-ignored]``, ``[causal-tiles-not-skipped]`` (a tile past the diagonal loaded, seen through values set to
+    inf), ``[scores-overflow]`` and ``[kernel-not-written]``."""
+    observe.warm_up()
     run_check(lambda: _forward_body(fn, "causal_forward", causal=True), timeout)
 
 
@@ -164,19 +267,26 @@ def check_causal_tiles(fn, *, timeout: float = TIMEOUT):
 
 def _lse_body(fn, label):
     rng = np.random.default_rng(162)
-    sizes = _FORWARD_CASES + hidden.triton_sizes()
-    for n, (t, d) in enumerate(sizes, 1):
-        q, k, v = _inputs(rng, t, d)
-        case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}"
-        out, lse = split_result(call(fn, _torch_args(q=q, k=k, v=v), label, positional=3), case, ("out", "lse"))
+    sizes = _forward_sizes(causal=False)
+    for n, (t, d, spread) in enumerate(sizes, 1):
+        q, k, v = _inputs(rng, t, d, spread)
+        case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}, scores of std {spread**2:.0f}"
+        result = _call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d)
+        out, lse = split_result(result, case, ("out", "lse"))
         if lse is None:
             raise fail("wrong-type", "Return the output AND the log-sum-exp of each row: (out, lse).", case=case)
         out, lse = as_array(out, "out", case), as_array(lse, "lse", case)
         ref_out, ref_lse = tiled_forward(q, k, v, BLOCKS[0])
         if not close(out, ref_out, ATOL, RTOL):
+            overflow = _overflow_failure(out, ref_out, q, k, case, "output")
+            if overflow:
+                raise overflow
             _match(out, _forward_candidates(q, k, v), case, ref_out, "output")
         if close(lse, ref_lse, ATOL, RTOL):
             continue
+        overflow = _overflow_failure(lse, ref_lse, q, k, case, "log-sum-exp")
+        if overflow:
+            raise overflow
         row_max = np.max(q @ k.T / math.sqrt(d), axis=1)
         candidates = [("lse-without-max", "", lambda m=row_max, r=ref_lse: r - m),
                       ("lse-without-sum", "", lambda m=row_max: m)]
@@ -188,7 +298,9 @@ def _lse_body(fn, label):
 def check_lse(fn, *, timeout: float = TIMEOUT):
     """Chapter 16: check ``fn(q, k, v)`` -> (out (T, Dh), lse (T,)): the forward kernel's output and, per row, the
     log-sum-exp of its scaled scores, log(sum_j exp(q_i . k_j / sqrt(Dh))). Diagnoses ``[lse-without-max]`` and
-    ``[lse-without-sum]`` (and the tile loop's mistakes in the output)."""
+    ``[lse-without-sum]``, ``[lse-overflows]``, ``[kernel-not-written]`` (and the tile loop's mistakes in the
+    output)."""
+    observe.warm_up()
     run_check(lambda: _lse_body(fn, "forward_with_lse"), timeout)
 
 
@@ -218,7 +330,7 @@ def _dk_body(fn, label):
         o, lse = tiled_forward(q, k, v, BLOCKS[0])
         case = f"case {n} of {len(sizes)}: q, k, v, o, do of shape {shape_text(q.shape)}, lse ({t},)"
         args = _torch_args(q=q, k=k, v=v, o=o, lse=lse, do=do)
-        dk = as_array(call(fn, args, label, positional=6), "dk", case)
+        dk = as_array(_call_kernel(fn, args, label, 6, case, d), "dk", case)
         ref = dk_variant(q, k, v, do)
         if close(dk, ref, 1e-4, RTOL):
             continue
@@ -231,8 +343,92 @@ def _dk_body(fn, label):
 def check_dk(fn, *, timeout: float = TIMEOUT):
     """Chapter 16: check ``fn(q, k, v, o, lse, do)`` -> dK (T, Dh): the gradient of the keys of non-causal
     attention of one head, from the forward's output o and log-sum-exp lse (T,) and the output's gradient do.
-    Diagnoses ``[ds-without-d]`` and ``[dk-missing-scale]``."""
+    Diagnoses ``[ds-without-d]``, ``[dk-missing-scale]`` and ``[kernel-not-written]``."""
+    observe.warm_up()
     run_check(lambda: _dk_body(fn, "attention_dk"), timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The whole forward kernel
+# ----------------------------------------------------------------------------------------------------------
+
+
+def flash_forward_reference(q, k, v, causal, *, top_left=False):
+    """(out (Tq, Dv), lse (Tq,)) of one head, float64: the causal mask bottom-right (query i sees keys
+    j <= i + Tk - Tq; ``top_left``: j <= i, the mistake), and rows that may attend no key give out 0, lse -inf."""
+    t_q, t_k = len(q), len(k)
+    s = q @ k.T / math.sqrt(q.shape[1])
+    if causal:
+        s = np.where(np.arange(t_k)[None, :] <= np.arange(t_q)[:, None] + (0 if top_left else t_k - t_q), s, -np.inf)
+    m = s.max(axis=1)
+    seen = np.isfinite(m)
+    safe = np.where(seen, m, 0.0)
+    p = np.exp(s - safe[:, None])
+    total = np.where(seen, p.sum(axis=1), 1.0)
+    return np.where(seen[:, None], p @ v / total[:, None], 0.0), np.where(seen, safe + np.log(total), -np.inf)
+
+
+# (Tq, Tk, Dh, causal): square and not, Tq > Tk (causal: the first rows see no key), T no multiple of a tile
+_FLASH_CASES = [(37, 37, 16, False), (21, 50, 32, True), (50, 21, 16, True), (5, 40, 16, False), (32, 32, 16, True)]
+
+
+def _flash_case(fn, label, q, k, v, causal, case):
+    """Run one case and compare the output, then the log-sum-exp (its -inf rows exactly)."""
+    args = {**_torch_args(q=q, k=k, v=v), "is_causal": causal}
+    out, lse = split_result(_call_kernel(fn, args, label, 3, case, q.shape[1]), case, ("out", "lse"))
+    if lse is None:
+        raise fail("wrong-type", "Return the output AND the log-sum-exp of each row: (out, lse).", case=case)
+    out, lse = as_array(out, "out", case), as_array(lse, "lse", case)
+    ref_out, ref_lse = flash_forward_reference(q, k, v, causal)
+    if not close(out, ref_out, ATOL, RTOL):
+        blind = ~np.isfinite(ref_lse)  # rows that may attend no key
+        if blind.any() and not np.isfinite(out[blind]).all() and close(out[~blind], ref_out[~blind], ATOL, RTOL):
+            raise fail("nan-on-masked-row", case=case)
+        overflow = _overflow_failure(out, ref_out, q, k, case, "output")
+        if overflow:
+            raise overflow
+        candidates = [("mask-ignored", "", lambda: flash_forward_reference(q, k, v, False)[0])] if causal else []
+        if causal and len(q) != len(k):
+            candidates.append(("causal-top-left-aligned", "",
+                               lambda: flash_forward_reference(q, k, v, True, top_left=True)[0]))
+        _match(out, candidates, case, ref_out, "output")
+    seen = np.isfinite(ref_lse)
+    if np.array_equal(np.isfinite(lse), seen) and close(lse[seen], ref_lse[seen], ATOL, RTOL) and \
+            (np.isneginf(lse[~seen]).all()):
+        return
+    overflow = _overflow_failure(lse[seen], ref_lse[seen], q[seen], k, case, "log-sum-exp")
+    if overflow:
+        raise overflow
+    row_max = np.max(np.where(np.isfinite(ref_lse)[:, None], q @ k.T / math.sqrt(q.shape[1]), 0.0), axis=1)
+    _match(lse, [("lse-without-max", "", lambda: ref_lse - row_max), ("lse-without-sum", "", lambda: row_max)], case,
+           ref_lse, "log-sum-exp")
+
+
+def _flash_body(fn, label):
+    rng = np.random.default_rng(164)
+    sizes = _FLASH_CASES + [(t, t, d, True) for t, d in hidden.triton_sizes()] + [(48, 40, 16, True)]
+    for n, (t_q, t_k, d, causal) in enumerate(sizes, 1):
+        spread = LARGE_SPREAD if n == len(sizes) else 2.0
+        q = rng.standard_normal((t_q, d)) * spread
+        k, v = rng.standard_normal((t_k, d)) * spread, rng.standard_normal((t_k, d))
+        case = (f"case {n} of {len(sizes)}: q {shape_text(q.shape)}, k and v {shape_text(k.shape)}, "
+                f"is_causal={causal}, scores of std {spread**2:.0f}")
+        _flash_case(fn, label, q, k, v, causal, case)
+    _require_tiles_skipped(lambda q, k, v: split_result(fn(q, k, v, True), "", ("out", "lse"))[0], label, rng,
+                           len(sizes) + 1)
+    return (f"✓ {display_name(fn, label)}: {len(sizes) + 1} random cases (Tq != Tk, causal bottom-right and not, "
+            "rows that see no key, large scores) match the float64 reference in the output and the log-sum-exp, "
+            "loading no key tile past the diagonal")
+
+
+def check_flash_forward(fn, *, timeout: float = TIMEOUT):
+    """Chapter 16: check ``fn(q, k, v, is_causal)`` -> (out (Tq, Dv), lse (Tq,)): the whole forward kernel of one
+    head, q (Tq, Dh), k and v (Tk, Dh) float32, causal bottom-right (query i sees keys j <= i + Tk - Tq), rows that
+    may attend no key giving out 0 and lse -inf. Diagnoses ``[causal-top-left-aligned]``, ``[mask-ignored]``,
+    ``[nan-on-masked-row]``, ``[scores-overflow]``, ``[lse-overflows]``, ``[lse-without-max]``,
+    ``[lse-without-sum]``, ``[causal-tiles-not-skipped]`` and ``[kernel-not-written]``."""
+    observe.warm_up()
+    run_check(lambda: _flash_body(fn, "flash_forward"), timeout)
 
 
 # ----------------------------------------------------------------------------------------------------------
