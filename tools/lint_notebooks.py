@@ -20,8 +20,9 @@ prints. Float rounding differs across CPUs, SIMD kernels and thread counts, henc
   the left margin, where it reads as a new statement. Wrap the call (``ruff format --line-length 79`` does it for
   code; split long strings into adjacent literals). The install cell is exempt: its text is fixed
   (tests/test_publishing.py) and it is hidden behind its toggle.
-* ``ignored-output``: ``nbval-ignore-output`` on a cell that neither times, measures memory, shows a progress bar
-  nor prints versions (only such cells may hide their output).
+* ``ignored-output``: ``nbval-ignore-output`` on a cell that neither times, measures memory, shows a progress bar,
+  prints versions nor generates or decodes text (``.generate(``, ``.decode(``: a pretrained model's greedy text
+  can flip on a near-tie between CPUs); only such cells may hide their output.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ TF_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |oneDNN custo
 # What a cell whose output may be ignored does: time something, measure memory, or report versions or progress
 # (a progress bar stores elapsed times and rates).
 VARIABLE_OUTPUT = re.compile(
-    r"time\.|perf_counter|timeit|measure_peak_memory|__version__|version\(|tqdm|progress=True|benchmark|platform\."
+    r"time\.|perf_counter|timeit|measure_peak_memory|__version__|version\(|tqdm|progress=True|benchmark|platform\.|"
+    r"\.generate\(|\.decode\("
 )
 
 

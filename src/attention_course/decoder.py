@@ -1,0 +1,114 @@
+"""A whole decoder-only language model assembled from the course's parts (chapter 14): SmolLM2, a Llama.
+
+Each layer is pre-norm (chapter 11's :func:`~attention_course.block.residual`): :class:`~attention_course.block.
+RMSNorm`, chapter 14's attention (:class:`~attention_course.modern.families.LlamaAttention`: grouped-query heads,
+RoPE), RMSNorm again and :class:`~attention_course.block.SwiGLU`. Token embedding in, a final RMSNorm and an output
+head (tied to the embedding, as in SmolLM2) out. :meth:`Decoder.from_hf` copies a ``transformers``
+``LlamaForCausalLM``'s sizes and weights, so the course's model and Hugging Face's can be compared logit by logit.
+
+:meth:`Decoder.generate` decodes greedily by running the whole prefix again at every step (no KV cache yet:
+``forward`` takes the ids and their positions, the place where a cache will be threaded through).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .block import RMSNorm, SwiGLU, residual
+from .modern.attention import copy_linear
+from .modern.families import LlamaAttention
+from .validation import INTEGER_DTYPES, check_int, check_rank
+
+NO_DROPOUT = nn.Identity()  # the residual sub-layers of a pretrained model in inference
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm: ``x + attn(norm1(x))``, then ``x + ffn(norm2(x))``. (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, attn: nn.Module, d_model: int, d_ff: int, norm_eps: float):
+        super().__init__()
+        self.norm1 = RMSNorm(d_model, eps=norm_eps)
+        self.attn = attn
+        self.norm2 = RMSNorm(d_model, eps=norm_eps)
+        self.ffn = SwiGLU(d_model, d_ff)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        x = residual(x, lambda h: self.attn(h, positions), self.norm1, NO_DROPOUT, norm_first=True)
+        return residual(x, self.ffn, self.norm2, NO_DROPOUT, norm_first=True)
+
+
+class Decoder(nn.Module):
+    """A Llama-family causal language model: ids (B, T) -> logits (B, T, V).
+
+    Args:
+        vocab_size, d_model, num_layers, num_heads, num_kv_heads, d_ff: the sizes (GQA when num_kv_heads < H).
+        head_dim: Dh, default D // H. rope_base: RoPE's theta. norm_eps: the RMSNorms' epsilon.
+        tie_embeddings: the output head shares the token embedding's matrix.
+    """
+
+    attention_class = LlamaAttention  # a family with another attention (Qwen3's QK-norm) sets its own
+
+    def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                 d_ff: int, *, head_dim: int | None = None, rope_base: float = 10000.0, norm_eps: float = 1e-6,
+                 tie_embeddings: bool = True):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("num_layers", num_layers), ("d_ff", d_ff)):
+            check_int(value, name)
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList(
+            DecoderLayer(self.attention_class(d_model, num_heads, num_kv_heads, head_dim, rope_base=rope_base),
+                         d_model, d_ff, norm_eps)
+            for _ in range(num_layers)
+        )
+        self.norm = RMSNorm(d_model, eps=norm_eps)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids: Tensor, positions: Tensor | None = None) -> Tensor:
+        """ids (B, T) at positions (T,) (default 0..T-1) -> next-token logits (B, T, V)."""
+        check_rank(ids, "ids", 2, "(B, T)")
+        if ids.dtype not in INTEGER_DTYPES:
+            raise TypeError(f"ids must be an integer tensor of token ids, got {ids.dtype}")
+        positions = torch.arange(ids.size(1), device=ids.device) if positions is None else positions
+        x = self.embed(ids)  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, positions)
+        return self.head(self.norm(x))  # (B, T, V)
+
+    @torch.no_grad()
+    def generate(self, ids: Tensor, max_new_tokens: int) -> Tensor:
+        """Greedy decoding: ids (B, T) -> (B, T + max_new_tokens). Each step runs the whole sequence again."""
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)
+        for _ in range(max_new_tokens):
+            next_id = self(ids)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
+            ids = torch.cat([ids, next_id], dim=1)
+        return ids
+
+    @classmethod
+    def from_hf(cls, model: nn.Module) -> Decoder:
+        """The course's model with the sizes and weights of a ``transformers`` ``LlamaForCausalLM`` (eager).
+
+        Each attention layer is :meth:`attention_class.from_hf <attention_course.modern.attention.ModernAttention
+        .from_hf>` of the HF layer (its RoPE read from the config); norms, SwiGLU and embeddings are copied.
+        """
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if layers is None or not hasattr(model, "lm_head"):
+            raise TypeError(f"Decoder.from_hf needs a transformers causal LM (model.model.layers, model.lm_head), "
+                            f"got {type(model).__name__}")
+        config = model.config
+        ours = cls(config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+                   config.num_key_value_heads, config.intermediate_size, head_dim=layers[0].self_attn.head_dim,
+                   norm_eps=config.rms_norm_eps, tie_embeddings=config.tie_word_embeddings)
+        ours.embed.weight.data.copy_(model.model.embed_tokens.weight.data)
+        for block, layer in zip(ours.blocks, layers, strict=True):
+            block.attn = cls.attention_class.from_hf(layer.self_attn)
+            block.norm1.weight.data.copy_(layer.input_layernorm.weight.data)
+            block.norm2.weight.data.copy_(layer.post_attention_layernorm.weight.data)
+            for mine, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+                copy_linear(getattr(block.ffn, mine), getattr(layer.mlp, theirs))
+        ours.norm.weight.data.copy_(model.model.norm.weight.data)
+        if not config.tie_word_embeddings:
+            ours.head.weight.data.copy_(model.lm_head.weight.data)
+        return ours.to(model.lm_head.weight.dtype).eval()

