@@ -85,7 +85,7 @@ class StepReport:
 
 
 class Engine:
-    """Serve :class:`Request` s with a :class:`~attention_course.gpt.GPT` (positions "rope" or None).
+    """Serve :class:`Request` s with a :class:`~attention_course.gpt.GPT` (any positions, any attention layer).
 
     Args:
         model: the model; its forward pass runs once per step.
@@ -131,7 +131,11 @@ class Engine:
                              f"[0, {self.model.vocab_size})")
         check_int(request.max_new_tokens, "max_new_tokens")
         check_int(request.arrival, "arrival", minimum=0)
-        needed = blocks_for(len(request.prompt) + request.max_new_tokens, self.cache.block_size)
+        longest, config = len(request.prompt) + request.max_new_tokens, self.model.config
+        if config.positions == "learned" and longest > config.max_len:
+            raise ValueError(f"request {request.id!r} may reach {longest} tokens, longer than max_len="
+                             f"{config.max_len} (learned positions have no vector beyond it)")
+        needed = blocks_for(longest, self.cache.block_size)
         if needed > self.cache.allocator.num_blocks:
             raise ValueError(f"request {request.id!r} may need {needed} blocks, the cache has only "
                              f"{self.cache.allocator.num_blocks}")
