@@ -208,7 +208,7 @@ class GPT(nn.Module):
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)  # (T, D): absolute positions, from the same source as RoPE's
         x = self.dropout(x)
-        rotary = self.blocks[0].attn.rotary(positions, x.dtype)  # RoPE's cos/sin once for every layer (or None)
+        rotary = self.rotary(positions, x.dtype)  # RoPE's cos/sin once, for every layer
         weights = [] if return_weights else None
         for layer, block in enumerate(self.blocks):
             mask_row = None if head_mask is None else head_mask[layer].to(x.dtype)  # (H,)
@@ -217,6 +217,11 @@ class GPT(nn.Module):
             x = x[:, -1]  # (B, D)
         logits = self.head(self.norm(x))  # (B, T, V) or (B, V)
         return (logits, weights) if return_weights else logits
+
+    def rotary(self, positions: Tensor, dtype: torch.dtype) -> RotaryTable | None:
+        """The RoPE table of the forward's positions, from the first layer that rotates (None: none does)."""
+        attn = next((block.attn for block in self.blocks if hasattr(block.attn, "rotary")), None)
+        return None if attn is None else attn.rotary(positions, dtype)
 
     def _check_forward(self, ids: Tensor, cache: Cache | None, head_mask: Tensor | None) -> Tensor:
         """Check the inputs of forward; return the positions (T,) of the new tokens."""

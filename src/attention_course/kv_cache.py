@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from .functional import scaled_dot_product_attention, sdpa_fast
-from .heads import merge_heads, split_heads
+from .heads import merge_heads
 from .masks import causal_mask, sliding_window_mask
 from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
 from .positions import (
@@ -39,7 +39,7 @@ from .positions import (
     rotate,
     token_positions,
 )
-from .validation import check_dropout, check_floating, check_heads, check_int, check_rank
+from .validation import check_dropout, check_heads, check_int, check_rank
 
 
 def cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype=torch.float32) -> int:
@@ -68,6 +68,11 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     """
     check_rank(x, "x", 4, "(B, H_kv, T, Dh)")
     check_int(n_rep, "n_rep")
+    return expand_kv(x, n_rep)
+
+
+def expand_kv(x: Tensor, n_rep: int) -> Tensor:
+    """:func:`repeat_kv` without its input checks, for layers whose inputs are checked already."""
     if n_rep == 1:
         return x
     b, h_kv, t, dh = x.shape
@@ -81,7 +86,8 @@ class Cache(ABC):
 
     Layer kinds: contiguous and sliding window (:class:`KVCache`, chapters 8 and 14), latent (MLA, chapter 14:
     a :class:`KVCache` layer holding the latent and the shared rotated key as its "keys" and "values"), recurrent
-    state (:class:`StateCache`, chapter 17), paged (:class:`~attention_course.serving.paged_cache.PagedKVCache`,
+    state (a layer that keeps one fixed-size state per sequence instead of keys: :meth:`state`, :meth:`set_state`;
+    chapter 17's Gated DeltaNet), paged (:class:`~attention_course.serving.paged_cache.PagedKVCache`,
     chapter 18: many sequences in one pool).
     """
 
@@ -104,6 +110,19 @@ class Cache(ABC):
     @abstractmethod
     def seq_len(self, seq=0) -> int:
         """Positions cached for sequence ``seq``."""
+
+    @abstractmethod
+    def segments(self, t_new: int) -> list[tuple]:
+        """[(seq, start, end)]: which new tokens of the row belong to which sequence (a recurrent layer runs each
+        sequence's segment from that sequence's state)."""
+
+    @abstractmethod
+    def state(self, layer: int, seq=0):
+        """The recurrent state of ``layer`` for sequence ``seq`` (None before its first token)."""
+
+    @abstractmethod
+    def set_state(self, layer: int, state, t_new: int, seq=0) -> None:
+        """Keep a recurrent layer's state after ``t_new`` more tokens of sequence ``seq``."""
 
 
 class KVCache(Cache):
@@ -135,6 +154,7 @@ class KVCache(Cache):
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
         self.lengths = [0] * num_layers
+        self.states: dict[int, object] = {}  # recurrent layers: one state for the whole batch
 
     def __len__(self) -> int:
         """Number of positions cached (in layer 0; every layer holds the same number after a full step)."""
@@ -143,6 +163,17 @@ class KVCache(Cache):
     def seq_len(self, seq=0) -> int:
         """Positions cached for each batch row (they share one length)."""
         return self.lengths[0]
+
+    def segments(self, t_new: int) -> list[tuple]:
+        """One segment: every batch row is its own sequence, all new tokens are its."""
+        return [(0, 0, t_new)]
+
+    def state(self, layer: int, seq=0):
+        return self.states.get(layer)
+
+    def set_state(self, layer: int, state, t_new: int, seq=0) -> None:
+        self.states[layer] = state
+        self.lengths[layer] += t_new
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new keys/values k, v (B, H_kv, T_new, Dh) of ``layer``; return all of them so far.
@@ -213,6 +244,8 @@ class KVCache(Cache):
         if any(w is not None and self.keys[i] is not None and length < self.lengths[i] - self.keys[i].size(2)
                for i, w in enumerate(self.windows)):
             raise ValueError(f"cannot crop to length={length}: a sliding layer has already dropped those positions")
+        if self.states and length < min(self.lengths):
+            raise ValueError("cannot crop a recurrent layer's state: it holds no positions to drop")
         for kind in (self.keys, self.values):  # a sliding layer's tensor ends at position lengths[i] - 1
             kind[:] = [t if t is None or (w is None and self.max_len) else t[:, :, : t.size(2) - (n - length)]
                        for t, w, n in zip(kind, self.windows, self.lengths, strict=True)]
@@ -227,6 +260,7 @@ class KVCache(Cache):
         self.keys = [None] * self.num_layers
         self.values = [None] * self.num_layers
         self.lengths = [0] * self.num_layers
+        self.states = {}
 
 
 class CausalSelfAttention(nn.Module):
@@ -287,7 +321,8 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.qkv(x).split([self.d_model, self.kv_dim, self.kv_dim], dim=-1)
         else:
             q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
-        return split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
+        b, t, _ = x.shape  # (B, T, heads * Dh) -> (B, heads, T, Dh), as split_heads (x is checked already)
+        return tuple(y.view(b, t, -1, self.head_dim).transpose(1, 2) for y in (q, k, v))
 
     def forward(self, x: Tensor, cache: Cache | None = None, layer: int = 0, *, head_mask: Tensor | None = None,
                 weights: list | None = None, rotary: RotaryTable | None = None) -> Tensor:
@@ -310,7 +345,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh), Tk = cached + Tq
         n_rep = self.num_heads // self.num_kv_heads
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Tk, Dh)
+        k, v = expand_kv(k, n_rep), expand_kv(v, n_rep)  # (B, H, Tk, Dh), as repeat_kv
         mask = None if cache is None else cache.mask(layer, q.size(2), k.size(2), x.device)  # None: causal
         heads = self.attend(q, k, v, weights, mask)  # (B, H, Tq, Dh)
         if head_mask is not None:
@@ -363,7 +398,6 @@ class CausalSelfAttention(nn.Module):
     def check_inputs(self, x: Tensor, cache: Cache | None, head_mask: Tensor | None) -> None:
         """x (B, Tq, D) in the weights' dtype, checked once (it is query, key and value); a cache only for causal
         attention; head_mask (H,)."""
-        check_floating(x, "query")
         check_rank(x, "query", 3, "(B, T, D)")
         dtype = self.w_o.weight.dtype
         if x.dtype != dtype:

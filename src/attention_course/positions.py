@@ -193,6 +193,18 @@ def rope_table(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype, factor: 
     return RotaryTable((angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype))
 
 
+class KeepsRopeFrequencies(nn.Module):
+    """A module whose RoPE frequencies (the buffer ``inv_freq``) keep their float64 precision when the module is
+    cast: ``.to(torch.bfloat16)`` moves them to the new device but never rounds them (Hugging Face likewise
+    computes its angles in float32 whatever the model's dtype)."""
+
+    def _apply(self, fn, recurse=True):
+        freqs = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = freqs.to(self.inv_freq.device)  # the device of the move, the dtype of before
+        return self
+
+
 def rotate(x: Tensor, table: RotaryTable, pairing: str = "interleaved") -> Tensor:
     """Rotate x (..., T, Dh) with a checked :class:`RotaryTable` (the trusting twin of :func:`apply_rope`)."""
     turn = rotate_interleaved if pairing == "interleaved" else rotate_halves

@@ -136,13 +136,14 @@ class PagedKVCache(Cache):
                        for _ in range(num_layers)]
         self.tables: dict[Hashable, list[int]] = {}
         self.seq_lengths: dict[Hashable, int] = {}
+        self.states: dict[tuple[int, Hashable], object] = {}  # (layer, seq): a recurrent layer's state
         self.step: Step | None = None
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int) -> PagedKVCache:
         """A pool shaped for a :class:`~attention_course.gpt.GPT` (its layers, what each position of its
         attention caches, its dtype and device)."""
-        attn = model.blocks[0].attn
+        attn = next(b.attn for b in model.blocks if hasattr(b.attn, "cache_shape"))  # recurrent layers keep states
         heads, key_dim, value_dim = attn.cache_shape()
         w = next(attn.parameters())
         return cls(model.config.num_layers, num_blocks, block_size, heads, key_dim, w.dtype, w.device, value_dim)
@@ -151,6 +152,18 @@ class PagedKVCache(Cache):
         """Positions cached for sequence ``seq`` (one of the ids given to :meth:`add_sequence`)."""
         self._check_known(seq)
         return self.seq_lengths[seq]
+
+    def segments(self, t_new: int) -> list[tuple]:
+        """[(seq, start, end)] of the step's packed row."""
+        self._check_step(t_new)
+        ends = torch.tensor(self.step.new).cumsum(0).tolist()
+        return [(seq, end - n, end) for seq, n, end in zip(self.step.seq_ids, self.step.new, ends, strict=True)]
+
+    def state(self, layer: int, seq=0):
+        return self.states.get((layer, seq))
+
+    def set_state(self, layer: int, state, t_new: int, seq=0) -> None:
+        self.states[(layer, seq)] = state  # the length advances in end_step, for every layer at once
 
     @property
     def num_free_blocks(self) -> int:
@@ -176,6 +189,7 @@ class PagedKVCache(Cache):
         """A new sequence ``child`` sharing every block of ``parent`` (parallel sampling, beam search)."""
         self._check_known(parent)
         self.add_sequence(child, self.tables[parent], self.seq_lengths[parent])
+        self.states |= {(layer, child): state for (layer, seq), state in self.states.items() if seq == parent}
 
     def free_sequence(self, seq_id: Hashable) -> None:
         """Forget a sequence: one reference less on each of its blocks."""
@@ -185,6 +199,7 @@ class PagedKVCache(Cache):
         for block in self.tables.pop(seq_id):
             self.allocator.release(block)
         del self.seq_lengths[seq_id]
+        self.states = {key: state for key, state in self.states.items() if key[1] != seq_id}
 
     def _check_known(self, seq_id: Hashable) -> None:
         if seq_id not in self.tables:
@@ -244,6 +259,7 @@ class PagedKVCache(Cache):
         for seq_id, num_new in batch:
             self.reserve(seq_id, num_new)
         self.step = self._plan(ids, [n for _, n in batch])
+        self.states_before = dict(self.states)  # what abort_step restores
 
     def _plan(self, ids: list, new: list[int]) -> Step:
         """Slots, positions and mask of the step, with tensor operations (no Python loop over positions)."""
@@ -297,9 +313,9 @@ class PagedKVCache(Cache):
         """Forget every position of sequence ``seq`` from ``length`` on; blocks past the end are released."""
         self._check_known(seq)
         check_int(length, "length", minimum=0)
-        if length > self.seq_lengths[seq]:
+        if length > self.seq_lengths[seq] or (length < self.seq_lengths[seq] and any(s == seq for _, s in self.states)):
             raise ValueError(f"cannot crop to length={length}: sequence {seq!r} holds {self.seq_lengths[seq]} "
-                             "positions")
+                             "positions (a recurrent state cannot drop any)")
         table = self.tables[seq]
         for block in table[blocks_for(length, self.block_size):]:
             self.allocator.release(block)
@@ -322,8 +338,9 @@ class PagedKVCache(Cache):
 
     def abort_step(self) -> None:
         """Forget a step whose forward pass failed: lengths stay as they were (the reserved blocks stay with their
-        sequences, ready for the retry), so nothing half-written is ever read."""
+        sequences, ready for the retry), so nothing half-written is ever read; recurrent states are restored."""
         self.step = None
+        self.states = self.states_before
 
     # ------------------------------------------------------------ reading
 

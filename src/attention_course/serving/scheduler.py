@@ -105,6 +105,8 @@ class Engine:
                              "decoding sequence needs one token per step")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got policy={policy!r}")
+        if prefix_sharing and not all(hasattr(block.attn, "cache_shape") for block in model.blocks):
+            raise ValueError("prefix sharing reuses cached keys and values: a recurrent layer's state cannot be shared")
         self.model = model.eval()
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.index = PrefixIndex(self.cache) if prefix_sharing else None
