@@ -140,3 +140,54 @@ def test_engine_serves_a_gpt_of_modern_layers(name):
     ids = torch.tensor([requests[0].prompt])
     generated = model.generate(ids, 4)
     assert torch.equal(generated, model.generate(ids, 4, use_cache=False))  # cached decode == full recompute
+
+
+def test_paged_crop_states_and_refusals():
+    model = modern_gpt(ATTENTIONS["hybrid"])
+    with pytest.raises(ValueError, match="a recurrent layer's state cannot be shared"):
+        Engine(model, 8, 2, prefix_sharing=True)
+    engine = Engine(model, num_blocks=8, block_size=2)
+    cache = engine.cache
+    cache.add_sequence("a")
+    cache.begin_step([("a", 5)])
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3, 4, 5]]), cache=cache)
+    cache.end_step()
+    assert cache.seq_len("a") == 5 and cache.segments is not None
+    cache.fork("a", "b")
+    assert cache.state(0, "b") is cache.state(0, "a") is not None
+    with pytest.raises(ValueError, match="a recurrent state cannot drop any"):
+        cache.crop(3, "a")
+    cache.begin_step([("a", 1)])
+    with pytest.raises(ValueError, match="the step packs 1 new tokens"):
+        model(torch.tensor([[1, 2]]), cache=cache)
+    cache.abort_step()  # the states written before the failure are forgotten
+    assert cache.state(0, "a") is cache.state(0, "b")
+    cache.free_sequence("b")
+    assert cache.state(0, "b") is None
+
+
+def test_paged_crop_releases_blocks():
+    model = modern_gpt(ATTENTIONS["gqa-qknorm-window"])
+    cache = Engine(model, num_blocks=8, block_size=2).cache
+    cache.add_sequence(0)
+    cache.begin_step([(0, 5)])
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3, 4, 5]]), cache=cache)
+    cache.end_step()
+    cache.crop(2, 0)
+    assert cache.seq_len(0) == 2 and len(cache.tables[0]) == 1 and cache.num_free_blocks == 7
+    with pytest.raises(ValueError, match="cannot crop to length=3"):
+        cache.crop(3, 0)
+
+
+def test_recurrent_state_in_a_kv_cache():
+    model = modern_gpt(ATTENTIONS["hybrid"])
+    cache = KVCache(model.num_layers)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), cache=cache)
+    assert cache.seq_len() == 3 and cache.state(0) is not None and cache.state(1) is None
+    with pytest.raises(ValueError, match="recurrent layer's state"):
+        cache.crop(2)
+    cache.reset()
+    assert cache.state(0) is None and cache.seq_len() == 0
