@@ -399,6 +399,8 @@ class CausalSelfAttention(nn.Module):
         """x (B, Tq, D) in the weights' dtype, checked once (it is query, key and value); a cache only for causal
         attention; head_mask (H,)."""
         check_rank(x, "query", 3, "(B, T, D)")
+        if not x.is_floating_point():
+            raise TypeError(f"query must be a floating-point tensor, got {x.dtype}")
         dtype = self.w_o.weight.dtype
         if x.dtype != dtype:
             raise TypeError(f"query is {x.dtype}, but the module's weights are {dtype}: convert one of them "
