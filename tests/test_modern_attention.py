@@ -126,9 +126,9 @@ def test_norm_after_rope_differs():
     hf = build_hf_attention("qwen3", hidden_size=16, num_attention_heads=2, num_key_value_heads=2, head_dim=8)
     ours = modern.Qwen3Attention.from_hf(hf)
     x = torch.randn(1, 5, 16, dtype=torch.float64)
-    positions = torch.arange(5)
+    rotary = ours.rotary(torch.arange(5), x.dtype)
     q = ours.heads(x, ours.q_proj)
-    before, after = ours.rope(ours.q_norm(q), positions), ours.q_norm(ours.rope(q, positions))
+    before, after = ours.rope(ours.q_norm(q), rotary), ours.q_norm(ours.rope(q, rotary))
     assert (before - after).abs().max() > 1e-3
 
 

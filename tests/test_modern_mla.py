@@ -52,7 +52,7 @@ def test_absorbed_reads_only_the_latent_cache():
     layer = modern.MultiHeadLatentAttention(16, 4, q_lora_rank=None, kv_lora_rank=6, qk_nope_head_dim=5,
                                             qk_rope_head_dim=4, v_head_dim=3).double()
     x = torch.randn(2, 7, 16, dtype=torch.float64)
-    c, k_rope = layer.latents(x, torch.arange(7))
+    c, k_rope = layer.latents(x, layer.rotary(torch.arange(7), x.dtype))
     assert c.shape == (2, 1, 7, 6) and k_rope.shape == (2, 1, 7, 4)  # 10 numbers per token and layer
     w_uk, w_uv = layer.up_projections()
     assert w_uk.shape == (4, 5, 6) and w_uv.shape == (4, 3, 6)
@@ -63,7 +63,7 @@ def test_absorbing_the_transposed_matrix_fails():
     layer = modern.MultiHeadLatentAttention(12, 2, q_lora_rank=None, kv_lora_rank=4, qk_nope_head_dim=4,
                                             qk_rope_head_dim=2, v_head_dim=3).double()
     x = torch.randn(1, 5, 12, dtype=torch.float64)
-    q_nope, _ = layer.queries(x, torch.arange(5))
+    q_nope, _ = layer.queries(x, layer.rotary(torch.arange(5), x.dtype))
     w_uk, _ = layer.up_projections()  # square here (N = C = 4): the transposed matrix has the right shape
     assert (q_nope @ w_uk - q_nope @ w_uk.transpose(-2, -1)).abs().max() > 1e-3
 

@@ -39,10 +39,11 @@ VOCAB = 53
 WORKLOADS = settings(max_examples=2, deadline=None, database=None)
 
 
-def tiny_gpt(seed=0, num_kv_heads=None, d_model=24, num_heads=4, num_layers=2, positions="rope"):
+def tiny_gpt(seed=0, num_kv_heads=None, d_model=24, num_heads=4, num_layers=2, positions="rope", max_len=256):
     """A random float64 GPT whose greedy tokens vary (untied head, PyTorch init: logits of order 1)."""
     config = GPTConfig(vocab_size=VOCAB, d_model=d_model, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                       num_layers=num_layers, positions=positions, init="pytorch", tie_embeddings=False)
+                       num_layers=num_layers, positions=positions, init="pytorch", tie_embeddings=False,
+                       max_len=max_len)
     return GPT(config, seed=seed).double().eval()
 
 
@@ -162,7 +163,7 @@ def test_failed_forward_leaves_lengths_unchanged():
     with pytest.raises(ValueError, match="the step packs 3 new tokens, the forward pass has 2"):
         model(torch.tensor([[1, 2]]), cache=cache)
     cache.abort_step()
-    assert cache.seq_lengths[0] == 0 and len(cache) == 0
+    assert cache.seq_len(0) == 0 and cache.seq_lengths == {0: 0}
 
 
 @pytest.mark.parametrize("call,error,match", [
@@ -185,9 +186,9 @@ def test_paged_cache_errors(call, error, match):
         call(cache)
 
 
-def test_learned_positions_and_bad_requests_are_refused():
-    with pytest.raises(ValueError, match="positions='rope' or None"):
-        PagedKVCache.for_model(tiny_gpt(positions="learned"), 4, 2)
+def test_bad_requests_are_refused():
+    with pytest.raises(ValueError, match="may reach 12 tokens, longer than max_len=8"):
+        Engine(tiny_gpt(positions="learned", max_len=8), 8, 2).add(Request(0, [1] * 9, 3))
     engine = Engine(tiny_gpt(positions=None), num_blocks=4, block_size=2, max_seqs=2, max_batch_tokens=4)
     for request, match in [(Request(0, [], 3), "non-empty"), (Request(0, [VOCAB], 3), "token ids in"),
                            (Request(0, [1], 0), "max_new_tokens must be >= 1"),
@@ -222,6 +223,19 @@ def test_kv_cache_crop():
 
 
 # ---------------------------------------------------------------- continuous batching
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope", "alibi", None])
+@given(seed=st.integers(0, 2**32 - 1))
+@WORKLOADS
+def test_engine_equals_solo_decoding_for_every_position_scheme(positions, seed):
+    """Absolute positions come from the cache as RoPE's do: a packed row gives each token its own sequence's
+    position (the sinusoidal model used to get len(cache), every sequence counted, and drifted)."""
+    model = tiny_gpt(seed=seed % 7, positions=positions, max_len=32)
+    requests = workload(seed, n=5, max_prompt=10, max_new=6)
+    engine = Engine(model, num_blocks=40, block_size=3, max_seqs=3, max_batch_tokens=8)
+    assert engine.run(requests) == solo(model, requests)
+    assert_all_free(engine.cache)
 
 
 @WORKLOADS

@@ -14,7 +14,7 @@ multiplies each head's output before the output projection (0 = ablate the head)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from .block import FeedForward, residual
-from .kv_cache import CausalSelfAttention, KVCache
-from .positions import LearnedPositions, SinusoidalPositions, token_positions
+from .kv_cache import Cache, CausalSelfAttention, KVCache
+from .positions import LearnedPositions, RotaryTable, SinusoidalPositions, token_positions
 from .validation import check_dropout, check_heads, check_int, check_rank
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", None)
@@ -102,26 +102,37 @@ def _absolute_positions(config: GPTConfig) -> nn.Module | None:
     return None
 
 
+def default_attention(config: GPTConfig, layer: int) -> nn.Module:
+    """Chapter 8's :class:`~attention_course.kv_cache.CausalSelfAttention` with the config's choices."""
+    c = config
+    return CausalSelfAttention(c.d_model, c.num_heads, c.num_kv_heads, fused_qkv=False, bias=c.bias,
+                               rope=c.positions == "rope", causal=c.causal, dropout=c.dropout, use_sdpa=c.use_sdpa,
+                               alibi=c.positions == "alibi")
+
+
 class GPTBlock(nn.Module):
     """Pre-LN block, two residual sub-layers (chapter 11's :func:`~attention_course.block.residual`):
-    ``x + drop(attn(norm1(x)))``, then ``x + drop(mlp(norm2(x)))`` (no MLP if attention-only)."""
+    ``x + drop(attn(norm1(x)))``, then ``x + drop(mlp(norm2(x)))`` (no MLP if attention-only).
 
-    def __init__(self, config: GPTConfig):
+    ``attention(config, layer)`` builds the attention layer (default :func:`default_attention`); any layer called
+    as ``attn(x, cache=, layer=, head_mask=, weights=, rotary=)`` fits, e.g. chapter 14's.
+    """
+
+    def __init__(self, config: GPTConfig, attention: Callable[[GPTConfig, int], nn.Module] = default_attention,
+                 layer: int = 0):
         super().__init__()
         c = config
         self.norm1 = nn.LayerNorm(c.d_model)
-        self.attn = CausalSelfAttention(c.d_model, c.num_heads, c.num_kv_heads, fused_qkv=False, bias=c.bias,
-                                        rope=c.positions == "rope", causal=c.causal, dropout=c.dropout,
-                                        use_sdpa=c.use_sdpa, alibi=c.positions == "alibi")
+        self.attn = attention(c, layer)
         self.norm2 = None if c.attention_only else nn.LayerNorm(c.d_model)
         self.mlp = None if c.attention_only else FeedForward(c.d_model, c.d_ff, "gelu", c.dropout)
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0, head_mask: Tensor | None = None,
-                weights: list | None = None) -> Tensor:
-        """x (B, T, D) -> (B, T, D); ``cache``, ``layer``, ``head_mask`` (H,) and ``weights`` (a list that
-        receives the attention weights) go to the attention."""
-        attn = partial(self.attn, cache=cache, layer=layer, head_mask=head_mask, weights=weights)
+    def forward(self, x: Tensor, cache: Cache | None = None, layer: int = 0, head_mask: Tensor | None = None,
+                weights: list | None = None, rotary: RotaryTable | None = None) -> Tensor:
+        """x (B, T, D) -> (B, T, D); ``cache``, ``layer``, ``head_mask`` (H,), ``weights`` (a list that
+        receives the attention weights) and ``rotary`` (the forward's RoPE table) go to the attention."""
+        attn = partial(self.attn, cache=cache, layer=layer, head_mask=head_mask, weights=weights, rotary=rotary)
         x = residual(x, attn, self.norm1, self.dropout, norm_first=True)
         if self.mlp is not None:
             x = residual(x, self.mlp, self.norm2, self.dropout, norm_first=True)
@@ -132,9 +143,12 @@ class GPT(nn.Module):
     """A decoder-only language model: ids (B, T) -> next-token logits (B, T, V); see :class:`GPTConfig`.
 
     ``seed``: if given, the weights are drawn from ``torch.manual_seed(seed)`` without disturbing the global RNG.
+    ``attention(config, layer)``: builds each block's attention layer (default: chapter 8's, see
+    :func:`default_attention`; chapter 14's layers fit too, with ``positions=None`` since they rotate themselves).
     """
 
-    def __init__(self, config: GPTConfig, seed: int | None = None):
+    def __init__(self, config: GPTConfig, seed: int | None = None, *,
+                 attention: Callable[[GPTConfig, int], nn.Module] = default_attention):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
@@ -145,7 +159,7 @@ class GPT(nn.Module):
             self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
             self.pos_emb = _absolute_positions(config)  # None: positions inside attention, or none
             self.dropout = nn.Dropout(config.dropout)
-            self.blocks = nn.ModuleList(GPTBlock(config) for _ in range(config.num_layers))
+            self.blocks = nn.ModuleList(GPTBlock(config, attention, i) for i in range(config.num_layers))
             self.norm = nn.LayerNorm(config.d_model)
             self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
             if config.tie_embeddings:
@@ -180,47 +194,56 @@ class GPT(nn.Module):
         """Number of trainable numbers; a tied embedding/head matrix counts once."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, ids: Tensor, cache: KVCache | None = None, head_mask: Tensor | None = None,
+    def forward(self, ids: Tensor, cache: Cache | None = None, head_mask: Tensor | None = None,
                 return_weights: bool = False, last_only: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         """ids (B, T) -> logits (B, T, V) [, weights: one (B, H, T, Tk) tensor per layer].
 
-        With a ``cache``, ids are the new tokens, at positions ``len(cache)`` onwards. ``head_mask`` (L, H), bool
-        or float, multiplies each head's output before its layer's output projection. ``last_only``: logits
-        (B, V) of the last position only, the one that predicts the next token.
+        With a ``cache``, ids are the new tokens, at the positions the cache gives them (after the cached ones;
+        a paged cache gives each token its own sequence's). ``head_mask`` (L, H), bool or float, multiplies each
+        head's output before its layer's output projection. ``last_only``: logits (B, V) of the last position
+        only, the one that predicts the next token.
         """
-        start = self._check_forward(ids, cache, head_mask)
+        positions = self._check_forward(ids, cache, head_mask)  # (T,), asked of the cache once
         x = self.tok_emb(ids)  # (B, T, D)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(token_positions(ids.size(1), start, device=ids.device))
+            x = x + self.pos_emb(positions)  # (T, D): absolute positions, from the same source as RoPE's
         x = self.dropout(x)
+        rotary = self.rotary(positions, x.dtype)  # RoPE's cos/sin once, for every layer
         weights = [] if return_weights else None
         for layer, block in enumerate(self.blocks):
             mask_row = None if head_mask is None else head_mask[layer].to(x.dtype)  # (H,)
-            x = block(x, cache, layer, mask_row, weights)
+            x = block(x, cache, layer, mask_row, weights, rotary)
         if last_only:
             x = x[:, -1]  # (B, D)
         logits = self.head(self.norm(x))  # (B, T, V) or (B, V)
         return (logits, weights) if return_weights else logits
 
-    def _check_forward(self, ids: Tensor, cache: KVCache | None, head_mask: Tensor | None) -> int:
-        """Check the inputs of forward; return the position of the first new token."""
+    def rotary(self, positions: Tensor, dtype: torch.dtype) -> RotaryTable | None:
+        """The RoPE table of the forward's positions, from the first layer that rotates (None: none does)."""
+        attn = next((block.attn for block in self.blocks if hasattr(block.attn, "rotary")), None)
+        return None if attn is None else attn.rotary(positions, dtype)
+
+    def _check_forward(self, ids: Tensor, cache: Cache | None, head_mask: Tensor | None) -> Tensor:
+        """Check the inputs of forward; return the positions (T,) of the new tokens."""
         if not isinstance(ids, Tensor) or ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"ids must be an integer tensor (B, T), got {getattr(ids, 'dtype', type(ids).__name__)}")
         check_rank(ids, "ids", 2, "(B, T)")
         if ids.numel() and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"ids must lie in [0, vocab_size={self.vocab_size}), got {ids.min()}..{ids.max()}")
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+        if cache is not None and not isinstance(cache, Cache):
+            raise TypeError(f"cache must be a KVCache (a Cache), got {type(cache).__name__}")
         if cache is not None and not self.config.causal:
             raise ValueError("a KV cache needs a causal model (causal=True)")
-        start = 0 if cache is None else len(cache)
-        if self.config.positions == "learned" and start + ids.size(1) > self.config.max_len:
-            raise ValueError(f"sequence of {start + ids.size(1)} tokens is longer than max_len={self.config.max_len} "
+        t = ids.size(1)
+        positions = token_positions(t, device=ids.device) if cache is None else cache.positions(0, t, ids.device)
+        end = int(positions.max()) + 1 if self.config.positions == "learned" and t else 0
+        if end > self.config.max_len:
+            raise ValueError(f"sequence of {end} tokens is longer than max_len={self.config.max_len} "
                              f"(learned positions have no vector beyond it)")
         if head_mask is not None and tuple(head_mask.shape) != (self.num_layers, self.num_heads):
             raise ValueError(f"head_mask must have shape (num_layers, num_heads) = "
                              f"{(self.num_layers, self.num_heads)}, got {tuple(head_mask.shape)}")
-        return start
+        return positions
 
     @torch.no_grad()
     def iter_generate(self, ids: Tensor, max_new_tokens: int,

@@ -19,15 +19,27 @@ The course's one model, :class:`~attention_course.gpt.GPT`, generates with this 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from .functional import scaled_dot_product_attention, sdpa_fast
-from .heads import merge_heads, split_heads
-from .masks import causal_mask
+from .heads import merge_heads
+from .masks import causal_mask, sliding_window_mask
 from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
-from .positions import alibi_bias, apply_rope, attention_with_bias, check_base, token_positions
-from .validation import check_dropout, check_heads, check_int, check_module_inputs, check_rank
+from .positions import (
+    RotaryTable,
+    alibi_bias,
+    attention_with_bias,
+    check_base,
+    inverse_frequencies,
+    rope_table,
+    rotate,
+    token_positions,
+)
+from .validation import check_dropout, check_heads, check_int, check_rank
 
 
 def cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype=torch.float32) -> int:
@@ -56,13 +68,64 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     """
     check_rank(x, "x", 4, "(B, H_kv, T, Dh)")
     check_int(n_rep, "n_rep")
+    return expand_kv(x, n_rep)
+
+
+def expand_kv(x: Tensor, n_rep: int) -> Tensor:
+    """:func:`repeat_kv` without its input checks, for layers whose inputs are checked already."""
     if n_rep == 1:
         return x
     b, h_kv, t, dh = x.shape
     return x[:, :, None].expand(b, h_kv, n_rep, t, dh).reshape(b, h_kv * n_rep, t, dh)
 
 
-class KVCache:
+class Cache(ABC):
+    """The protocol every cache of the course follows, whatever a layer keeps: a model asks it, once per forward,
+    where its new tokens stand (:meth:`positions`) and which keys each may see (:meth:`mask`); each layer hands
+    it its new keys/values and gets back all of them (:meth:`update`).
+
+    Layer kinds: contiguous and sliding window (:class:`KVCache`, chapters 8 and 14), latent (MLA, chapter 14:
+    a :class:`KVCache` layer holding the latent and the shared rotated key as its "keys" and "values"), recurrent
+    state (a layer that keeps one fixed-size state per sequence instead of keys: :meth:`state`, :meth:`set_state`;
+    chapter 17's Gated DeltaNet), paged (:class:`~attention_course.serving.paged_cache.PagedKVCache`,
+    chapter 18: many sequences in one pool).
+    """
+
+    @abstractmethod
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new keys/values of ``layer``; return every key/value its new queries attend to."""
+
+    @abstractmethod
+    def positions(self, layer: int, t_new: int, device=None) -> Tensor:
+        """(t_new,) positions of the new tokens, each in its own sequence."""
+
+    @abstractmethod
+    def mask(self, layer: int, t_q: int, t_k: int, device=None, *, window: int | None = None) -> Tensor | None:
+        """(t_q, t_k) True = may attend, or None: the bottom-right causal mask. ``window``: a sliding layer's."""
+
+    @abstractmethod
+    def crop(self, length: int) -> None:
+        """Forget every position from ``length`` on (speculative decoding's rejected drafts)."""
+
+    @abstractmethod
+    def seq_len(self, seq=0) -> int:
+        """Positions cached for sequence ``seq``."""
+
+    @abstractmethod
+    def segments(self, t_new: int) -> list[tuple]:
+        """[(seq, start, end)]: which new tokens of the row belong to which sequence (a recurrent layer runs each
+        sequence's segment from that sequence's state)."""
+
+    @abstractmethod
+    def state(self, layer: int, seq=0):
+        """The recurrent state of ``layer`` for sequence ``seq`` (None before its first token)."""
+
+    @abstractmethod
+    def set_state(self, layer: int, state, t_new: int, seq=0) -> None:
+        """Keep a recurrent layer's state after ``t_new`` more tokens of sequence ``seq``."""
+
+
+class KVCache(Cache):
     """Keys and values of every layer of a decoder, (B, H_kv, T, Dh) each, grown one step at a time.
 
     Args:
@@ -70,22 +133,47 @@ class KVCache:
         max_len: if given, each layer's buffers are preallocated for ``max_len`` positions on the first
             :meth:`update` and filled in place (no copying per step); if None, new keys/values are appended
             with ``torch.cat`` (simple, but every step copies the whole cache: O(T) work per token).
+        windows: per layer, None (contiguous: keeps every position) or the window of a sliding layer, which keeps
+            only the ``window - 1`` last positions (all a later query can still see).
+
+    The batch rows are sequences of one common length. Keys and values may differ in their last size (MLA's latent
+    layer stores its latent and its rotated key).
     """
 
-    def __init__(self, num_layers: int, max_len: int | None = None):
+    def __init__(self, num_layers: int, max_len: int | None = None, windows: Sequence[int | None] | None = None):
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         if max_len is not None and max_len < 1:
             raise ValueError(f"max_len must be >= 1 or None, got {max_len}")
+        windows = [None] * num_layers if windows is None else list(windows)
+        if len(windows) != num_layers or any(w is not None and w < 1 for w in windows):
+            raise ValueError(f"windows must hold one window >= 1 or None per layer ({num_layers}), got {windows}")
         self.num_layers = num_layers
         self.max_len = max_len
+        self.windows = windows
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
         self.lengths = [0] * num_layers
+        self.states: dict[int, object] = {}  # recurrent layers: one state for the whole batch
 
     def __len__(self) -> int:
         """Number of positions cached (in layer 0; every layer holds the same number after a full step)."""
         return self.lengths[0]
+
+    def seq_len(self, seq=0) -> int:
+        """Positions cached for each batch row (they share one length)."""
+        return self.lengths[0]
+
+    def segments(self, t_new: int) -> list[tuple]:
+        """One segment: every batch row is its own sequence, all new tokens are its."""
+        return [(0, 0, t_new)]
+
+    def state(self, layer: int, seq=0):
+        return self.states.get(layer)
+
+    def set_state(self, layer: int, state, t_new: int, seq=0) -> None:
+        self.states[layer] = state
+        self.lengths[layer] += t_new
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new keys/values k, v (B, H_kv, T_new, Dh) of ``layer``; return all of them so far.
@@ -97,8 +185,11 @@ class KVCache:
         if not 0 <= layer < self.num_layers:
             raise IndexError(f"layer {layer} out of range for a cache of {self.num_layers} layers")
         check_rank(k, "k", 4, "(B, H_kv, T, Dh)")
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        if k.shape[:3] != v.shape[:3]:
+            raise ValueError(f"k and v must have the same shape (B, H_kv, T), got {tuple(k.shape)} and "
+                             f"{tuple(v.shape)}")
+        if self.windows[layer] is not None:
+            return self.update_sliding(layer, k, v)
         start, t_new = self.lengths[layer], k.shape[2]
         cached = self.keys[layer]
         if cached is not None and (cached.shape[:2] != k.shape[:2] or cached.shape[3] != k.shape[3]):
@@ -115,33 +206,49 @@ class KVCache:
             if start + t_new > self.max_len:
                 raise ValueError(f"cache overflow: {start} + {t_new} positions > max_len={self.max_len}")
             if cached is None:
-                b, h_kv, _, dh = k.shape
-                self.keys[layer] = k.new_empty(b, h_kv, self.max_len, dh)
-                self.values[layer] = v.new_empty(b, h_kv, self.max_len, dh)
+                b, h_kv = k.shape[:2]
+                self.keys[layer] = k.new_empty(b, h_kv, self.max_len, k.size(3))
+                self.values[layer] = v.new_empty(b, h_kv, self.max_len, v.size(3))
             self.keys[layer][:, :, start : start + t_new] = k
             self.values[layer][:, :, start : start + t_new] = v
         self.lengths[layer] = start + t_new
         end = self.lengths[layer]
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
+    def update_sliding(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """A sliding layer: return the kept and the new positions, then keep only the last ``window - 1``."""
+        self.lengths[layer] += k.size(2)
+        if self.keys[layer] is not None:
+            k, v = torch.cat([self.keys[layer], k], dim=2), torch.cat([self.values[layer], v], dim=2)
+        keep = min(self.windows[layer] - 1, k.size(2))
+        self.keys[layer], self.values[layer] = k[:, :, k.size(2) - keep :], v[:, :, v.size(2) - keep :]
+        return k, v  # (B, H_kv, kept + T_new, Dh): the keys end at the last query
+
     def positions(self, layer: int, t_new: int, device=None) -> Tensor:
         """(t_new,) positions of the new tokens of ``layer``: they follow the cached ones (a paged cache that
         packs several sequences gives each token its own sequence's position)."""
         return token_positions(t_new, self.lengths[layer], device=device)
 
-    def mask(self, layer: int, t_q: int, t_k: int, device=None) -> Tensor | None:
+    def mask(self, layer: int, t_q: int, t_k: int, device=None, *, window: int | None = None) -> Tensor | None:
         """The attention mask of the new queries over the keys :meth:`update` returned: None, meaning the
-        bottom-right causal mask (one sequence per batch row; a paged cache returns its own)."""
-        return None
+        bottom-right causal mask (one sequence per batch row; a paged cache returns its own), or the bottom-right
+        sliding window of a sliding layer (its keys end at the last query, so the window is relative)."""
+        window = self.windows[layer] if window is None else window
+        return None if window is None else sliding_window_mask(t_q, t_k, window, device=device)
 
     def crop(self, length: int) -> None:
         """Forget every position from ``length`` on, in every layer (speculative decoding's rejected drafts)."""
         check_int(length, "length", minimum=0)
         if length > min(self.lengths):
             raise ValueError(f"cannot crop to length={length}: the cache holds {min(self.lengths)} positions")
-        if self.max_len is None:
-            self.keys = [None if t is None else t[:, :, :length] for t in self.keys]
-            self.values = [None if t is None else t[:, :, :length] for t in self.values]
+        if any(w is not None and self.keys[i] is not None and length < self.lengths[i] - self.keys[i].size(2)
+               for i, w in enumerate(self.windows)):
+            raise ValueError(f"cannot crop to length={length}: a sliding layer has already dropped those positions")
+        if self.states and length < min(self.lengths):
+            raise ValueError("cannot crop a recurrent layer's state: it holds no positions to drop")
+        for kind in (self.keys, self.values):  # a sliding layer's tensor ends at position lengths[i] - 1
+            kind[:] = [t if t is None or (w is None and self.max_len) else t[:, :, : t.size(2) - (n - length)]
+                       for t, w, n in zip(kind, self.windows, self.lengths, strict=True)]
         self.lengths = [length] * self.num_layers
 
     def nbytes(self) -> int:
@@ -153,6 +260,7 @@ class KVCache:
         self.keys = [None] * self.num_layers
         self.values = [None] * self.num_layers
         self.lengths = [0] * self.num_layers
+        self.states = {}
 
 
 class CausalSelfAttention(nn.Module):
@@ -213,33 +321,47 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.qkv(x).split([self.d_model, self.kv_dim, self.kv_dim], dim=-1)
         else:
             q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
-        return split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
+        b, t, _ = x.shape  # (B, T, heads * Dh) -> (B, heads, T, Dh), as split_heads (x is checked already)
+        return tuple(y.view(b, t, -1, self.head_dim).transpose(1, 2) for y in (q, k, v))
 
-    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0, *, head_mask: Tensor | None = None,
-                weights: list | None = None) -> Tensor:
+    def forward(self, x: Tensor, cache: Cache | None = None, layer: int = 0, *, head_mask: Tensor | None = None,
+                weights: list | None = None, rotary: RotaryTable | None = None) -> Tensor:
         """Attend from the positions in x (B, Tq, D) to themselves and to everything already in ``cache``.
 
         With a cache, x holds only the *new* positions (the last Tq of the sequence); their keys/values are
         added to ``cache`` (slot ``layer``). ``head_mask`` (H,) scales each head's output before ``w_o``
         (0 switches a head off); if ``weights`` is a list, the attention weights (B, H, Tq, Tk) are appended to
-        it. Returns (B, Tq, D).
+        it. ``rotary``: the RoPE table of the new positions, computed once per forward by the model
+        (:meth:`rotary`); without it the layer computes its own. Returns (B, Tq, D).
         """
         self.check_inputs(x, cache, head_mask)
         q, k, v = self.project(x)  # (B, H, Tq, Dh), (B, H_kv, Tq, Dh) x 2
-        if self.rope:  # the new tokens follow the cached ones
-            positions = token_positions(x.size(1), device=x.device) if cache is None else \
-                cache.positions(layer, x.size(1), x.device)  # (Tq,)
-            q = apply_rope(q, positions, base=self.rope_base)
-            k = apply_rope(k, positions, base=self.rope_base)  # cached keys are stored already rotated
+        if self.rope:  # the new tokens follow the cached ones: the cache knows their positions
+            if rotary is None:
+                positions = token_positions(x.size(1), device=x.device) if cache is None else \
+                    cache.positions(layer, x.size(1), x.device)  # (Tq,)
+                rotary = self.rotary(positions, x.dtype)
+            q, k = rotate(q, rotary), rotate(k, rotary)  # cached keys are stored already rotated
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh), Tk = cached + Tq
         n_rep = self.num_heads // self.num_kv_heads
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Tk, Dh)
+        k, v = expand_kv(k, n_rep), expand_kv(v, n_rep)  # (B, H, Tk, Dh), as repeat_kv
         mask = None if cache is None else cache.mask(layer, q.size(2), k.size(2), x.device)  # None: causal
         heads = self.attend(q, k, v, weights, mask)  # (B, H, Tq, Dh)
         if head_mask is not None:
             heads = heads * head_mask[:, None, None]  # (H, 1, 1) broadcasts over (B, H, Tq, Dh)
         return self.w_o(merge_heads(heads))
+
+    def rotary(self, positions: Tensor, dtype: torch.dtype) -> RotaryTable | None:
+        """The RoPE table (cos, sin) of integer positions (T,), None without ``rope``: what a model computes
+        once per forward and hands to every layer."""
+        if not self.rope:
+            return None
+        return rope_table(positions, inverse_frequencies(self.head_dim, self.rope_base), dtype)
+
+    def cache_shape(self) -> tuple[int, int, int]:
+        """(H_kv, key size, value size) of what one position of this layer puts in a cache."""
+        return self.num_kv_heads, self.head_dim, self.head_dim
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, weights: list | None = None,
                mask: Tensor | None = None) -> Tensor:
@@ -273,9 +395,18 @@ class CausalSelfAttention(nn.Module):
             weights.append(attention)
         return heads
 
-    def check_inputs(self, x: Tensor, cache: KVCache | None, head_mask: Tensor | None) -> None:
-        """x (B, Tq, D) in the weights' dtype; a cache only for causal attention; head_mask (H,)."""
-        check_module_inputs(x, x, x, (self.d_model,) * 3, self.w_o.weight.dtype)
+    def check_inputs(self, x: Tensor, cache: Cache | None, head_mask: Tensor | None) -> None:
+        """x (B, Tq, D) in the weights' dtype, checked once (it is query, key and value); a cache only for causal
+        attention; head_mask (H,)."""
+        check_rank(x, "query", 3, "(B, T, D)")
+        if not x.is_floating_point():
+            raise TypeError(f"query must be a floating-point tensor, got {x.dtype}")
+        dtype = self.w_o.weight.dtype
+        if x.dtype != dtype:
+            raise TypeError(f"query is {x.dtype}, but the module's weights are {dtype}: convert one of them "
+                            f"(e.g. query.to({dtype}) or module.to({x.dtype}))")
+        if x.size(-1) != self.d_model:
+            raise ValueError(f"query has {x.size(-1)} features, but the query projection expects {self.d_model}")
         if cache is not None and not self.causal:
             raise ValueError("a KV cache needs causal attention (causal=True): an earlier position would see a "
                              "later one")

@@ -18,6 +18,7 @@ batch shapes.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -173,6 +174,44 @@ def rotate_pairs(x1: Tensor, x2: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tens
     return x1 * cos - x2 * sin, x1 * sin + x2 * cos
 
 
+class RotaryTable(NamedTuple):
+    """cos and sin (..., T, Dh/2) of the angles m * theta_i at the positions of one forward pass.
+
+    A model computes the table once per forward (:func:`rope_table`) and hands it to every layer, which rotates
+    its queries and keys with it (Hugging Face's ``position_embeddings``): no layer recomputes the angles.
+    """
+
+    cos: Tensor
+    sin: Tensor
+
+
+def rope_table(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype, factor: float = 1.0) -> RotaryTable:
+    """The cos/sin table of integer positions (...,) for frequencies inv_freq (Dh/2,), in ``dtype``.
+
+    Angles in float64, so large positions stay exact; ``factor`` scales cos and sin (YaRN's attention factor).
+    """
+    angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
+    return RotaryTable((angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype))
+
+
+class KeepsRopeFrequencies(nn.Module):
+    """A module whose RoPE frequencies (the buffer ``inv_freq``) keep their float64 precision when the module is
+    cast: ``.to(torch.bfloat16)`` moves them to the new device but never rounds them (Hugging Face likewise
+    computes its angles in float32 whatever the model's dtype)."""
+
+    def _apply(self, fn, recurse=True):
+        freqs = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = freqs.to(self.inv_freq.device)  # the device of the move, the dtype of before
+        return self
+
+
+def rotate(x: Tensor, table: RotaryTable, pairing: str = "interleaved") -> Tensor:
+    """Rotate x (..., T, Dh) with a checked :class:`RotaryTable` (the trusting twin of :func:`apply_rope`)."""
+    turn = rotate_interleaved if pairing == "interleaved" else rotate_halves
+    return turn(x, table.cos, table.sin)
+
+
 def apply_rope(
     x: Tensor,
     positions: Tensor,
@@ -206,13 +245,10 @@ def apply_rope(
     check_base(base)
     check_pairing(pairing)
     if inv_freq is None:
-        angles = rope_angles(positions, x.size(-1), base)  # (..., T, Dh/2), float64: large m stays exact
+        inv_freq = inverse_frequencies(x.size(-1), base)  # float64: large m stays exact
     else:
         check_frequencies(inv_freq, x.size(-1))
-        angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    rotate = rotate_interleaved if pairing == "interleaved" else rotate_halves
-    return rotate(x, cos, sin)
+    return rotate(x, rope_table(positions, inv_freq, x.dtype), pairing)
 
 
 def rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ..modern.attention import ModernAttention, check_hf_module, copy_linear
 from ..modern.rope_scaling import rope_from_config
-from ..positions import apply_rope
+from ..positions import RotaryTable, rotate
 
 
 class Qwen3NextAttention(ModernAttention):
@@ -30,11 +30,10 @@ class Qwen3NextAttention(ModernAttention):
         super().__init__(d_model, num_heads, num_kv_heads, head_dim, **options)
         self.gate_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=self.o_proj.bias is not None)
 
-    def rope(self, x: Tensor, positions: Tensor) -> Tensor:
+    def rope(self, x: Tensor, rotary: RotaryTable) -> Tensor:
         """Rotate the first R = 2 * len(inv_freq) features of each head, leave the others as they are."""
-        rotary = 2 * self.inv_freq.numel()
-        turned = apply_rope(x[..., :rotary], positions, pairing=self.pairing, inv_freq=self.inv_freq)
-        return torch.cat([turned * self.rope_factor, x[..., rotary:]], dim=-1)
+        r = 2 * self.inv_freq.numel()
+        return torch.cat([rotate(x[..., :r], rotary, self.pairing), x[..., r:]], dim=-1)
 
     def output(self, x: Tensor, out: Tensor) -> Tensor:
         """o_proj(out * sigmoid(gate_proj(x))): each head's output scaled feature by feature into (0, 1)."""

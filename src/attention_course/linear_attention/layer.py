@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..block import RMSNorm
 from ..heads import merge_heads
+from ..kv_cache import Cache
 from ..modern.attention import check_hf_module
 from ..validation import check_floating, check_int, check_rank
 from .rules import gated_delta_chunked, gated_delta_recurrent, normalize_qk
@@ -144,14 +145,30 @@ class GatedDeltaNet(nn.Module):
                                  f"{tuple(getattr(expected, name).shape)} for a batch of {x.size(0)}")
         return state
 
-    def forward(self, x: Tensor, state: DeltaNetState | None = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: DeltaNetState | None = None, return_state: bool = False, *,
+                cache: Cache | None = None, layer: int = 0, **_attention_options):
         """x (B, T, D) -> (B, T, D) through the chunked form; with ``return_state`` also the state after x.
 
         ``state`` continues a sequence (a prompt already read); None starts each sequence of the batch afresh.
+        With a ``cache`` (:class:`~attention_course.kv_cache.Cache`, the recurrent kind) the layer reads and keeps
+        each sequence's state there (slot ``layer``), segment by segment of a packed row; a GPT's options for
+        attention layers (``rotary``, ``head_mask``, ``weights``) do not concern it.
         """
+        if cache is not None:
+            return self.forward_cached(x, cache, layer)
         state = self.check_input(x, state)
         out, state = self.mix(x, state, self.sequence_rule)
         return (out, state) if return_state else out
+
+    def forward_cached(self, x: Tensor, cache: Cache, layer: int) -> Tensor:
+        """Each sequence's segment of x (B, T, D) continues from its state in the cache, which keeps the new one."""
+        outputs = []
+        for seq, start, end in cache.segments(x.size(1)):
+            segment = x[:, start:end]
+            out, state = self.mix(segment, self.check_input(segment, cache.state(layer, seq)), self.sequence_rule)
+            cache.set_state(layer, state, end - start, seq)
+            outputs.append(out)
+        return torch.cat(outputs, dim=1)
 
     def step(self, x_t: Tensor, state: DeltaNetState | None = None) -> tuple[Tensor, DeltaNetState]:
         """Decode one token: x_t (B, D) -> (y_t (B, D), the new state), through the recurrent form.

@@ -26,11 +26,10 @@ from torch import Tensor, nn
 
 from ..block import RMSNorm
 from ..functional import masked_softmax
-from ..heads import merge_heads
-from ..kv_cache import repeat_kv
+from ..kv_cache import Cache, expand_kv
 from ..masks import causal_mask, sliding_window_mask
-from ..positions import apply_rope, check_pairing, inverse_frequencies
-from ..validation import INTEGER_DTYPES, check_floating, check_int, check_rank
+from ..positions import KeepsRopeFrequencies, RotaryTable, check_pairing, inverse_frequencies, rope_table, rotate
+from ..validation import INTEGER_DTYPES, check_int, check_rank
 
 
 def attend(
@@ -66,6 +65,35 @@ def check_positions_for(positions, batch: int, t: int) -> Tensor:
     return positions if positions.dim() == 1 else positions[:, None, :]
 
 
+def check_layer_input(x, d_model: int) -> None:
+    """x must be a floating-point (B, T, D) tensor of the layer's width."""
+    check_rank(x, "x", 3, "(B, T, D)")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    if x.size(-1) != d_model:
+        raise ValueError(f"x has width {x.size(-1)}, the layer was built for d_model={d_model}")
+
+
+def layer_positions(x: Tensor, positions: Tensor | None, cache: Cache | None, layer: int) -> Tensor:
+    """The positions of x's tokens: given, else the cache's (after the cached ones), else 0..T-1; as (T,) or
+    (B, 1, T), broadcasting over heads."""
+    b, t, _ = x.shape
+    if positions is None:
+        positions = torch.arange(t, device=x.device) if cache is None else cache.positions(layer, t, x.device)
+    return check_positions_for(positions, b, t)
+
+
+def layer_mask(t_q: int, t_k: int, device, cache: Cache | None, layer: int, window: int | None = None) -> Tensor:
+    """(Tq, Tk) boolean, bottom-right: the cache's own mask when it has one (a paged cache packs several
+    sequences), else causal, within the window on a sliding layer."""
+    mask = None if cache is None else cache.mask(layer, t_q, t_k, device, window=window)
+    if mask is not None:
+        return mask
+    if window is None:
+        return causal_mask(t_q, t_k, device=device)
+    return sliding_window_mask(t_q, t_k, window, device=device)
+
+
 def hf_class(path: str):
     """The transformers class ``"module.Class"`` (imported only when a conversion needs it)."""
     module, name = path.rsplit(".", 1)
@@ -89,7 +117,7 @@ def copy_linear(target: nn.Linear, source: nn.Linear) -> None:
         target.bias.data.copy_(source.bias.data)
 
 
-class ModernAttention(nn.Module):
+class ModernAttention(KeepsRopeFrequencies):
     """Causal self-attention with GQA, RoPE and the options of today's open models (see the module docstring).
 
     Args:
@@ -144,33 +172,47 @@ class ModernAttention(nn.Module):
         b, t, _ = x.shape
         return proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
 
-    def rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotate (B, heads, T, Dh) queries or keys at their positions (with the rescaled frequencies)."""
-        return apply_rope(x, positions, pairing=self.pairing, inv_freq=self.inv_freq) * self.rope_factor
+    def rotary(self, positions: Tensor, dtype: torch.dtype) -> RotaryTable:
+        """The RoPE table (cos, sin) of integer positions (T,) or (B, 1, T), rescaled frequencies and factor
+        included: computed once per forward (by the model, or by the layer for q and k together)."""
+        return rope_table(positions, self.inv_freq, dtype, self.rope_factor)
 
-    def mask(self, t: int, device) -> Tensor:
-        """(T, T) boolean: causal, and within the window on a sliding layer."""
-        if self.window is None:
-            return causal_mask(t, device=device)
-        return sliding_window_mask(t, t, self.window, device=device)
+    def rope(self, x: Tensor, rotary: RotaryTable) -> Tensor:
+        """Rotate (B, heads, T, Dh) queries or keys with the table of their positions."""
+        return rotate(x, rotary, self.pairing)
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """x (B, T, D) at integer positions (T,) or (B, T) (default 0..T-1) -> (B, T, D)."""
-        check_floating(x, "x")
-        check_rank(x, "x", 3, "(B, T, D)")
-        b, t, d = x.shape
-        if d != self.d_model:
-            raise ValueError(f"x has width {d}, the layer was built for d_model={self.d_model}")
-        positions = torch.arange(t, device=x.device) if positions is None else positions
-        positions = check_positions_for(positions, b, t)
+    def cache_shape(self) -> tuple[int, int, int]:
+        """(H_kv, key size, value size) of what one position of this layer puts in a cache."""
+        return self.num_kv_heads, self.head_dim, self.head_dim
+
+    def forward(self, x: Tensor, positions: Tensor | None = None, *, cache: Cache | None = None, layer: int = 0,
+                rotary: RotaryTable | None = None, head_mask: Tensor | None = None,
+                weights: list | None = None) -> Tensor:
+        """x (B, T, D) at integer positions (T,) or (B, T) (default 0..T-1) -> (B, T, D).
+
+        With a ``cache`` (:class:`~attention_course.kv_cache.Cache`), x holds the new tokens: their positions come
+        from the cache, their keys and values join it (slot ``layer``), the queries see everything cached.
+        ``rotary``: the model's RoPE table for these positions; ``head_mask`` (H,) scales each head's output and
+        ``weights`` (a list) receives the attention weights (B, H, Tq, Tk), as in chapter 8's layer.
+        """
+        check_layer_input(x, self.d_model)
+        positions = layer_positions(x, positions, cache, layer)
         q, k, v = self.heads(x, self.q_proj), self.heads(x, self.k_proj), self.heads(x, self.v_proj)
         if self.q_norm is not None:  # normalise first: RoPE must rotate the vectors the scores will compare
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, positions), self.rope(k, positions)  # (B, H, T, Dh), (B, H_kv, T, Dh)
+        rotary = self.rotary(positions, x.dtype) if rotary is None else rotary  # cos/sin once for q and k
+        q, k = self.rope(q, rotary), self.rope(k, rotary)  # (B, H, T, Dh), (B, H_kv, T, Dh)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh): the cached keys and the new ones
         groups = self.num_heads // self.num_kv_heads
-        k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, T, Dh)
-        out, _ = attend(q, k, v, self.mask(t, x.device), scale=self.scale, softcap=self.softcap, sinks=self.sinks)
-        return self.output(x, merge_heads(out))  # (B, H, T, Dh) -> (B, T, H * Dh) -> (B, T, D)
+        k, v = expand_kv(k, groups), expand_kv(v, groups)  # (B, H, Tk, Dh), as repeat_kv
+        mask = layer_mask(q.size(2), k.size(2), x.device, cache, layer, self.window)
+        out, attention = attend(q, k, v, mask, scale=self.scale, softcap=self.softcap, sinks=self.sinks)
+        if weights is not None:
+            weights.append(attention)
+        if head_mask is not None:
+            out = out * head_mask[:, None, None]  # (H, 1, 1) over (B, H, T, Dh)
+        return self.output(x, out.transpose(1, 2).flatten(2))  # (B, H, T, Dh) -> (B, T, H * Dh) -> (B, T, D)
 
     def output(self, x: Tensor, out: Tensor) -> Tensor:
         """The output projection of the merged heads out (B, T, H * Dh); x (B, T, D) is the layer's input

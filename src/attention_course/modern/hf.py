@@ -82,26 +82,46 @@ def hf_window(layer) -> int | None:
 
 def hf_forward(layer, x: Tensor, positions: Tensor | None = None) -> Tensor:
     """Run a transformers attention layer on x (B, T, D) at position ids (T,) or (B, T) -> (B, T, D)."""
+    b, t, _ = x.shape
+    positions = torch.arange(t) if positions is None else positions
+    with torch.no_grad():
+        return _hf_call(layer, x, positions.expand(b, t), t)
+
+
+def hf_decode(layer, x: Tensor, prefill: int) -> Tensor:
+    """Run a transformers attention layer through Hugging Face's own cache (``DynamicCache`` built from the layer's
+    config: a sliding layer keeps its window) as generation does: the first ``prefill`` positions of x (B, T, D) at
+    once, then one token at a time -> (B, T, D)."""
+    from transformers import DynamicCache
+
+    cache, b, t = DynamicCache(config=layer.config), x.size(0), x.size(1)
+    window, outputs = hf_window(layer), []
+    with torch.no_grad():
+        for start, end in [(0, prefill), *((p, p + 1) for p in range(prefill, t))]:
+            kept = start if window is None else min(start, window - 1)  # what the cache still holds
+            positions = torch.arange(start, end).expand(b, end - start)
+            outputs.append(_hf_call(layer, x[:, start:end], positions, kept + end - start, cache))
+    return torch.cat(outputs, dim=1)
+
+
+def _hf_call(layer, x: Tensor, position_ids: Tensor, t_k: int, cache=None) -> Tensor:
+    """One call of an HF layer: its model's rotary cos/sin and an additive (B, 1, Tq, Tk) bottom-right mask."""
     family = next((f for f, (_, _, name, _, _) in FAMILIES.items() if type(layer).__name__ == name), None)
     if family is None:
         raise TypeError(f"layer must be one of the transformers attention classes of {sorted(FAMILIES)}, "
                         f"got {type(layer).__name__}")
     hf_module, (_, _, rotary_name), _ = _family(family)
-    b, t, _ = x.shape
-    positions = torch.arange(t) if positions is None else positions
-    position_ids = positions.expand(b, t)
+    b, t_q, _ = x.shape
     rotary = getattr(hf_module, rotary_name)(layer.config)
-    layer_type = getattr(layer, "layer_type", None)
-    rotary_args = (layer_type,) if family == "gemma3" else ()
+    rotary_args = (layer.layer_type,) if family == "gemma3" else ()
     cos, sin = rotary(x, position_ids, *rotary_args)
-    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    i, j = torch.arange(t_q)[:, None] + (t_k - t_q), torch.arange(t_k)[None, :]
     allowed = j <= i
     window = hf_window(layer)
     if window is not None:
         allowed &= i - j < window
-    mask = torch.zeros(b, 1, t, t, dtype=x.dtype).masked_fill(~allowed, torch.finfo(x.dtype).min)
-    with torch.no_grad():
-        return layer(x, position_embeddings=(cos, sin), attention_mask=mask)[0]
+    mask = torch.zeros(b, 1, t_q, t_k, dtype=x.dtype).masked_fill(~allowed, torch.finfo(x.dtype).min)
+    return layer(x, position_embeddings=(cos, sin), attention_mask=mask, cache=cache)[0]
 
 
 def relative_error(ours: Tensor, ref: Tensor) -> float:

@@ -20,15 +20,14 @@ import torch
 from torch import Tensor, nn
 
 from ..block import RMSNorm
-from ..heads import merge_heads
-from ..masks import causal_mask
-from ..positions import apply_rope, check_pairing, inverse_frequencies
-from ..validation import check_floating, check_int, check_rank
-from .attention import attend, check_hf_module, check_positions_for, copy_linear
+from ..kv_cache import Cache
+from ..positions import KeepsRopeFrequencies, RotaryTable, check_pairing, inverse_frequencies, rope_table, rotate
+from ..validation import check_int
+from .attention import attend, check_hf_module, check_layer_input, copy_linear, layer_mask, layer_positions
 from .rope_scaling import rope_from_config
 
 
-class MultiHeadLatentAttention(nn.Module):
+class MultiHeadLatentAttention(KeepsRopeFrequencies):
     """MLA with optional low-rank queries; mirrors transformers' ``DeepseekV3Attention`` (``from_hf``).
 
     Args:
@@ -74,58 +73,85 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_b_proj = nn.Linear(kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), bias=False)
         self.o_proj = nn.Linear(num_heads * v_head_dim, d_model, bias=bias)
 
-    def rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        return apply_rope(x, positions, pairing=self.pairing, inv_freq=self.inv_freq) * self.rope_factor
+    def rotary(self, positions: Tensor, dtype: torch.dtype) -> RotaryTable:
+        """The RoPE table (cos, sin) of the rotated part at integer positions, computed once per forward."""
+        return rope_table(positions, self.inv_freq, dtype, self.rope_factor)
 
-    def queries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def rope(self, x: Tensor, rotary: RotaryTable) -> Tensor:
+        return rotate(x, rotary, self.pairing)
+
+    def cache_shape(self) -> tuple[int, int, int]:
+        """What one position puts in a cache (a latent layer): one "head" of the latent C and the rotated key R."""
+        return 1, self.kv_lora_rank, self.rope_dim
+
+    def queries(self, x: Tensor, rotary: RotaryTable) -> tuple[Tensor, Tensor]:
         """x (B, T, D) -> q_nope (B, H, T, N), q_rope (B, H, T, R) (rotated)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, -1).transpose(1, 2)  # (B, H, T, N + R)
         q_nope, q_rope = q.split([self.nope, self.rope_dim], dim=-1)
-        return q_nope, self.rope(q_rope, positions)
+        return q_nope, self.rope(q_rope, rotary)
 
-    def latents(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def latents(self, x: Tensor, rotary: RotaryTable) -> tuple[Tensor, Tensor]:
         """What the cache stores per token: c (B, 1, T, C) and the shared rotated key k_rope (B, 1, T, R)."""
         c, k_rope = self.kv_a_proj(x)[:, None].split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        return self.kv_norm(c), self.rope(k_rope, positions)
+        return self.kv_norm(c), self.rope(k_rope, rotary)
 
     def up_projections(self) -> tuple[Tensor, Tensor]:
         """W_uk (H, N, C) and W_uv (H, V, C): the rows of kv_b_proj that turn the latent into keys and values."""
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
         return w[:, : self.nope], w[:, self.nope :]
 
-    def inputs(self, x: Tensor, positions: Tensor | None) -> Tensor:
-        """Check x (B, T, D) and return positions that broadcast over heads."""
-        check_floating(x, "x")
-        check_rank(x, "x", 3, "(B, T, D)")
-        b, t, d = x.shape
-        if d != self.d_model:
-            raise ValueError(f"x has width {d}, the layer was built for d_model={self.d_model}")
-        return check_positions_for(torch.arange(t, device=x.device) if positions is None else positions, b, t)
+    def inputs(self, x: Tensor, positions: Tensor | None, cache: Cache | None = None, layer: int = 0,
+               rotary: RotaryTable | None = None) -> RotaryTable:
+        """Check x (B, T, D); return the RoPE table of its positions (given, the cache's, or 0..T-1)."""
+        check_layer_input(x, self.d_model)
+        return self.rotary(layer_positions(x, positions, cache, layer), x.dtype) if rotary is None else rotary
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Plain MLA: keys and values of every head re-expanded from the latent. x (B, T, D) -> (B, T, D)."""
-        positions = self.inputs(x, positions)
-        q_nope, q_rope = self.queries(x, positions)
-        c, k_rope = self.latents(x, positions)
+    def forward(self, x: Tensor, positions: Tensor | None = None, *, cache: Cache | None = None, layer: int = 0,
+                rotary: RotaryTable | None = None, head_mask: Tensor | None = None,
+                weights: list | None = None) -> Tensor:
+        """Plain MLA: keys and values of every head re-expanded from the latent. x (B, T, D) -> (B, T, D).
+
+        With a ``cache`` the layer runs :meth:`forward_absorbed`, which reads the cached latents directly.
+        """
+        if cache is not None:
+            return self.forward_absorbed(x, positions, cache=cache, layer=layer, rotary=rotary,
+                                         head_mask=head_mask, weights=weights)
+        rotary = self.inputs(x, positions, rotary=rotary)
+        q_nope, q_rope = self.queries(x, rotary)
+        c, k_rope = self.latents(x, rotary)
         w_uk, w_uv = self.up_projections()
         k_nope, v = c @ w_uk.transpose(-2, -1), c @ w_uv.transpose(-2, -1)  # (B, H, T, N), (B, H, T, V)
         k = torch.cat([k_nope, k_rope.expand(-1, self.num_heads, -1, -1)], dim=-1)  # (B, H, T, N + R)
         q = torch.cat([q_nope, q_rope], dim=-1)
-        out, _ = attend(q, k, v, causal_mask(x.size(1), device=x.device), scale=self.scale)
-        return self.o_proj(merge_heads(out))  # (B, H, T, V) -> (B, T, D)
+        out, attention = attend(q, k, v, layer_mask(x.size(1), x.size(1), x.device, None, layer), scale=self.scale)
+        return self.output(out, attention, head_mask, weights)
 
-    def forward_absorbed(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """The same output with W_uk absorbed into the queries and W_uv into the output: attention over the cache."""
-        positions = self.inputs(x, positions)
-        q_nope, q_rope = self.queries(x, positions)
-        c, k_rope = self.latents(x, positions)  # the whole cache: (B, 1, T, C + R) per token
+    def forward_absorbed(self, x: Tensor, positions: Tensor | None = None, *, cache: Cache | None = None,
+                         layer: int = 0, rotary: RotaryTable | None = None, head_mask: Tensor | None = None,
+                         weights: list | None = None) -> Tensor:
+        """The same output with W_uk absorbed into the queries and W_uv into the output: attention over the
+        latents, the new tokens' and, with a ``cache``, every cached one's (the cache holds only c and k_rope)."""
+        rotary = self.inputs(x, positions, cache, layer, rotary)
+        q_nope, q_rope = self.queries(x, rotary)
+        c, k_rope = self.latents(x, rotary)  # the new tokens': (B, 1, T, C), (B, 1, T, R)
+        if cache is not None:
+            c, k_rope = cache.update(layer, c, k_rope)  # every position's: (B, 1, Tk, C), (B, 1, Tk, R)
         w_uk, w_uv = self.up_projections()
         q_latent = q_nope @ w_uk  # (B, H, T, N) @ (H, N, C) -> (B, H, T, C): q_nope . (W_uk c) = (q_nope W_uk) . c
         q = torch.cat([q_latent, q_rope], dim=-1)  # (B, H, T, C + R)
-        k = torch.cat([c, k_rope], dim=-1)  # (B, 1, T, C + R): one key "head" shared by all heads
-        out_latent, _ = attend(q, k, c, causal_mask(x.size(1), device=x.device), scale=self.scale)  # (B, H, T, C)
-        return self.o_proj(merge_heads(out_latent @ w_uv.transpose(-2, -1)))  # (B, H, T, V) -> (B, T, D)
+        k = torch.cat([c, k_rope], dim=-1)  # (B, 1, Tk, C + R): one key "head" shared by all heads
+        mask = layer_mask(q.size(2), k.size(2), x.device, cache, layer)
+        out_latent, attention = attend(q, k, c, mask, scale=self.scale)  # (B, H, T, C)
+        return self.output(out_latent @ w_uv.transpose(-2, -1), attention, head_mask, weights)  # (B, H, T, V)
+
+    def output(self, out: Tensor, attention: Tensor, head_mask: Tensor | None, weights: list | None) -> Tensor:
+        """(B, H, T, V) heads -> (B, T, D); ``head_mask`` (H,) scales each head, ``weights`` receives attention."""
+        if weights is not None:
+            weights.append(attention)
+        if head_mask is not None:
+            out = out * head_mask[:, None, None]
+        return self.o_proj(out.transpose(1, 2).flatten(2))  # (B, H, T, V) -> (B, T, H * V), as merge_heads
 
     @classmethod
     def from_hf(cls, module) -> MultiHeadLatentAttention:

@@ -11,15 +11,14 @@ Blocks carry a **reference count**: two sequences may share a block (a common pr
 A shared block is never written: the first write into it copies it first (**copy-on-write**). A block returns to
 the free list when its count falls to zero, never before.
 
-:class:`PagedKVCache` *is* a :class:`~attention_course.kv_cache.KVCache`: the course's
-:class:`~attention_course.kv_cache.CausalSelfAttention` and :class:`~attention_course.gpt.GPT` use it unchanged.
+:class:`PagedKVCache` follows the course's cache protocol (:class:`~attention_course.kv_cache.Cache`): the course's
+attention layers and :class:`~attention_course.gpt.GPT` use it unchanged.
 One forward pass runs one **ragged batch**: the new tokens of several sequences packed in one row (1, T_new, D)
 (no padding). :meth:`PagedKVCache.begin_step` says which sequences and how many new tokens each; then every layer's
 :meth:`~PagedKVCache.update` writes the new keys/values through the tables and gathers each sequence's keys back,
 packed the same way; :meth:`~PagedKVCache.mask` keeps each query to its own sequence (block-diagonal) and to its
-past (bottom-right causal within the sequence), :meth:`~PagedKVCache.positions` gives each token its own position
-(RoPE). Learned absolute positions are not supported: :meth:`GPT.forward` adds them from one start for the whole
-row.
+past (bottom-right causal within the sequence), :meth:`~PagedKVCache.positions` gives each token its own position,
+which the model feeds to its absolute embeddings and its RoPE alike.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..kv_cache import KVCache
+from ..kv_cache import Cache
 from ..validation import check_int, check_rank
 
 
@@ -79,8 +78,18 @@ class BlockAllocator:
 
 
 def slot(table: Sequence[int], position: int, block_size: int) -> int:
-    """Index in the flat pool (num_blocks * block_size slots) of a sequence's ``position``."""
+    """Index in the flat pool (num_blocks * block_size slots) of a sequence's ``position`` (also elementwise, for
+    a tensor table and a tensor of positions)."""
     return table[position // block_size] * block_size + position % block_size
+
+
+def packed(lengths: Tensor, starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Sequences of ``lengths`` (S,) packed in one row: each entry's sequence index and its position in its
+    sequence (counting from ``starts``, default 0), both (sum of lengths,)."""
+    owner = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    first = torch.cumsum(lengths, 0) - lengths  # (S,) where each sequence starts in the row
+    offset = -first if starts is None else starts - first
+    return owner, torch.arange(int(lengths.sum())) + offset[owner]
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -98,48 +107,63 @@ class Step:
     write_slots: Tensor  # (T_new,) pool slots of the new positions, packed
     read_slots: Tensor  # (T_k,) pool slots of every position of every sequence, packed
     positions: Tensor  # (T_new,) position of each new token in its own sequence
+    key_positions: Tensor  # (T_k,) position of each key in its own sequence
     mask: Tensor  # (T_new, T_k) True = may attend: own sequence, own past
 
 
-class PagedKVCache(KVCache):
+class PagedKVCache(Cache):
     """Keys and values of many sequences in a pool of fixed-size blocks (see the module docstring).
 
     Args:
         num_layers: attention layers that write into the cache.
         num_blocks, block_size: the pool: ``num_blocks`` blocks of ``block_size`` positions.
-        num_kv_heads, head_dim: H_kv and Dh of the keys and values.
+        num_kv_heads, head_dim: H_kv and Dh of the keys (and of the values, unless ``value_dim`` differs:
+            MLA's latent layer stores its latent as "keys" and its rotated key as "values").
         dtype, device: of the pool.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype=torch.float32, device=None):
-        super().__init__(num_layers)
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("num_kv_heads", num_kv_heads),
-                            ("head_dim", head_dim)):
+                 dtype=torch.float32, device=None, value_dim: int | None = None):
+        value_dim = head_dim if value_dim is None else value_dim
+        for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
+                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("value_dim", value_dim)):
             check_int(value, name)
-        self.block_size = block_size
+        self.num_layers, self.block_size = num_layers, block_size
         self.allocator = BlockAllocator(num_blocks)
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+                     for _ in range(num_layers)]
+        self.values = [torch.zeros(num_blocks, block_size, num_kv_heads, value_dim, dtype=dtype, device=device)
+                       for _ in range(num_layers)]
         self.tables: dict[Hashable, list[int]] = {}
         self.seq_lengths: dict[Hashable, int] = {}
+        self.states: dict[tuple[int, Hashable], object] = {}  # (layer, seq): a recurrent layer's state
         self.step: Step | None = None
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int) -> PagedKVCache:
-        """A pool shaped for a :class:`~attention_course.gpt.GPT` (its layers, H_kv, Dh, dtype and device)."""
-        c = model.config
-        if c.positions == "learned":
-            raise ValueError("a paged cache packs several sequences in one row: it needs positions='rope' or None "
-                             "(GPT.forward adds learned positions from one start for the whole row)")
-        attn = model.blocks[0].attn
-        w = attn.w_o.weight
-        return cls(c.num_layers, num_blocks, block_size, attn.num_kv_heads, attn.head_dim, w.dtype, w.device)
+        """A pool shaped for a :class:`~attention_course.gpt.GPT` (its layers, what each position of its
+        attention caches, its dtype and device)."""
+        attn = next(b.attn for b in model.blocks if hasattr(b.attn, "cache_shape"))  # recurrent layers keep states
+        heads, key_dim, value_dim = attn.cache_shape()
+        w = next(attn.parameters())
+        return cls(model.config.num_layers, num_blocks, block_size, heads, key_dim, w.dtype, w.device, value_dim)
 
-    def __len__(self) -> int:
-        """Positions stored, all sequences together."""
-        return sum(self.seq_lengths.values())
+    def seq_len(self, seq=0) -> int:
+        """Positions cached for sequence ``seq`` (one of the ids given to :meth:`add_sequence`)."""
+        self._check_known(seq)
+        return self.seq_lengths[seq]
+
+    def segments(self, t_new: int) -> list[tuple]:
+        """[(seq, start, end)] of the step's packed row."""
+        self._check_step(t_new)
+        ends = torch.tensor(self.step.new).cumsum(0).tolist()
+        return [(seq, end - n, end) for seq, n, end in zip(self.step.seq_ids, self.step.new, ends, strict=True)]
+
+    def state(self, layer: int, seq=0):
+        return self.states.get((layer, seq))
+
+    def set_state(self, layer: int, state, t_new: int, seq=0) -> None:
+        self.states[(layer, seq)] = state  # the length advances in end_step, for every layer at once
 
     @property
     def num_free_blocks(self) -> int:
@@ -165,6 +189,7 @@ class PagedKVCache(KVCache):
         """A new sequence ``child`` sharing every block of ``parent`` (parallel sampling, beam search)."""
         self._check_known(parent)
         self.add_sequence(child, self.tables[parent], self.seq_lengths[parent])
+        self.states |= {(layer, child): state for (layer, seq), state in self.states.items() if seq == parent}
 
     def free_sequence(self, seq_id: Hashable) -> None:
         """Forget a sequence: one reference less on each of its blocks."""
@@ -174,6 +199,7 @@ class PagedKVCache(KVCache):
         for block in self.tables.pop(seq_id):
             self.allocator.release(block)
         del self.seq_lengths[seq_id]
+        self.states = {key: state for key, state in self.states.items() if key[1] != seq_id}
 
     def _check_known(self, seq_id: Hashable) -> None:
         if seq_id not in self.tables:
@@ -233,22 +259,21 @@ class PagedKVCache(KVCache):
         for seq_id, num_new in batch:
             self.reserve(seq_id, num_new)
         self.step = self._plan(ids, [n for _, n in batch])
+        self.states_before = dict(self.states)  # what abort_step restores
 
     def _plan(self, ids: list, new: list[int]) -> Step:
+        """Slots, positions and mask of the step, with tensor operations (no Python loop over positions)."""
         starts = [self.seq_lengths[seq_id] for seq_id in ids]
-        write, read, positions, owner_q, owner_k, pos_k = [], [], [], [], [], []
-        for i, (seq_id, start, n) in enumerate(zip(ids, starts, new, strict=True)):
-            table = self.tables[seq_id]
-            write += [slot(table, p, self.block_size) for p in range(start, start + n)]
-            read += [slot(table, p, self.block_size) for p in range(start + n)]
-            positions += range(start, start + n)
-            owner_q += [i] * n
-            owner_k += [i] * (start + n)
-            pos_k += range(start + n)
-        positions_t = torch.tensor(positions)
-        same_seq = torch.tensor(owner_q)[:, None] == torch.tensor(owner_k)[None, :]
-        causal = torch.tensor(pos_k)[None, :] <= positions_t[:, None]  # bottom-right: key position <= query's
-        return Step(ids, starts, new, torch.tensor(write), torch.tensor(read), positions_t, same_seq & causal)
+        widest = max(len(self.tables[seq_id]) for seq_id in ids)
+        tables = torch.tensor([self.tables[seq_id] + [0] * (widest - len(self.tables[seq_id])) for seq_id in ids])
+        start_t, new_t = torch.tensor(starts), torch.tensor(new)
+        owner_q, positions = packed(new_t, start_t)  # (T_new,) each new token's sequence and position
+        owner_k, key_positions = packed(start_t + new_t)  # (T_k,) each key's sequence and position
+        write = tables[owner_q, positions // self.block_size] * self.block_size + positions % self.block_size
+        read = tables[owner_k, key_positions // self.block_size] * self.block_size + key_positions % self.block_size
+        same_seq = owner_q[:, None] == owner_k[None, :]
+        causal = key_positions[None, :] <= positions[:, None]  # bottom-right: key position <= query's
+        return Step(ids, starts, new, write, read, positions, key_positions, same_seq & causal)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys/values k, v (1, H_kv, T_new, Dh) of the step through the block tables; return
@@ -258,8 +283,9 @@ class PagedKVCache(KVCache):
         if not 0 <= layer < self.num_layers:
             raise IndexError(f"layer {layer} out of range for a cache of {self.num_layers} layers")
         check_rank(k, "k", 4, "(1, H_kv, T_new, Dh)")
-        expected = (1, *self.keys[layer].shape[2:3], len(self.step.write_slots), self.keys[layer].shape[3])
-        if tuple(k.shape) != expected or k.shape != v.shape:
+        h_kv, dk, dv = *self.keys[layer].shape[2:], self.values[layer].shape[3]
+        expected, t_new = (1, h_kv, len(self.step.write_slots), dk), len(self.step.write_slots)
+        if tuple(k.shape) != expected or tuple(v.shape) != (1, h_kv, t_new, dv):
             raise ValueError(f"k and v must have shape (1, H_kv, T_new, Dh) = {expected} for this step, got "
                              f"{tuple(k.shape)} and {tuple(v.shape)}")
         out = []
@@ -274,10 +300,27 @@ class PagedKVCache(KVCache):
         self._check_step(t_new)
         return self.step.positions.to(device)
 
-    def mask(self, layer: int, t_q: int, t_k: int, device=None) -> Tensor:
-        """(T_new, T_k) True = may attend: a key of the query's own sequence at a position <= the query's."""
+    def mask(self, layer: int, t_q: int, t_k: int, device=None, *, window: int | None = None) -> Tensor:
+        """(T_new, T_k) True = may attend: a key of the query's own sequence at a position <= the query's (and,
+        for a sliding layer, less than ``window`` positions back)."""
         self._check_step(t_q)
-        return self.step.mask.to(device)
+        mask = self.step.mask
+        if window is not None:
+            mask = mask & (self.step.positions[:, None] - self.step.key_positions[None, :] < window)
+        return mask.to(device)
+
+    def crop(self, length: int, seq=0) -> None:
+        """Forget every position of sequence ``seq`` from ``length`` on; blocks past the end are released."""
+        self._check_known(seq)
+        check_int(length, "length", minimum=0)
+        if length > self.seq_lengths[seq] or (length < self.seq_lengths[seq] and any(s == seq for _, s in self.states)):
+            raise ValueError(f"cannot crop to length={length}: sequence {seq!r} holds {self.seq_lengths[seq]} "
+                             "positions (a recurrent state cannot drop any)")
+        table = self.tables[seq]
+        for block in table[blocks_for(length, self.block_size):]:
+            self.allocator.release(block)
+        del table[blocks_for(length, self.block_size):]
+        self.seq_lengths[seq] = length
 
     def _check_step(self, t_new: int) -> None:
         if self.step is None:
@@ -295,8 +338,9 @@ class PagedKVCache(KVCache):
 
     def abort_step(self) -> None:
         """Forget a step whose forward pass failed: lengths stay as they were (the reserved blocks stay with their
-        sequences, ready for the retry), so nothing half-written is ever read."""
+        sequences, ready for the retry), so nothing half-written is ever read; recurrent states are restored."""
         self.step = None
+        self.states = self.states_before
 
     # ------------------------------------------------------------ reading
 
@@ -304,7 +348,7 @@ class PagedKVCache(KVCache):
         """A sequence's cached keys and values of ``layer``, read through its table: (1, H_kv, len, Dh) each."""
         self._check_known(seq_id)
         table, n = self.tables[seq_id], self.seq_lengths[seq_id]
-        slots = torch.tensor([slot(table, p, self.block_size) for p in range(n)], dtype=torch.long)
+        slots = slot(torch.tensor(table, dtype=torch.long), torch.arange(n), self.block_size)  # (len,)
         return tuple(pool.view(-1, *pool.shape[2:])[slots].transpose(0, 1)[None]
                      for pool in (self.keys[layer], self.values[layer]))
 

@@ -85,7 +85,7 @@ class StepReport:
 
 
 class Engine:
-    """Serve :class:`Request` s with a :class:`~attention_course.gpt.GPT` (positions "rope" or None).
+    """Serve :class:`Request` s with a :class:`~attention_course.gpt.GPT` (any positions, any attention layer).
 
     Args:
         model: the model; its forward pass runs once per step.
@@ -105,6 +105,8 @@ class Engine:
                              "decoding sequence needs one token per step")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got policy={policy!r}")
+        if prefix_sharing and not all(hasattr(block.attn, "cache_shape") for block in model.blocks):
+            raise ValueError("prefix sharing reuses cached keys and values: a recurrent layer's state cannot be shared")
         self.model = model.eval()
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.index = PrefixIndex(self.cache) if prefix_sharing else None
@@ -131,7 +133,11 @@ class Engine:
                              f"[0, {self.model.vocab_size})")
         check_int(request.max_new_tokens, "max_new_tokens")
         check_int(request.arrival, "arrival", minimum=0)
-        needed = blocks_for(len(request.prompt) + request.max_new_tokens, self.cache.block_size)
+        longest, config = len(request.prompt) + request.max_new_tokens, self.model.config
+        if config.positions == "learned" and longest > config.max_len:
+            raise ValueError(f"request {request.id!r} may reach {longest} tokens, longer than max_len="
+                             f"{config.max_len} (learned positions have no vector beyond it)")
+        needed = blocks_for(longest, self.cache.block_size)
         if needed > self.cache.allocator.num_blocks:
             raise ValueError(f"request {request.id!r} may need {needed} blocks, the cache has only "
                              f"{self.cache.allocator.num_blocks}")
