@@ -26,7 +26,7 @@ from attention_course.serving.hf import to_hf_starcoder2
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MODEL = dict(vocab_size=256, d_model=128, num_heads=4, num_kv_heads=2, num_layers=4, positions="rope",
-             tie_embeddings=False, init="pytorch", use_sdpa=True)
+             tie_embeddings=False, init="pytorch", backend="sdpa")
 PROMPTS, PROMPT_LEN, NEW = 4, 32, 64
 MAX_RATIO = 1.0
 

@@ -25,7 +25,7 @@ import torch
 from attention_course.gpt import GPT, GPTConfig
 
 MODEL = dict(vocab_size=512, d_model=256, num_heads=8, num_layers=4, max_len=1024, tie_embeddings=False,
-             init="pytorch", bias=False, use_sdpa=True)
+             init="pytorch", bias=False, backend="sdpa")
 BATCH, PROMPT, NEW_TOKENS = 4, 16, 256
 MIN_SPEEDUP = 5.0
 MAX_FLATNESS = 1.5

@@ -41,7 +41,7 @@ SPECS = {
     "einsum": Spec(lambda h, **kw: EinsumMultiHeadAttention(D, h, **kw)),
     "fused": Spec(lambda h, **kw: FusedSelfAttention(D, h, **kw), cross=False),
     "cached_causal": Spec(lambda h, **kw: CausalSelfAttention(D, h, **kw), cross=False, mask=False, causal="always"),
-    "cached_causal_separate": Spec(lambda h, **kw: CausalSelfAttention(D, h, fused_qkv=False, use_sdpa=False, **kw),
+    "cached_causal_separate": Spec(lambda h, **kw: CausalSelfAttention(D, h, fused_qkv=False, backend="eager", **kw),
                                    cross=False, mask=False, causal="always"),
 }
 CAUSAL = {"flag": (False, True), "always": (True,), None: (False,)}  # the variants each module has

@@ -225,7 +225,7 @@ def test_bad_inputs():
 # ---------------------------------------------------------------- chapter 8's model: PyTorch's init, GQA, SDPA
 
 SMALL = dict(vocab_size=97, d_model=32, num_heads=4, num_layers=2, max_len=64, tie_embeddings=False,
-             init="pytorch", bias=False, use_sdpa=True)
+             init="pytorch", bias=False, backend="sdpa")
 
 
 def decoder(seed=0, **kwargs):
@@ -285,9 +285,9 @@ def test_pytorch_init_keeps_each_layers_default():
 
 
 def test_sdpa_path_equals_the_explicit_one():
-    """use_sdpa changes the kernel, not the function: the same weights give the same logits either way."""
+    """The backend changes the kernel, not the function: the same weights give the same logits either way."""
     fast = decoder(num_kv_heads=2, positions="rope")
-    slow = GPT(GPTConfig(**SMALL | {"num_kv_heads": 2, "positions": "rope", "use_sdpa": False}))
+    slow = GPT(GPTConfig(**SMALL | {"num_kv_heads": 2, "positions": "rope", "backend": "eager"}))
     slow.load_state_dict(fast.state_dict())
     ids = ids_for(2, 9, vocab=97)
     torch.testing.assert_close(fast(ids), slow.eval()(ids), atol=1e-5, rtol=1e-5)

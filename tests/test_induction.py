@@ -4,7 +4,7 @@ ablation breaks the copying, and GPT-2's initialisation forms none within the sa
 The recipe is trained once per model for the module. Every threshold is the one the chapter (or its exercises) prints a
 verdict against; seeds 0-5 measured copy accuracy 0.87-0.89 at step 600, 0.08-0.09 at step 200, prefix-matching
 scores of 0.73-0.93 for every layer-2 head against at most 0.09 in layer 1. The models train through PyTorch's
-fused attention (`use_sdpa`: 1.5 times faster per step on one CPU thread than the course's attention, which the
+fused attention (`backend="sdpa"`: 1.5 times faster per step on one CPU thread than the course's attention, which the
 chapter trains with); the weights the scores read are the course's (`return_weights`). Seed 0 gives the chapter's
 values either way (to 3 decimals: copy accuracy 0.090 at step 200 and 0.870 at 600, layer-2 prefix scores >= 0.85).
 """
@@ -41,7 +41,7 @@ def next_token_loss(model, batch):
 def trained_model(tie_embeddings, embedding_std, seed=0):
     torch.manual_seed(seed)
     model = GPT(GPTConfig(VOCAB, d_model=64, num_heads=4, num_layers=2, max_len=SEQ_LEN, attention_only=True,
-                          tie_embeddings=tie_embeddings, embedding_std=embedding_std, use_sdpa=True))
+                          tie_embeddings=tie_embeddings, embedding_std=embedding_std, backend="sdpa"))
     history = train(model, lambda g: repeated_segment_batch(64, SEQ_LEN, VOCAB, g), next_token_loss, STEPS,
                     lr=3e-3, seed=seed, eval_fn=lambda m: {"copy": copy_accuracy(m, TEST_IDS, TEST_COPY)},
                     eval_every=200)

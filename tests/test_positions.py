@@ -601,10 +601,10 @@ def alibi_reference(q, k, v):
 
 
 @pytest.mark.parametrize("num_kv_heads", [None, 2])
-@pytest.mark.parametrize("use_sdpa", [True, False])
-def test_alibi_attention_matches_a_reference_with_and_without_cache(num_kv_heads, use_sdpa):
+@pytest.mark.parametrize("backend", ["sdpa", "eager", "blockwise"])
+def test_alibi_attention_matches_a_reference_with_and_without_cache(num_kv_heads, backend):
     torch.manual_seed(0)
-    attn = CausalSelfAttention(24, 4, num_kv_heads, alibi=True, use_sdpa=use_sdpa).eval()
+    attn = CausalSelfAttention(24, 4, num_kv_heads, alibi=True, backend=backend).eval()
     x = torch.randn(2, 9, 24, dtype=torch.float64)
     attn.double()
     with torch.no_grad():
@@ -617,9 +617,11 @@ def test_alibi_attention_matches_a_reference_with_and_without_cache(num_kv_heads
         cache = KVCache(1)
         parts = [attn(x[:, :5], cache), attn(x[:, 5:7], cache), attn(x[:, 7:8], cache), attn(x[:, 8:], cache)]
     torch.testing.assert_close(full, expected, atol=1e-10, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), expected, atol=1e-10, rtol=0)  # the backend's own path (no weights)
     torch.testing.assert_close(torch.cat(parts, dim=1), expected, atol=1e-10, rtol=0)
     assert weights[0].shape == (2, 4, 9, 9) and weights[0].triu(1).abs().max() == 0
-    plain = CausalSelfAttention(24, 4, num_kv_heads, use_sdpa=use_sdpa).double().eval()
+    plain = CausalSelfAttention(24, 4, num_kv_heads, backend=backend).double().eval()
     plain.load_state_dict(attn.state_dict())
     with torch.no_grad():
         assert not torch.allclose(plain(x), full)  # the bias changes the output: the test can fail

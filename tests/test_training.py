@@ -11,9 +11,9 @@ from attention_course.training import History, summary_line, tagging_loss, train
 LENGTH, STEPS, BLIND_STEPS = 12, 100, 40  # without positions it plateaus within a few dozen steps
 
 
-def encoder(positions, seed=0, use_sdpa=False):
+def encoder(positions, seed=0, backend="eager"):
     torch.manual_seed(seed)
-    return GPT(GPTConfig(10, 64, 4, 2, max_len=LENGTH, positions=positions, causal=False, use_sdpa=use_sdpa))
+    return GPT(GPTConfig(10, 64, 4, 2, max_len=LENGTH, positions=positions, causal=False, backend=backend))
 
 
 def reversal_loss(model, batch):
@@ -35,7 +35,7 @@ def trained():
     fused attention: the same verdicts as the course's attention, 1.5 times faster)."""
     models, histories = {}, {}
     for positions, steps in (("learned", STEPS), (None, BLIND_STEPS)):
-        models[positions] = encoder(positions, use_sdpa=True)
+        models[positions] = encoder(positions, backend="sdpa")
         histories[positions] = train(
             models[positions], lambda g: reversal_batch(64, LENGTH, g), reversal_loss, steps,
             eval_fn=lambda m: {"accuracy": token_accuracy(m, TEST)}, eval_every=50,

@@ -53,8 +53,9 @@ class GPTConfig:
             dominate the residual stream at init so that layer 2 can still read which token sits where.
         bias: whether the attention projections have biases (GPT-2: True; LLaMA: False).
         dropout: on attention weights, branch outputs and embeddings, in ``.train()`` mode only.
-        use_sdpa: attention through PyTorch's fused kernel unless weights are asked for; False: the course's
-            attention, which forms the weights (B, H, T, Tk) at every call.
+        backend: the attention backend of every layer (:func:`~attention_course.functional.attend`): "eager", the
+            course's attention, which forms the weights (B, H, T, Tk) at every call; "sdpa", PyTorch's fused
+            kernels (the weights are still formed, by "eager", whenever they are asked for); "blockwise", "flex".
     """
 
     vocab_size: int
@@ -72,7 +73,7 @@ class GPTConfig:
     embedding_std: float = 0.02
     bias: bool = True
     dropout: float = 0.0
-    use_sdpa: bool = False
+    backend: str = "eager"
 
     def __post_init__(self):
         self.d_ff = 4 * self.d_model if self.d_ff is None else self.d_ff
@@ -106,7 +107,7 @@ def default_attention(config: GPTConfig, layer: int) -> nn.Module:
     """Chapter 8's :class:`~attention_course.kv_cache.CausalSelfAttention` with the config's choices."""
     c = config
     return CausalSelfAttention(c.d_model, c.num_heads, c.num_kv_heads, fused_qkv=False, bias=c.bias,
-                               rope=c.positions == "rope", causal=c.causal, dropout=c.dropout, use_sdpa=c.use_sdpa,
+                               rope=c.positions == "rope", causal=c.causal, dropout=c.dropout, backend=c.backend,
                                alibi=c.positions == "alibi")
 
 

@@ -25,14 +25,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .functional import scaled_dot_product_attention, sdpa_fast
+from .functional import _attend, check_backend
 from .heads import merge_heads
-from .masks import causal_mask, sliding_window_mask
+from .masks import sliding_window_mask
 from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
 from .positions import (
     RotaryTable,
-    alibi_bias,
-    attention_with_bias,
+    alibi_mod,
     check_base,
     inverse_frequencies,
     rope_table,
@@ -277,28 +276,30 @@ class CausalSelfAttention(nn.Module):
             with a cache, the new tokens' positions start at the cache's length, never at 0.
         rope_base: the ``base`` of :func:`apply_rope`.
         alibi: add ALiBi's bias, -slope_h * distance (:func:`~attention_course.positions.alibi_bias`), to the
-            scores of head h (chapter 10); attention then forms its weights (no fused kernel). Not with ``rope``.
+            scores of head h (chapter 10), as a score mod of the backend. Not with ``rope``.
         causal: each position sees itself and the past; False: every position sees all (an encoder; no cache).
         dropout: probability of dropping attention weights, in ``.train()`` mode only.
-        use_sdpa: PyTorch's fused kernel (:func:`sdpa_fast`) unless the weights are asked for; False: always
-            the course's :func:`scaled_dot_product_attention`, which forms the (B, H, Tq, Tk) weights.
+        backend: the name of :func:`~attention_course.functional.attend`'s backend: "sdpa" (PyTorch's fused
+            kernels), "eager" (the course's, which forms the (B, H, Tq, Tk) weights), "blockwise", "flex", ...;
+            whenever the weights are asked for, "eager" (the only backend that forms them).
     """
 
     def __init__(
         self, d_model: int, num_heads: int, num_kv_heads: int | None = None, fused_qkv: bool = True, bias: bool = True,
         rope: bool = False, rope_base: float = 10000.0, causal: bool = True, dropout: float = 0.0,
-        use_sdpa: bool = True, alibi: bool = False,
+        backend: str = "sdpa", alibi: bool = False,
     ):
         super().__init__()
         check_heads(d_model, num_heads)
         check_base(rope_base)
         check_dropout(dropout)
+        check_backend(backend)
         if rope and (d_model // num_heads) % 2:
             raise ValueError(f"rope needs an even head dimension, got {d_model // num_heads}")
         if rope and alibi:
             raise ValueError("choose one relative position method: rope=True or alibi=True, not both")
         self.rope, self.rope_base, self.alibi = rope, rope_base, alibi
-        self.causal, self.dropout, self.use_sdpa = causal, dropout, use_sdpa
+        self.causal, self.dropout, self.backend = causal, dropout, backend
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_int(num_kv_heads, "num_kv_heads")
         if num_heads % num_kv_heads:
@@ -365,32 +366,17 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, weights: list | None = None,
                mask: Tensor | None = None) -> Tensor:
-        """(B, H, Tq, Dh) queries, (B, H, Tk, Dh) keys and values -> (B, H, Tq, Dh); causal masks are
-        bottom-right: a single new query (Tq = 1) is the last position and may see every key. A ``mask``
-        (a paged cache's, (Tq, Tk), True = may attend) replaces the causal one: it already holds causality."""
+        """(B, H, Tq, Dh) queries, (B, H, Tk, Dh) keys and values -> (B, H, Tq, Dh), through the module's backend of
+        :func:`~attention_course.functional.attend` (inputs checked at the module's edge already). Causal masks are
+        bottom-right: a single new query (Tq = 1) is the last position and may see every key. A ``mask`` (a paged
+        cache's, (Tq, Tk), True = may attend) replaces the causal one: it already holds causality. ALiBi is a score
+        mod, so it runs on every backend."""
         dropout_p = self.dropout if self.training else 0.0  # dropout regularises training only
-        is_causal = self.causal and mask is None
-        if self.alibi:
-            return self.attend_alibi(q, k, v, weights, causal_mask(q.size(2), k.size(2), device=q.device)
-                                     if is_causal else mask, dropout_p)
-        if self.use_sdpa and weights is None:
-            return sdpa_fast(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal and q.size(2) > 1)
-        if is_causal:
-            mask = causal_mask(q.size(2), k.size(2), device=q.device)
-        heads, attention = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # attention (B, H, Tq, Tk)
-        if weights is not None:
-            weights.append(attention)
-        return heads
-
-    def attend_alibi(self, q: Tensor, k: Tensor, v: Tensor, weights: list | None, mask: Tensor | None,
-                     dropout_p: float) -> Tensor:
-        """Attention with ALiBi's bias for queries that are the last Tq of the Tk positions (bottom-right, as the
-        cache appends): (B, H, Tq, Dh) -> (B, H, Tq, Dh)."""
-        bias = alibi_bias(self.num_heads, q.size(2), k.size(2), dtype=q.dtype, device=q.device)  # (H, Tq, Tk)
-        heads, attention = attention_with_bias(q, k, v, bias, mask)  # attention (B, H, Tq, Tk)
-        if dropout_p > 0.0:
-            attention = nn.functional.dropout(attention, p=dropout_p)
-            heads = attention @ v
+        is_causal = self.causal and mask is None and q.size(2) > 1  # one new query sees every key: no mask at all
+        score_mod = alibi_mod(self.num_heads, q.size(2), k.size(2)) if self.alibi else None
+        backend = self.backend if weights is None else "eager"  # only the eager backend forms the weights
+        heads, attention = _attend(q, k, v, mask, is_causal=is_causal, score_mod=score_mod, dropout_p=dropout_p,
+                                   backend=backend)  # attention (B, H, Tq, Tk) on "eager"
         if weights is not None:
             weights.append(attention)
         return heads
@@ -423,7 +409,7 @@ class CausalSelfAttention(nn.Module):
         """
         mha = CausalSelfAttention(
             self.d_model, self.num_heads, None, fused_qkv=False, bias=self.w_o.bias is not None,
-            rope=self.rope, rope_base=self.rope_base, causal=self.causal, dropout=self.dropout, use_sdpa=self.use_sdpa,
+            rope=self.rope, rope_base=self.rope_base, causal=self.causal, dropout=self.dropout, backend=self.backend,
             alibi=self.alibi,
         ).to(self.w_o.weight)  # fmt: skip
         n_rep = self.num_heads // self.num_kv_heads
