@@ -764,6 +764,21 @@ mistake("doc-id-wrong-index", "a document mask that reads a document id at the w
         "Your mask_mod matches a document mask that reads {detail}. The query's document is doc_ids[b, q_idx], the "
         "key's is doc_ids[b, kv_idx]: compare those two.",
         chapter=15, topic="flex")
+mistake("doc-ids-assumed-sorted", "a document mask that compares document ids by their order",
+        "Your mask_mod matches {detail} (with the causal part): that equals 'the same document' only while the ids "
+        "rise (or fall) along the row. An id names a document, not its place: here the ids of a row are in no "
+        "particular order (see the case's doc_ids).",
+        chapter=15, topic="flex")
+mistake("mod-from-library", "an exercise's mod that calls the library's own mod, which the notebook forbids",
+        "Your mod calls the library's {detail}: the notebook asks for your own mod, written with tensor operations "
+        "on the index tensors (that is the exercise).",
+        chapter=15, topic="flex")
+mistake("mod-fails-in-flex", "a mod right on a broadcast grid that fails inside create_block_mask or flex_attention",
+        "Your mod gives the right answers on the check's broadcast grid, but run through the real "
+        "create_block_mask / flex_attention {detail}. There vmap hands the mod one index per tensor (0-dim tensors): "
+        "look for what your mod reads from the index tensors besides their values (a shape, a Python number, an "
+        "axis it expects to broadcast over) (chapter 15, the mods as functions of indices).",
+        chapter=15, topic="flex")
 
 
 # ==================================================================================================================

@@ -218,3 +218,72 @@ class FormedTensors(_Tracked, TorchDispatchMode):
 
 
 _KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors}
+
+
+class SquareTensors(_Tracked, TorchDispatchMode):
+    """Records, in ``formed``, whether the code inside the ``with`` block creates a tensor with two axes of length
+    ``t`` (a (T, T) matrix: the scores or the mask of a parallel form), which a computation token by token never
+    needs (the check picks T unlike every other size of its inputs)."""
+
+    def __init__(self, t: int):
+        super().__init__()
+        self.t, self.formed = t, False
+
+    def spec(self) -> dict:
+        return {"kind": "square", "t": self.t}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["t"]))
+
+    def result(self) -> dict:
+        return {"formed": self.formed}
+
+    def absorb(self, result) -> None:
+        self.formed = self.formed or result["formed"] is True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and sum(n == self.t for n in out.shape) >= 2:
+            self.formed = True
+        return out
+
+
+_KINDS["square"] = SquareTensors
+
+
+class LibraryCalls:
+    """Records, in ``called``, the functions of the course's own modules ``names`` (``"flex"``,
+    ``"linear_attention"``: a module or a package of :mod:`attention_course`) that the code inside the ``with``
+    block calls, in this thread: an exercise that says "do not use the library's version" is checked by what the
+    code calls, not by what it returns. Under the grader the call runs in the sandbox, unseen here: the grader's
+    static reading (``calls-reference``) rejects the same imports there."""
+
+    def __init__(self, *names: str):
+        import os
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../attention_course
+        self._prefixes = tuple(os.path.join(root, n) for n in names)
+        self.called: list[str] = []
+
+    def _profile(self, frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(self._prefixes):
+            name = frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name
+            module = frame.f_globals.get("__name__", "")
+            if len(self.called) < 8:
+                self.called.append(f"{module}.{name}")
+        if self._previous is not None:
+            self._previous(frame, event, arg)
+
+    def __enter__(self):
+        import sys
+
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+
+        sys.setprofile(self._previous)
+        return False
