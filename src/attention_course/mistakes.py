@@ -865,6 +865,24 @@ mistake("chunk-start-state-ignored", "the state from before the chunk left out",
         "the state before it predicts (V - K S0), its outputs read it (Q S0), and the state after the chunk is "
         "S0 plus the chunk's writes.",
         chapter=17, topic="linear")
+mistake("not-token-by-token", "the recurrent exercise answered with the parallel form (or without a state)",
+        "Your outputs are right, but your code formed {detail}: exercise 1 asks for the recurrence, one token at a "
+        "time through a (Dk, Dv) state per sequence and head, which never needs a (T, T) matrix of scores or of "
+        "mask. Where does your code still look at all the tokens at once?",
+        chapter=17, topic="linear")
+mistake("rule-from-library", "an exercise of chapter 17 answered by calling the library's own rule",
+        "Your function calls the library's {detail}: the notebook asks you not to import "
+        "attention_course.linear_attention for exercises 1 to 4 (writing the rule is the exercise).",
+        chapter=17, topic="linear")
+mistake("delta-key-normalized", "the delta update normalises the key it is given",
+        "Your new state matches the delta rule with the key made a unit vector first. The update of exercise 2 "
+        "takes k as it is given (normalising it is the layer's job, exercise 3): on a key of norm 1 both agree, "
+        "on these keys (norms from 0.5 to 1.5) they do not.",
+        chapter=17, topic="linear")
+mistake("delta-divided-by-norm", "the delta update's write divided by |k|^2",
+        "Your new state matches S + beta k (v - k S)^T / |k|^2: a division by the key's squared norm that the "
+        "delta rule does not have. It is invisible on unit keys; these keys have norms from 0.5 to 1.5.",
+        chapter=17, topic="linear")
 
 
 # ==================================================================================================================

@@ -217,39 +217,42 @@ class FormedTensors(_Tracked, TorchDispatchMode):
         return out
 
 
-_KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors}
 
 
-class SquareTensors(_Tracked, TorchDispatchMode):
-    """Records, in ``formed``, whether the code inside the ``with`` block creates a tensor with two axes of length
-    ``t`` (a (T, T) matrix: the scores or the mask of a parallel form), which a computation token by token never
-    needs (the check picks T unlike every other size of its inputs)."""
+class StepShapes(_Tracked, TorchDispatchMode):
+    """Watches the shapes of the tensors the code inside the ``with`` block creates, for "token by token, with a
+    (Dk, Dv) state": ``square`` records a tensor with two axes of length ``t`` (a (T, T) matrix: the scores or the
+    mask of a parallel form, never needed one token at a time; the check picks T unlike every other size), and
+    ``state`` a tensor whose last two axes are ``state`` = (Dk, Dv)."""
 
-    def __init__(self, t: int):
+    def __init__(self, t: int, state: tuple[int, int]):
         super().__init__()
-        self.t, self.formed = t, False
+        self.t, self.state_shape = t, tuple(state)
+        self.square = self.state = False
 
     def spec(self) -> dict:
-        return {"kind": "square", "t": self.t}
+        return {"kind": "steps", "t": self.t, "state": list(self.state_shape)}
 
     @classmethod
     def from_spec(cls, spec):
-        return cls(int(spec["t"]))
+        return cls(int(spec["t"]), tuple(int(n) for n in spec["state"]))
 
     def result(self) -> dict:
-        return {"formed": self.formed}
+        return {"square": self.square, "state": self.state}
 
     def absorb(self, result) -> None:
-        self.formed = self.formed or result["formed"] is True
+        self.square = self.square or result["square"] is True
+        self.state = self.state or result["state"] is True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and sum(n == self.t for n in out.shape) >= 2:
-            self.formed = True
+        if isinstance(out, torch.Tensor):
+            self.square = self.square or sum(n == self.t for n in out.shape) >= 2
+            self.state = self.state or tuple(out.shape[-2:]) == self.state_shape
         return out
 
 
-_KINDS["square"] = SquareTensors
+_KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes}
 
 
 class LibraryCalls:
