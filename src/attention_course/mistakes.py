@@ -927,16 +927,17 @@ mistake("verify-mask-drops-cache", "the verify mask covers only the k + 1 new to
         "Your mask has shape (k + 1, k + 1): the keys are the cache AND the new tokens, num_cached + k + 1 of them.",
         chapter=18, topic="serving")
 mistake("rejection-not-residual", "after a rejection, drawing from the target p instead of the residual",
-        "On a rejection you draw from p itself. Part of p's mass was already given through the accepted draft "
-        "tokens; draw from the residual max(0, p - q), normalised, or the output over-weights what the draft likes.",
+        "On a rejection you return the target's p itself. Part of p's mass has already been given out through the "
+        "draft tokens that were accepted: drawing the replacement from all of p gives those tokens a second chance "
+        "(chapter 18, the rejection rule's proof: what is left of p after the accepted part).",
         chapter=18, topic="serving")
 mistake("rejection-ratio-inverted", "a draft token accepted with probability min(1, q/p) instead of min(1, p/q)",
-        "Your acceptance probability is min(1, q(x) / p(x)): upside down. Keep x with probability "
-        "min(1, p(x) / q(x)): always when the target likes x at least as much as the draft.",
+        "Your acceptance probability is upside down: you keep x most often where the DRAFT likes it more than the "
+        "target does. Which of the two distributions must the output follow, and which one proposed x?",
         chapter=18, topic="serving")
 mistake("rejection-always-accepts", "every draft token accepted",
-        "You return the draft's token whatever u is: the output then has the DRAFT's distribution q. Accept x only "
-        "when u < min(1, p(x) / q(x)).",
+        "You return the draft's token whatever u is: the output then has the DRAFT's distribution q. The uniform "
+        "number u is what makes the decision random.",
         chapter=18, topic="serving")
 mistake("finished-left-in-batch", "a finished sequence left in the batch",
         "A sequence that produced its end-of-sequence token or reached max_new_tokens stays in your batch: it keeps "
@@ -945,4 +946,8 @@ mistake("finished-left-in-batch", "a finished sequence left in the batch",
 mistake("retired-too-early", "a sequence retired one token before its limit",
         "Your batch drops a sequence that has max_new_tokens - 1 tokens: it may still produce one. It leaves when it "
         "HAS max_new_tokens tokens.",
+        chapter=18, topic="serving")
+mistake("eos-zero-ignored", "an end-of-sequence id of 0 taken for 'no end-of-sequence id'",
+        "Your batch keeps a sequence whose last token is the end-of-sequence id when that id is 0: 0 is a token id "
+        "like any other, and only None means 'no such token'. Look at how your code tests eos_token_id.",
         chapter=18, topic="serving")
