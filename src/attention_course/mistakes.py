@@ -134,6 +134,10 @@ mistake("calls-reference", "the implementation calls the reference (the library,
         "Keras MultiHeadAttention) or hides or inspects what it calls (grader only)")
 mistake("sandbox-ended", "the submission's process stopped answering while its function was checked (grader only)")
 mistake("not-run", "the check cell never ran: the notebook stopped before it (grader only)")
+mistake("left-torch", "code that moves its inputs to NumPy or Python lists where the check watches torch",
+        "Your code converted a tensor with {detail}: this exercise's rule (what may be formed, how it is computed) "
+        "is checked by watching the torch operations your code runs, and NumPy or Python lists are out of that "
+        "sight. Keep the computation in torch (the inputs are torch tensors).")
 mistake("mutates-input", "the function modified one of its input arrays in place",
         "Your function changed its input `{detail}` in place (e.g. with `x -= ...` or `x /= ...`). Compute new arrays "
         "instead of modifying the arguments: the caller still needs them.",
@@ -698,6 +702,8 @@ mistake("heads-split-wrong", "the output projection's columns split into heads i
         "before the output projection: head h owns the columns h * V to (h + 1) * V of w_o "
         "(w_o.view(D, H, V)[:, h]).",
         chapter=14, topic="modern")
+mistake("cache-window-off-by-one", "a sliding layer's cache counted with one token more or less than its window",
+        chapter=14, topic="modern")  # a known wrong answer of question 14.gemma3-cache, which writes the message
 
 
 # ==================================================================================================================

@@ -39,8 +39,10 @@ def _call_rule(fn, args: dict, label: str, case: str, steps: observe.StepShapes 
     them) and, with ``steps``, for the shapes it forms."""
     with observe.LibraryCalls("linear_attention") as library:
         if steps is not None and observe.observable(fn):
-            with steps:
+            with steps, observe.LeavesTorch() as leaves:
                 result = call(fn, args, label, positional=len(args))
+            if leaves.left:
+                raise fail("left-torch", detail=leaves.left, case=case)
         else:
             result = call(fn, args, label, positional=len(args))
     if library.called:

@@ -178,8 +178,9 @@ class FusedAttentionCalls(_Tracked, TorchFunctionMode):
 
 class FormedTensors(_Tracked, TorchDispatchMode):
     """Records, in ``formed``, whether the code inside the ``with`` block creates a tensor holding the numbers of
-    ``target`` (B, H, ...) or of one of its slices ``target[b]``, ``target[:, h]``, ``target[b, h]``, in any layout
-    (compared as sorted values, within ``rtol`` of the largest)."""
+    ``target`` (B, H, ...) or of one of its slices ``target[b]``, ``target[:, h]``, ``target[b, h]`` and, for a
+    (B, H, T, ...) target, one token's ``target[:, :, t]``, ``target[b, :, t]``, ``target[b, h, t]``, in any
+    layout (compared as sorted values, within ``rtol`` of the largest)."""
 
     def __init__(self, target, rtol: float = 1e-4):
         super().__init__()
@@ -187,6 +188,10 @@ class FormedTensors(_Tracked, TorchDispatchMode):
         b, h = target.shape[:2]
         slices = [target] + [target[i] for i in range(b)] + [target[:, j] for j in range(h)]
         slices += [target[i, j] for i in range(b) for j in range(h)]
+        if target.dim() >= 4:  # one token's: all sequences and heads, one sequence's heads, one head's vector
+            t = target.shape[2]
+            slices += [target[:, :, s] for s in range(t)] + [target[i, :, s] for i in range(b) for s in range(t)]
+            slices += [target[i, j, s] for i in range(b) for j in range(h) for s in range(t)]
         self._sorted = {}
         for part in slices:
             self._sorted.setdefault(part.numel(), []).append(part.flatten().sort().values)
@@ -252,7 +257,41 @@ class StepShapes(_Tracked, TorchDispatchMode):
         return out
 
 
-_KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes}
+class LeavesTorch(_Tracked, TorchFunctionMode):
+    """Records, in ``left``, the first conversion of a tensor of more than one number to NumPy or Python lists
+    (``.numpy()``, ``np.asarray``, ``.tolist()``) by the code inside the ``with`` block: where a check watches
+    the tensors the code forms (a rule such as "never form the keys"), code that computes in NumPy is out of its
+    sight, and the check says so instead of passing it unseen."""
+
+    _ESCAPES = ("numpy", "__array__", "tolist")
+
+    def __init__(self):
+        super().__init__()
+        self.left = ""
+
+    def spec(self) -> dict:
+        return {"kind": "leaves"}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls()
+
+    def result(self) -> dict:
+        return {"left": self.left}
+
+    def absorb(self, result) -> None:
+        self.left = self.left or str(result["left"])[:40]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if not self.left and name in self._ESCAPES and args and isinstance(args[0], torch.Tensor) \
+                and args[0].numel() > 1:
+            self.left = f".{name}()"
+        return func(*args, **(kwargs or {}))
+
+
+_KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes,
+          "leaves": LeavesTorch}
 
 
 class LibraryCalls:
