@@ -265,14 +265,13 @@ def scores_in_numpy(q_nope, c, w_uk):  # [left-torch]: the keys formed in NumPy,
     return torch.from_numpy(q_nope.numpy() @ keys.swapaxes(-1, -2))
 
 
-def output_values_per_token(weights, c, w_uv, w_o):  # [values-formed]: the values one token at a time, summed
-    h, v_dim, _ = w_uv.shape
-    heads = 0
+def output_values_per_token(weights, c, w_uv, w_o):  # [values-formed]: token s's values, one token at a time
+    out = 0
     for s in range(c.size(1)):
         value = c[:, None, s, None] @ w_uv.transpose(-2, -1)  # (B, H, 1, V): token s's values
-        heads = heads + weights[..., s, None] * value
-    merged = heads.transpose(1, 2).flatten(2)  # (B, T, H * V)
-    return merged @ w_o.T
+        share = weights[..., s, None] * value  # (B, H, T, V): what every query takes from token s
+        out = out + share.transpose(1, 2).flatten(2) @ w_o.T  # its part of the output (B, T, D)
+    return out
 
 
 def output_in_numpy(weights, c, w_uv, w_o):  # [left-torch]

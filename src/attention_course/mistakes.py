@@ -747,6 +747,25 @@ mistake("induction-not-learned", "the trained model does not copy the repeated h
         "position's next token, that training runs (the check calls it without autograd, as the grader does: "
         "wrap it in torch.enable_grad()), and the learning rate and number of steps.",
         chapter=19, topic="capstone")
+mistake("cache-kept-in-module", "the attention keeps its cache in the module instead of the cache it is passed",
+        "Your module gives the right outputs for one sequence at a time, but not for {detail} of two sequences fed "
+        "in turns, each with its own cache: your forward reads keys and values from somewhere other than the cache "
+        "it is given (an attribute of the module?). A caller may hold several caches for one module.",
+        chapter=19, topic="capstone")
+mistake("accuracy-not-from-weights", "a trained model whose forward reaches an accuracy its weights do not",
+        "Your model predicts {detail}. The check measures the weights your training produced, with its own causal "
+        "forward: your model's forward does something those weights do not (a position that reads later tokens, "
+        "or predictions computed some other way). Look at the mask in your attention (exercise 2) and at what your "
+        "forward returns.",
+        chapter=19, topic="capstone")
+mistake("scores-from-library", "induction scores computed with the library's own model or score",
+        "Your function calls {detail}: the exercise asks for the scores computed from your own model's attention "
+        "(a forward pre-hook on each block's attn), not from the library's GPT or interpret functions.",
+        chapter=19, topic="capstone")
+mistake("shard-not-split", "tensor-parallel attention in which a process computes more than its own heads",
+        "Every rank's output is right, but {detail}: each rank must compute only its own heads (its rows of w_q, "
+        "w_k, w_v and its columns of w_o), the all-reduce then sums the parts. Look at what each rank computes.",
+        chapter=19, topic="capstone")
 
 
 # ==================================================================================================================

@@ -290,8 +290,75 @@ class LeavesTorch(_Tracked, TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class RankScores(_Tracked, TorchDispatchMode):
+    """Counts the query-key scores of width ``dk`` over ``t`` keys ((..., t, t) matrix products, broadcast products,
+    fused kernels) that the code inside the ``with`` block computes, per process: in this process and in every
+    process it forks (a forked child inherits the mode), each count appended to a file as "pid count".
+    :meth:`counts` reads back (this process's count, the other processes' counts): what ran on which rank."""
+
+    def __init__(self, dk: int, t: int):
+        import os
+        import tempfile
+
+        super().__init__()
+        self.dk, self.t, self._pid = dk, t, os.getpid()
+        handle, self._path = tempfile.mkstemp(prefix="attention-course-ranks-")
+        os.close(handle)
+        self._absorbed: tuple[int, list[int]] | None = None
+
+    def spec(self) -> dict:
+        return {"kind": "ranks", "dk": self.dk, "t": self.t}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["dk"]), int(spec["t"]))
+
+    def result(self) -> dict:
+        here, others = self.counts()
+        return {"here": here, "others": others}
+
+    def absorb(self, result) -> None:
+        self._absorbed = (int(result["here"]), [int(n) for n in result["others"]])
+
+    def counts(self) -> tuple[int, list[int]]:
+        """(scores computed in this process, [scores computed in each other process that computed any])."""
+        import os
+
+        if self._absorbed is not None:
+            return self._absorbed
+        per_pid: dict[int, int] = {}
+        with open(self._path) as f:
+            for line in f:
+                pid, n = (int(x) for x in line.split())
+                per_pid[pid] = per_pid.get(pid, 0) + n
+        os.unlink(self._path)
+        self._absorbed = (per_pid.pop(self._pid, 0), [per_pid[pid] for pid in sorted(per_pid)])
+        return self._absorbed
+
+    def _scores(self, func, args, out) -> int:
+        square = tuple(out.shape[-2:]) == (self.t, self.t)
+        if func in _MATMULS and square and args[-2].shape[-1] == self.dk:
+            return out.numel()
+        if func is _aten.mul.Tensor and out.dim() >= 3 and out.shape[-1] == self.dk and \
+                tuple(out.shape[-3:-1]) == (self.t, self.t):
+            return out.numel() // self.dk
+        if func in _FUSED:
+            return math.prod(args[0].shape[:-1]) * args[1].shape[-2]
+        return 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import os
+
+        out = func(*args, **(kwargs or {}))
+        n = self._scores(func, args, out) if isinstance(out, torch.Tensor) else 0
+        if n:
+            with open(self._path, "a") as f:
+                f.write(f"{os.getpid()} {n}\n")
+        return out
+
+
 _KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes,
-          "leaves": LeavesTorch}
+          "leaves": LeavesTorch, "ranks": RankScores}
 
 
 class LibraryCalls:
