@@ -549,3 +549,18 @@ PLANTED += [
     (shard_check, make_sharded("bias-per-rank"), "tp-bias-per-rank"),
     (shard_check, make_sharded("reduced-heads"), "allreduce-before-output-projection"),
 ]
+
+
+def test_a_failure_with_a_cache_in_the_call_stays_short():
+    """The call that failed is named by its shapes: a cache of tensors is not printed whole (it was 136 lines)."""
+    class FailsWithCache(make_module()):
+        def forward(self, x, cache=None):
+            if cache is not None:
+                raise RuntimeError("no cache yet")
+            return super().forward(x, cache)
+
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_rope_cached_attention(FailsWithCache)
+    message = str(info.value)
+    assert message.startswith("[raised-exception]") and message.count("\n") <= 3, message
+    assert "cache=(shape (2, 4, 3, 6), shape (2, 4, 3, 6))" in message, message
