@@ -91,8 +91,12 @@ def warm_up() -> None:
 def _through_flex(fn, data: tuple, shape, case: str, *, allowed=None, bias=None) -> None:
     """Run the student's mod, bound to its data, through the real ``create_block_mask`` (a mask_mod: ``allowed``
     (B, H, T, T) is the right mask) or ``flex_attention``'s ``score_mod`` (``bias`` (B, H, T, T) the right bias),
-    eager, float64; the output must be attention with the right mask or bias."""
+    eager, float64; the output must be attention with the right mask or bias. Under the grader the mod runs in the
+    sandbox, one call at a time, where vmap cannot reach it: there the grid alone judges it."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if not observe.runs_here(fn):
+        return
 
     batch, heads, t = shape
     gen = torch.Generator().manual_seed(t)

@@ -54,6 +54,12 @@ def observable(fn) -> bool:
     return _sandbox_field(fn, "_sandbox", None) is None or getattr(fn, "__module__", None) == _GRADER_STAND_INS
 
 
+def runs_here(fn) -> bool:
+    """Whether calling the student's ``fn`` runs their code in this process (not the grader's stand-in, which
+    forwards each call to the sandbox): what only this process can do with it (hand it to FlexAttention's vmap)."""
+    return _sandbox_field(fn, "_sandbox", None) is None and getattr(fn, "__module__", None) != _GRADER_STAND_INS
+
+
 _ACTIVE: list = []  # the observers entered in this process, outermost first
 
 
@@ -324,15 +330,15 @@ class RankScores(_Tracked, TorchDispatchMode):
         """(scores computed in this process, [scores computed in each other process that computed any])."""
         import os
 
-        if self._absorbed is not None:
-            return self._absorbed
-        per_pid: dict[int, int] = {}
-        with open(self._path) as f:
-            for line in f:
-                pid, n = (int(x) for x in line.split())
-                per_pid[pid] = per_pid.get(pid, 0) + n
-        os.unlink(self._path)
-        self._absorbed = (per_pid.pop(self._pid, 0), [per_pid[pid] for pid in sorted(per_pid)])
+        if self._absorbed is None:
+            per_pid: dict[int, int] = {}
+            with open(self._path) as f:
+                for line in f:
+                    pid, n = (int(x) for x in line.split())
+                    per_pid[pid] = per_pid.get(pid, 0) + n
+            self._absorbed = (per_pid.pop(self._pid, 0), [per_pid[pid] for pid in sorted(per_pid)])
+        if os.path.exists(self._path):
+            os.unlink(self._path)
         return self._absorbed
 
     def _scores(self, func, args, out) -> int:
