@@ -693,9 +693,10 @@ mistake("norm-per-head", "OLMo 2's QK-norm taken per head instead of over all he
         "mean of x^2 runs over all heads at once, and the weight has H * Dh entries.",
         chapter=14, topic="modern")
 mistake("values-formed", "MLA: the values or the heads' outputs formed, where W_uv folds into the output projection",
-        "Your output is right, but your code formed {detail}. With W_uv folded into W_o (per head, "
-        "w_uv[h].T @ w_o[:, head h's columns].T: (C, D), computed once from the weights), each head needs only "
-        "weights @ c, of the latent's width: the (B, H, T, V) values and outputs never exist.",
+        "Your output is right, but your code formed {detail}. Folding W_uv into W_o exists so that a decoding step "
+        "never expands the latent cache into per-head values or outputs: which product of weights can be computed "
+        "once, before any token is seen? (An einsum of several operands picks its own order of contraction, and "
+        "may form them.)",
         chapter=14, topic="modern")
 mistake("heads-split-wrong", "the output projection's columns split into heads in the wrong order",
         "Your result matches w_o's columns read as (V, H): feature-major. The heads are concatenated head-major "

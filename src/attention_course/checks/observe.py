@@ -291,9 +291,23 @@ class LeavesTorch(_Tracked, TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if not self.left and name in self._ESCAPES and args and isinstance(args[0], torch.Tensor) \
-                and args[0].numel() > 1:
+                and args[0].numel() > 1 and not _from_the_grader():
             self.left = f".{name}()"
         return func(*args, **(kwargs or {}))
+
+
+def _from_the_grader() -> bool:
+    """Whether the conversion under way is the grader's own (its stand-in sending a tensor to the sandbox): the
+    first caller outside torch and NumPy is a module of :mod:`attention_course.course`."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(("torch", "numpy", __name__)):
+            return module.startswith("attention_course.course")
+        frame = frame.f_back
+    return False
 
 
 class RankScores(_Tracked, TorchDispatchMode):
