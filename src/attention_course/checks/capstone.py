@@ -118,8 +118,9 @@ def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
     whose ``forward(x, cache=None)`` takes new tokens x (B, T, D) and the cache of the earlier ones (None, or
     (k, v), each (B, H, T_past, Dh), keys already rotated) and returns (out (B, T, D), (k, v) with the new tokens
     appended): causal self-attention with RoPE (interleaved pairs, base 10000), the new tokens at positions
-    T_past .. T_past + T - 1. Diagnoses the mistakes of :data:`_VARIANTS` and ``[cache-keys-unrotated]`` (right
-    outputs from a cache of plain keys rotated again at every call)."""
+    T_past .. T_past + T - 1. Diagnoses the mistakes of :data:`_VARIANTS`, ``[cache-keys-unrotated]`` (right
+    outputs from a cache of plain keys rotated again at every call) and ``[cache-kept-in-module]`` (right for one
+    sequence, wrong for two fed in turns to one module, each with its own cache)."""
     label = display_name(cls, "module")
     atol, rtol = 2e-5, 1e-4
 
@@ -629,7 +630,9 @@ def check_capstone_training(cls, train_fn, *, timeout: float = 120.0):
     """Check ``train_fn(model)`` -> the model trained (next-token loss, every position) on sequences whose second
     half repeats the first: built from ``cls`` with :data:`INDUCTION`'s sizes, called under ``torch.no_grad()``,
     its greedy next-token accuracy on the second halves of held-out sequences must reach
-    :data:`INDUCTION_THRESHOLD`. Diagnoses ``[targets-not-shifted]`` and ``[induction-not-learned]``."""
+    :data:`INDUCTION_THRESHOLD`, measured by the check: the library's causal GPT holding the trained weights.
+    Diagnoses ``[targets-not-shifted]``, ``[induction-not-learned]`` and ``[accuracy-not-from-weights]`` (the
+    model's own forward reaches what its weights do not)."""
     label = display_name(train_fn, "train")
 
     def body():
@@ -679,7 +682,8 @@ def check_capstone_induction_scores(cls, train_fn, score_fn, *, timeout: float =
     """Check ``score_fn(model, ids, copy_target)`` -> (L, H): each head's prefix-matching score in the student's
     own trained model (the model of :func:`check_capstone_training`), read from the model's attention weights.
     It must equal :func:`attention_course.interpret.prefix_matching_score` on the library GPT holding the same
-    weights (queries where ``copy_target`` is True)."""
+    weights (queries where ``copy_target`` is True), computed without the library's GPT or interpret functions
+    (``[scores-from-library]``)."""
     label = display_name(score_fn, "score")
     atol = 1e-3
 
@@ -741,7 +745,8 @@ def check_capstone_sharding(cls, fn, *, timeout: float = 60.0):
     num_heads)``, the capstone's CachedRopeAttention with known weights) run tensor-parallel over its heads on
     ``world_size`` real processes (each rank computes its heads with its slices of w_q, w_k, w_v and w_o, then
     an all-reduce sums the partial outputs and the bias is added once). Every rank's output must equal the whole
-    module's causal RoPE attention over x."""
+    module's causal RoPE attention over x, and what ran where is counted (:class:`~.observe.RankScores`): no rank
+    computes more than its heads' scores, the launching process none (``[shard-not-split]``)."""
     label = display_name(fn, "sharded")
     atol, rtol = 2e-5, 1e-4
 

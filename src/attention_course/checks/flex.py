@@ -136,7 +136,8 @@ def prefix_lm_reference(prefix: int, b, h, q, kv, *, prefix_shift: int = 0, diag
 def check_prefix_lm_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(prefix, b, h, q_idx, kv_idx)`` -> bool: a prefix-LM mask_mod (T queries over the same T keys):
     key kv_idx may be attended when kv_idx < prefix (the prompt, read both ways) or kv_idx <= q_idx (causal).
-    Diagnoses ``[mod-roles-swapped]`` and ``[mod-window-off-by-one]``."""
+    Diagnoses ``[mod-roles-swapped]``, ``[mod-window-off-by-one]``, ``[mod-from-library]`` and
+    ``[mod-fails-in-flex]``."""
     label = "prefix_lm_mod"
 
     def body():
@@ -199,7 +200,8 @@ def _doc_ids(rng, batch: int, t: int) -> np.ndarray:
 def check_document_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(doc_ids, b, h, q_idx, kv_idx)`` -> bool: documents packed into each row of ``doc_ids`` (B, T)
     int64; query q_idx may attend key kv_idx when both lie in the same document of row b and kv_idx <= q_idx.
-    Diagnoses ``[doc-id-wrong-index]`` and ``[mod-roles-swapped]``."""
+    The ids of a row are in no particular order. Diagnoses ``[doc-id-wrong-index]``, ``[mod-roles-swapped]``,
+    ``[doc-ids-assumed-sorted]``, ``[mod-from-library]`` and ``[mod-fails-in-flex]``."""
     label = "document_mod"
 
     def body():
@@ -245,7 +247,7 @@ def alibi_reference(scores, slopes, b, h, q, kv, *, sign=-1.0):
 def check_alibi_score_mod(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(slopes, score, b, h, q_idx, kv_idx)`` -> score: ALiBi as a score_mod, slopes (H,) float32, the
     score minus slopes[h] * |q_idx - kv_idx| (every pair, also kv_idx > q_idx: the bidirectional form).
-    Diagnoses ``[bias-sign-flipped]``."""
+    Diagnoses ``[bias-sign-flipped]``, ``[mod-from-library]`` and ``[mod-fails-in-flex]``."""
     label = "alibi_mod"
 
     def body():

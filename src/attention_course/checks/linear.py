@@ -94,7 +94,9 @@ _LINEAR_CASES = [(2, 1, 5, 3, 4), (3, 2, 7, 4, 2), (2, 3, 6, 8, 5), (4, 2, 9, 5,
 def check_linear_recurrent(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(q, k, v)`` -> out (B, H, T, Dv): causal linear attention computed token by token with a (Dk, Dv)
     state per sequence and head, S_t = S_{t-1} + k_t v_t^T and o_t = q_t S_t; q, k (B, H, T, Dk), v (B, H, T, Dv)
-    float32 tensors. Diagnoses ``[state-carried-over]`` and ``[read-before-write]``."""
+    float32 tensors, with a loop over the tokens (no (T, T) matrix formed, a (Dk, Dv) state: ``[not-token-by-token]``)
+    and without the library's rules (``[rule-from-library]``). Diagnoses ``[state-carried-over]`` and
+    ``[read-before-write]``."""
     label = "linear_attention_recurrent"
 
     def body():
@@ -154,7 +156,8 @@ _DELTA_CASES = [(1, 1, 4, 3), (2, 3, 5, 5), (3, 2, 8, 4), (2, 4, 6, 7)]
 def check_delta_update(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(state, k, v, beta)`` -> the new state: one delta-rule write, S + beta k (v - k S)^T, for every
     sequence and head at once; state (B, H, Dk, Dv), k (B, H, Dk), v (B, H, Dv), beta (B, H) in (0, 1), float32
-    tensors. Diagnoses ``[beta-missing]``, ``[beta-on-key]`` and ``[no-erase]``."""
+    tensors; the keys are not unit vectors. Diagnoses ``[beta-missing]``, ``[beta-on-key]``, ``[no-erase]``,
+    ``[delta-key-normalized]`` and ``[delta-divided-by-norm]``."""
     label = "delta_update"
 
     def body():
