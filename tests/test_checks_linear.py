@@ -194,6 +194,14 @@ def linear_parallel_per_query(q, k, v):  # [not-token-by-token]: a loop, but ove
     return torch.stack(outs, 2)
 
 
+def linear_parallel_numpy(q, k, v):  # [left-torch]: the parallel form in NumPy, out of the watcher's sight
+    import numpy as np
+
+    qn, kn, vn = q.numpy(), k.numpy(), v.numpy()
+    t = qn.shape[2]
+    return torch.from_numpy((qn @ kn.swapaxes(-1, -2) * np.tril(np.ones((t, t), dtype=qn.dtype))) @ vn)
+
+
 def delta_key_normalized(state, k, v, beta):  # [delta-key-normalized]
     return _delta_step(state, torch.nn.functional.normalize(k, dim=-1), v, beta)
 
@@ -261,6 +269,7 @@ PLANTED = [
     (checks.check_delta_chunk, lambda *args: delta_chunk(*args)[0], "wrong-type"),
     (checks.check_linear_recurrent, linear_parallel, "not-token-by-token"),
     (checks.check_linear_recurrent, linear_parallel_per_query, "not-token-by-token"),
+    (checks.check_linear_recurrent, linear_parallel_numpy, "left-torch"),
     (checks.check_linear_recurrent, la.linear_attention_parallel, "rule-from-library"),
     (checks.check_linear_recurrent, lambda q, k, v: la.linear_attention_recurrent(q, k, v)[0], "rule-from-library"),
     (checks.check_delta_update, lambda state, k, v, beta: la.delta_step(state, k, v, beta, torch.zeros_like(beta)),
