@@ -28,6 +28,7 @@ without it, or with anything else, fails the check: a count is never taken as ze
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,14 @@ def runs_here(fn) -> bool:
     return _sandbox_field(fn, "_sandbox", None) is None and getattr(fn, "__module__", None) != _GRADER_STAND_INS
 
 
-_ACTIVE: list = []  # the observers entered in this process, outermost first
+_ACTIVE = threading.local()  # .observers: the observers entered in this thread, outermost first (a check that
+# timed out leaves its thread running, and its observers with it: they must not join another check's call)
+
+
+def _active() -> list:
+    if not hasattr(_ACTIVE, "observers"):
+        _ACTIVE.observers = []
+    return _ACTIVE.observers
 
 
 class _Tracked:
@@ -68,25 +76,25 @@ class _Tracked:
     observer to the sandbox and what it saw back."""
 
     def __enter__(self):
-        _ACTIVE.append(self)
+        _active().append(self)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        _ACTIVE.remove(self)
+        _active().remove(self)
         return super().__exit__(*exc)
 
 
 def remote_specs() -> list[dict]:
     """The observers active here, as data for a call the sandbox runs (:func:`run_observed`)."""
-    return [observer.spec() for observer in _ACTIVE]
+    return [observer.spec() for observer in _active()]
 
 
 def absorb(results) -> None:
     """Add what the sandbox's observers saw (:func:`run_observed`'s list) to the active ones, in order; anything
     else raises ValueError (a reply without its counts must not pass as a count of zero)."""
-    if not isinstance(results, list) or len(results) != len(_ACTIVE):
+    if not isinstance(results, list) or len(results) != len(_active()):
         raise ValueError("the sandbox did not report what its observers saw")
-    for observer, result in zip(_ACTIVE, results, strict=True):
+    for observer, result in zip(_active(), results, strict=True):
         observer.absorb(result)
 
 
