@@ -153,8 +153,26 @@ class NoLinears(nn.Module):
         super().__init__()
 
 
+class CacheInModule(make_module()):
+    """Keeps its cache in the module (reset when called without one): right for one sequence at a time."""
+
+    def forward(self, x, cache=None):
+        if cache is None:
+            self.kv = None
+        out, self.kv = super().forward(x, self.kv)
+        return out, self.kv
+
+
+class ReturnsLists(make_module()):
+    """Right, returning lists where the prompt shows tuples."""
+
+    def forward(self, x, cache=None):
+        out, (k, v) = super().forward(x, None if cache is None else tuple(cache))
+        return [out, [k, v]]
+
+
 rope_cached = checks.check_rope_cached_attention
-CORRECT = [(rope_cached, make_module()), (rope_cached, FusedCachedAttention)]
+CORRECT = [(rope_cached, make_module()), (rope_cached, FusedCachedAttention), (rope_cached, ReturnsLists)]
 PLANTED = [
     (rope_cached, make_module(position="restart"), "rope-position-not-offset"),
     (rope_cached, make_module(rerotate=True), "rope-cache-rotated-twice"),
@@ -166,6 +184,7 @@ PLANTED = [
     (rope_cached, make_module(cache_plain_keys=True), "cache-keys-unrotated"),
     (rope_cached, NoCacheReturned, "wrong-type"),
     (rope_cached, NoLinears, "missing-attribute"),
+    (rope_cached, CacheInModule, "cache-kept-in-module"),
 ]
 
 
@@ -177,20 +196,22 @@ Attention = make_module()
 
 
 def make_block(order="pre", residual_attn=True, residual_mlp=True, activation=True, norm_stream=False,
-               named=False):
-    """The pre-LN block (an nn.Sequential MLP; ``named``: linear1/linear2 and F.gelu), or one planted mistake."""
+               named=False, dropout=False, attention=None):
+    """The pre-LN block (an nn.Sequential MLP, with a Dropout before its last layer if ``dropout``; ``named``:
+    linear1/linear2 and F.gelu; ``attention``: another attention class), or one planted mistake."""
+    attention = attention or Attention
 
     class Block(nn.Module):
         def __init__(self, d_model, num_heads, d_ff):
             super().__init__()
             self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-            self.attn = Attention(d_model, num_heads)
+            self.attn = attention(d_model, num_heads)
             if named:
                 self.mlp = nn.Module()
                 self.mlp.linear1, self.mlp.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
             else:
                 self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU() if activation else nn.Identity(),
-                                         nn.Linear(d_ff, d_model))
+                                         *([nn.Dropout(0.1)] if dropout else []), nn.Linear(d_ff, d_model))
 
         def ffn(self, x):
             if named:
@@ -360,9 +381,41 @@ train_check = functools.partial(checks.check_capstone_training, TinyGPT)
 
 score_check = functools.partial(checks.check_capstone_induction_scores, TinyGPT, trained_once)
 
+def scores_from_library(model, ids, copy_target):  # [scores-from-library]: the library's GPT and score
+    from attention_course.checks.capstone import library_gpt, read_gpt
+    from attention_course.interpret import attention_maps, prefix_matching_score
+
+    return prefix_matching_score(attention_maps(library_gpt(read_gpt(model, 2), 2), ids), ids, copy_target)
+
+
+def scores_with_library_score(model, ids, copy_target):  # [scores-from-library]: own weights, library's score
+    from attention_course.interpret import prefix_matching_score
+
+    seen, t = _attention_inputs(model, ids), ids.size(1)
+    maps = []
+    for block, x in zip(model.blocks, seen, strict=True):
+        a, pos = block.attn, torch.arange(t)
+        q = apply_rope(split_heads(a.w_q(x), a.num_heads), pos)
+        k = apply_rope(split_heads(a.w_k(x), a.num_heads), pos)
+        maps.append(scaled_dot_product_attention(q, k, k, causal_mask(t, t))[1])
+    return prefix_matching_score(torch.stack(maps), ids, copy_target)
+
+
+def train_oracle(model):  # [accuracy-not-from-weights]: no training, a forward that copies the first half itself
+    forward = model.forward
+
+    def copying_forward(ids, caches=None):
+        logits, caches = forward(ids, caches)
+        copied = torch.nn.functional.one_hot(ids[:, :ids.size(1) - 7], logits.size(-1)).to(logits.dtype)
+        return torch.cat([logits[:, :7], 100.0 * copied], dim=1), caches
+
+    model.forward = copying_forward
+    return model
+
 CORRECT += [
     (block_check, make_block()),
     (block_check, make_block(named=True)),
+    (block_check, make_block(dropout=True)),
     (functools.partial(gen_check, generate=make_generate()), TinyGPT),
     (functools.partial(gen_check, generate=generate_while), make_gpt(make_block(named=True))),
     (train_check, make_train()),
@@ -384,6 +437,9 @@ PLANTED += [
     (score_check, score_variant("off-by-one"), "induction-off-by-one"),
     (score_check, score_variant("self"), "induction-includes-self"),
     (score_check, score_variant("no-mask"), "induction-ignores-query-mask"),
+    (train_check, train_oracle, "accuracy-not-from-weights"),
+    (score_check, scores_from_library, "scores-from-library"),
+    (score_check, scores_with_library_score, "scores-from-library"),
 ]
 
 
@@ -451,14 +507,60 @@ def gathered_heads_rank(rank, world_size, module, x):
     return sum(parts)
 
 
-def gathered_sharded(module, x, world_size):
+def gathered_sharded(module, x, world_size):  # [shard-not-split]: every rank runs the whole module
     return torch.stack(launch(gathered_heads_rank, world_size, module, x, start_method="fork"))
 
 
+def computed_in_parent(module, x, world_size):  # [shard-not-split]: no rank does the work
+    with torch.no_grad():
+        out = module(x)[0]
+    return torch.stack([out] * world_size)
+
+
+def gather_heads_rank(rank, world_size, module, x):
+    """Another style: each rank computes its heads (einsum, the fused kernel), all_gather of the heads, then the
+    whole output projection on every rank."""
+    b, t, d = x.shape
+    local, width = module.num_heads // world_size, d // world_size
+    rows = slice(rank * width, (rank + 1) * width)
+    pos = torch.arange(t)
+    with torch.no_grad():
+        q, k, v = (torch.einsum("btd,ed->bte", x, w.weight[rows]) + w.bias[rows]
+                   for w in (module.w_q, module.w_k, module.w_v))
+        q, k, v = (z.view(b, t, local, -1).transpose(1, 2) for z in (q, k, v))
+        q, k = apply_rope(q, pos), apply_rope(k, pos)
+        heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        mine = heads.transpose(1, 2).reshape(b, t, width)
+        parts = [torch.empty_like(mine) for _ in range(world_size)]
+        torch.distributed.all_gather(parts, mine)
+        return module.w_o(torch.cat(parts, dim=-1))
+
+
+def gather_sharded(module, x, world_size):
+    return torch.stack(launch(gather_heads_rank, world_size, module, x, start_method="fork"))
+
+
 shard_check = functools.partial(checks.check_capstone_sharding, Attention)
-CORRECT += [(shard_check, make_sharded()), (shard_check, gathered_sharded)]
+CORRECT += [(shard_check, make_sharded()), (shard_check, gather_sharded)]
 PLANTED += [
+    (shard_check, gathered_sharded, "shard-not-split"),
+    (shard_check, computed_in_parent, "shard-not-split"),
     (shard_check, make_sharded("not-reduced"), "g-forward-not-reduced"),
     (shard_check, make_sharded("bias-per-rank"), "tp-bias-per-rank"),
     (shard_check, make_sharded("reduced-heads"), "allreduce-before-output-projection"),
 ]
+
+
+def test_a_failure_with_a_cache_in_the_call_stays_short():
+    """The call that failed is named by its shapes: a cache of tensors is not printed whole (it was 136 lines)."""
+    class FailsWithCache(make_module()):
+        def forward(self, x, cache=None):
+            if cache is not None:
+                raise RuntimeError("no cache yet")
+            return super().forward(x, cache)
+
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check_rope_cached_attention(FailsWithCache)
+    message = str(info.value)
+    assert message.startswith("[raised-exception]") and message.count("\n") <= 3, message
+    assert "cache=(shape (2, 4, 3, 6), shape (2, 4, 3, 6))" in message, message

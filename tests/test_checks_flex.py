@@ -23,16 +23,17 @@ def prefix_lm_where(prefix, b, h, q_idx, kv_idx):
     return torch.where(kv_idx < prefix, True, q_idx >= kv_idx)
 
 
-def prefix_lm_library(prefix, b, h, q_idx, kv_idx):  # the library's mod, built per call
-    return flex.prefix_lm(prefix, int(q_idx.max()) + 1)(b, h, q_idx, kv_idx)
+def prefix_lm_and(prefix, b, h, q_idx, kv_idx):  # "not (in the generated part and in the future)"
+    return ~((kv_idx >= prefix) & (kv_idx > q_idx))
 
 
 def document_mod(doc_ids, b, h, q_idx, kv_idx):
     return (doc_ids[b, q_idx] == doc_ids[b, kv_idx]) & (kv_idx <= q_idx)
 
 
-def document_library(doc_ids, b, h, q_idx, kv_idx):
-    return flex.document(doc_ids)(b, h, q_idx, kv_idx)
+def document_where(doc_ids, b, h, q_idx, kv_idx):
+    query_doc, key_doc = doc_ids[b, q_idx], doc_ids[b, kv_idx]
+    return torch.where(kv_idx <= q_idx, query_doc == key_doc, False)
 
 
 def alibi_mod(slopes, score, b, h, q_idx, kv_idx):
@@ -79,6 +80,35 @@ def document_not_causal(doc_ids, b, h, q_idx, kv_idx):
     return doc_ids[b, q_idx] == doc_ids[b, kv_idx]
 
 
+def prefix_lm_library(prefix, b, h, q_idx, kv_idx):  # the library's mod, which the notebook forbids
+    return flex.prefix_lm(prefix, 64)(b, h, q_idx, kv_idx)
+
+
+def document_library(doc_ids, b, h, q_idx, kv_idx):
+    return flex.document(doc_ids)(b, h, q_idx, kv_idx)
+
+
+def prefix_reads_length(prefix, b, h, q_idx, kv_idx):  # right on the grid; .item() inside vmap
+    last = int(q_idx.max())
+    return (kv_idx < prefix) | ((kv_idx <= q_idx) & (q_idx <= last))
+
+
+def prefix_reads_shape(prefix, b, h, q_idx, kv_idx):  # right on the grid; a 0-dim index has no axis 2
+    return (kv_idx < min(prefix, q_idx.shape[2])) | (kv_idx <= q_idx)
+
+
+def document_ids_in_order(doc_ids, b, h, q_idx, kv_idx):  # right while the ids rise along the row
+    return (doc_ids[b, kv_idx] >= doc_ids[b, q_idx]) & (kv_idx <= q_idx)
+
+
+def document_ids_at_most(doc_ids, b, h, q_idx, kv_idx):  # right while the ids fall along the row
+    return (doc_ids[b, kv_idx] <= doc_ids[b, q_idx]) & (kv_idx <= q_idx)
+
+
+def alibi_heads_by_broadcast(slopes, score, b, h, q_idx, kv_idx):  # ignores h: the grid's head axis does it
+    return score - slopes.view(-1, 1, 1) * (q_idx - kv_idx).abs()
+
+
 def alibi_plus(slopes, score, b, h, q_idx, kv_idx):
     return score + slopes[h] * (q_idx - kv_idx).abs()
 
@@ -98,9 +128,9 @@ def alibi_one_slope(slopes, score, b, h, q_idx, kv_idx):
 CORRECT = [
     (checks.check_prefix_lm_mask, prefix_lm_mod),
     (checks.check_prefix_lm_mask, prefix_lm_where),
-    (checks.check_prefix_lm_mask, prefix_lm_library),
+    (checks.check_prefix_lm_mask, prefix_lm_and),
     (checks.check_document_mask, document_mod),
-    (checks.check_document_mask, document_library),
+    (checks.check_document_mask, document_where),
     (checks.check_alibi_score_mod, alibi_mod),
     (checks.check_alibi_score_mod, alibi_where),
 ]
@@ -118,6 +148,14 @@ PLANTED = [
     (checks.check_alibi_score_mod, alibi_plus_where, "bias-sign-flipped"),
     (checks.check_alibi_score_mod, alibi_no_abs, "wrong-output"),
     (checks.check_alibi_score_mod, alibi_one_slope, "wrong-output"),
+    # the notebook's rule, the mods run by FlexAttention itself, ids in no order (issue 42)
+    (checks.check_prefix_lm_mask, prefix_lm_library, "mod-from-library"),
+    (checks.check_document_mask, document_library, "mod-from-library"),
+    (checks.check_prefix_lm_mask, prefix_reads_length, "mod-fails-in-flex"),
+    (checks.check_prefix_lm_mask, prefix_reads_shape, "mod-fails-in-flex"),
+    (checks.check_alibi_score_mod, alibi_heads_by_broadcast, "mod-fails-in-flex"),
+    (checks.check_document_mask, document_ids_in_order, "doc-ids-assumed-sorted"),
+    (checks.check_document_mask, document_ids_at_most, "doc-ids-assumed-sorted"),
 ]
 
 

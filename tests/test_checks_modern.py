@@ -252,6 +252,35 @@ def absorbed_output_by_einsum(weights, c, w_uv, w_o):
     return torch.einsum("bhtc,hcd->btd", latent, folded)
 
 
+def scores_keys_per_token(q_nope, c, w_uk):  # [keys-formed]: one token's keys at a time
+    rows = []
+    for s in range(c.size(1)):
+        key = c[:, None, s, None] @ w_uk.transpose(-2, -1)  # (B, H, 1, N): the keys of token s, all heads
+        rows.append((q_nope @ key.transpose(-2, -1))[..., 0])
+    return torch.stack(rows, -1)
+
+
+def scores_in_numpy(q_nope, c, w_uk):  # [left-torch]: the keys formed in NumPy, out of the watcher's sight
+    keys = c.numpy()[:, None] @ w_uk.numpy().swapaxes(-1, -2)
+    return torch.from_numpy(q_nope.numpy() @ keys.swapaxes(-1, -2))
+
+
+def output_values_per_token(weights, c, w_uv, w_o):  # [values-formed]: token s's values, one token at a time
+    out = 0
+    for s in range(c.size(1)):
+        value = c[:, None, s, None] @ w_uv.transpose(-2, -1)  # (B, H, 1, V): token s's values
+        share = weights[..., s, None] * value  # (B, H, T, V): what every query takes from token s
+        out = out + share.transpose(1, 2).flatten(2) @ w_o.T  # its part of the output (B, T, D)
+    return out
+
+
+def output_in_numpy(weights, c, w_uv, w_o):  # [left-torch]
+    values = c.numpy()[:, None] @ w_uv.numpy().swapaxes(-1, -2)
+    heads = weights.numpy() @ values
+    b, h, t, v = heads.shape
+    return torch.from_numpy(heads.transpose(0, 2, 1, 3).reshape(b, t, h * v) @ w_o.numpy().T)
+
+
 def output_from_values(weights, c, w_uv, w_o):
     values = c[:, None] @ w_uv.transpose(-2, -1)  # THE BUG: (B, H, T, V) values formed
     heads = weights @ values
@@ -310,6 +339,10 @@ PLANTED = [
     (checks.check_absorbed_output, output_latent_then_uv, "values-formed"),
     (checks.check_absorbed_output, output_heads_feature_major, "heads-split-wrong"),
     (checks.check_absorbed_output, lambda a, c, u, o: 2 * absorbed_output(a, c, u, o), "wrong-output"),
+    (checks.check_absorbed_scores, scores_keys_per_token, "keys-formed"),
+    (checks.check_absorbed_scores, scores_in_numpy, "left-torch"),
+    (checks.check_absorbed_output, output_values_per_token, "values-formed"),
+    (checks.check_absorbed_output, output_in_numpy, "left-torch"),
 ]
 
 

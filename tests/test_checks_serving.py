@@ -135,6 +135,29 @@ def retire_right(outputs, max_new_tokens, eos_token_id):
     return [i for i, (out, n) in pairs if out[-1] != eos_token_id and len(out) < n]
 
 
+def retire_numpy(outputs, max_new_tokens, eos_token_id):  # a NumPy array of the indices: right too
+    import numpy as np
+
+    ended = [(eos_token_id is not None and out[-1] == eos_token_id) or len(out) >= n
+             for out, n in zip(outputs, max_new_tokens, strict=True)]
+    return np.flatnonzero(~np.array(ended, dtype=bool))
+
+
+def cow_as_list(table, index, refs, free):  # a list of the three lists: right too
+    return list(cow_right(table, index, refs, free))
+
+
+def cow_numpy(table, index, refs, free):  # NumPy arrays: right too
+    import numpy as np
+
+    return tuple(np.array(x) for x in cow_right(table, index, refs, free))
+
+
+def retire_eos_truthy(outputs, max_new_tokens, eos_token_id):  # `if eos_token_id and ...`: id 0 is no end
+    return [i for i, (out, n) in enumerate(zip(outputs, max_new_tokens, strict=True))
+            if not ((eos_token_id and out[-1] == eos_token_id) or len(out) >= n)]
+
+
 def retire_loop(outputs, max_new_tokens, eos_token_id):
     keep = []
     for i, out in enumerate(outputs):
@@ -162,7 +185,8 @@ CORRECT = [
     (checks.check_copy_on_write, cow_right), (checks.check_copy_on_write, cow_functional),
     (checks.check_verify_mask, verify_right), (checks.check_verify_mask, verify_numpy),
     (checks.check_rejection_rule, rejection_right), (checks.check_rejection_rule, rejection_library),
-    (checks.check_retire, retire_right), (checks.check_retire, retire_loop),
+    (checks.check_retire, retire_right), (checks.check_retire, retire_loop), (checks.check_retire, retire_numpy),
+    (checks.check_copy_on_write, cow_as_list), (checks.check_copy_on_write, cow_numpy),
 ]
 
 PLANTED = [
@@ -181,6 +205,7 @@ PLANTED = [
     (checks.check_retire, retire_ignores_eos, "finished-left-in-batch"),
     (checks.check_retire, retire_ignores_limit, "finished-left-in-batch"),
     (checks.check_retire, retire_early, "retired-too-early"),
+    (checks.check_retire, retire_eos_truthy, "eos-zero-ignored"),
 ]
 
 

@@ -56,20 +56,24 @@ def test_topics_and_chapters():
         "residual-init-wrong-layers", "init-norm-or-bias"]
     assert [m.code for m in mistakes.in_chapter(14)] == [
         "cap-on-probabilities", "cap-after-mask", "norm-after-rope", "sink-given-value", "sink-ignored",
-        "absorption-transposed", "keys-formed", "norm-per-head", "values-formed", "heads-split-wrong"]
+        "absorption-transposed", "keys-formed", "norm-per-head", "values-formed", "heads-split-wrong",
+        "cache-window-off-by-one"]
     assert [m.code for m in mistakes.in_chapter(15)] == [
-        "mod-roles-swapped", "mod-window-off-by-one", "bias-sign-flipped", "doc-id-wrong-index"]
+        "mod-roles-swapped", "mod-window-off-by-one", "bias-sign-flipped", "doc-id-wrong-index",
+        "doc-ids-assumed-sorted", "mod-from-library", "mod-fails-in-flex"]
     assert [m.code for m in mistakes.in_chapter(17)] == [
         "state-carried-over", "read-before-write", "beta-missing", "beta-on-key", "no-erase", "decay-after-write",
-        "keys-not-normalized", "chunk-mask-diagonal", "chunk-start-state-ignored"]
+        "keys-not-normalized", "chunk-mask-diagonal", "chunk-start-state-ignored", "not-token-by-token",
+        "rule-from-library", "delta-key-normalized", "delta-divided-by-norm"]
     assert [m.code for m in mistakes.in_chapter(18)] == [
         "block-index-off-by-one", "slot-ignores-table", "slot-block-not-scaled", "shared-block-freed", "cow-no-copy",
         "cow-refs-not-moved", "verify-mask-top-left", "verify-mask-sees-future", "verify-mask-drops-cache",
         "rejection-not-residual", "rejection-ratio-inverted", "rejection-always-accepts", "finished-left-in-batch",
-        "retired-too-early"]
+        "retired-too-early", "eos-zero-ignored"]
     assert [m.code for m in mistakes.in_chapter(19)] == [
         "rope-not-applied", "cache-keys-unrotated", "final-norm-missing", "generate-wrong-position",
-        "cache-not-passed-back", "cache-fed-whole-sequence", "targets-not-shifted", "induction-not-learned"]
+        "cache-not-passed-back", "cache-fed-whole-sequence", "targets-not-shifted", "induction-not-learned",
+        "cache-kept-in-module", "accuracy-not-from-weights", "scores-from-library", "shard-not-split"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

@@ -134,6 +134,10 @@ mistake("calls-reference", "the implementation calls the reference (the library,
         "Keras MultiHeadAttention) or hides or inspects what it calls (grader only)")
 mistake("sandbox-ended", "the submission's process stopped answering while its function was checked (grader only)")
 mistake("not-run", "the check cell never ran: the notebook stopped before it (grader only)")
+mistake("left-torch", "code that moves its inputs to NumPy or Python lists where the check watches torch",
+        "Your code converted a tensor with {detail}: this exercise's rule (what may be formed, how it is computed) "
+        "is checked by watching the torch operations your code runs, and NumPy or Python lists are out of that "
+        "sight. Keep the computation in torch (the inputs are torch tensors).")
 mistake("mutates-input", "the function modified one of its input arrays in place",
         "Your function changed its input `{detail}` in place (e.g. with `x -= ...` or `x /= ...`). Compute new arrays "
         "instead of modifying the arguments: the caller still needs them.",
@@ -689,15 +693,18 @@ mistake("norm-per-head", "OLMo 2's QK-norm taken per head instead of over all he
         "mean of x^2 runs over all heads at once, and the weight has H * Dh entries.",
         chapter=14, topic="modern")
 mistake("values-formed", "MLA: the values or the heads' outputs formed, where W_uv folds into the output projection",
-        "Your output is right, but your code formed {detail}. With W_uv folded into W_o (per head, "
-        "w_uv[h].T @ w_o[:, head h's columns].T: (C, D), computed once from the weights), each head needs only "
-        "weights @ c, of the latent's width: the (B, H, T, V) values and outputs never exist.",
+        "Your output is right, but your code formed {detail}. Folding W_uv into W_o exists so that a decoding step "
+        "never expands the latent cache into per-head values or outputs: which product of weights can be computed "
+        "once, before any token is seen? (An einsum of several operands picks its own order of contraction, and "
+        "may form them.)",
         chapter=14, topic="modern")
 mistake("heads-split-wrong", "the output projection's columns split into heads in the wrong order",
         "Your result matches w_o's columns read as (V, H): feature-major. The heads are concatenated head-major "
         "before the output projection: head h owns the columns h * V to (h + 1) * V of w_o "
         "(w_o.view(D, H, V)[:, h]).",
         chapter=14, topic="modern")
+mistake("cache-window-off-by-one", "a sliding layer's cache counted with one token more or less than its window",
+        chapter=14, topic="modern")  # a known wrong answer of question 14.gemma3-cache, which writes the message
 
 
 # ==================================================================================================================
@@ -741,6 +748,25 @@ mistake("induction-not-learned", "the trained model does not copy the repeated h
         "position's next token, that training runs (the check calls it without autograd, as the grader does: "
         "wrap it in torch.enable_grad()), and the learning rate and number of steps.",
         chapter=19, topic="capstone")
+mistake("cache-kept-in-module", "the attention keeps its cache in the module instead of the cache it is passed",
+        "Your module gives the right outputs for one sequence at a time, but not for {detail} of two sequences fed "
+        "in turns, each with its own cache: your forward reads keys and values from somewhere other than the cache "
+        "it is given (an attribute of the module?). A caller may hold several caches for one module.",
+        chapter=19, topic="capstone")
+mistake("accuracy-not-from-weights", "a trained model whose forward reaches an accuracy its weights do not",
+        "Your model predicts {detail}. The check measures the weights your training produced, with its own causal "
+        "forward: your model's forward does something those weights do not (a position that reads later tokens, "
+        "or predictions computed some other way). Look at the mask in your attention (exercise 2) and at what your "
+        "forward returns.",
+        chapter=19, topic="capstone")
+mistake("scores-from-library", "induction scores computed with the library's own model or score",
+        "Your function calls {detail}: the exercise asks for the scores computed from your own model's attention "
+        "(a forward pre-hook on each block's attn), not from the library's GPT or interpret functions.",
+        chapter=19, topic="capstone")
+mistake("shard-not-split", "tensor-parallel attention in which a process computes more than its own heads",
+        "Every rank's output is right, but {detail}: each rank must compute only its own heads (its rows of w_q, "
+        "w_k, w_v and its columns of w_o), the all-reduce then sums the parts. Look at what each rank computes.",
+        chapter=19, topic="capstone")
 
 
 # ==================================================================================================================
@@ -763,6 +789,21 @@ mistake("bias-sign-flipped", "a score_mod that adds a bias with the wrong sign",
 mistake("doc-id-wrong-index", "a document mask that reads a document id at the wrong index",
         "Your mask_mod matches a document mask that reads {detail}. The query's document is doc_ids[b, q_idx], the "
         "key's is doc_ids[b, kv_idx]: compare those two.",
+        chapter=15, topic="flex")
+mistake("doc-ids-assumed-sorted", "a document mask that compares document ids by their order",
+        "Your mask_mod matches {detail} (with the causal part): that equals 'the same document' only while the ids "
+        "rise (or fall) along the row. An id names a document, not its place: here the ids of a row are in no "
+        "particular order (see the case's doc_ids).",
+        chapter=15, topic="flex")
+mistake("mod-from-library", "an exercise's mod that calls the library's own mod, which the notebook forbids",
+        "Your mod calls the library's {detail}: the notebook asks for your own mod, written with tensor operations "
+        "on the index tensors (that is the exercise).",
+        chapter=15, topic="flex")
+mistake("mod-fails-in-flex", "a mod right on a broadcast grid that fails inside create_block_mask or flex_attention",
+        "Your mod gives the right answers on the check's broadcast grid, but run through the real "
+        "create_block_mask / flex_attention {detail}. There vmap hands the mod one index per tensor (0-dim tensors): "
+        "look for what your mod reads from the index tensors besides their values (a shape, a Python number, an "
+        "axis it expects to broadcast over) (chapter 15, the mods as functions of indices).",
         chapter=15, topic="flex")
 
 
@@ -873,6 +914,24 @@ mistake("chunk-start-state-ignored", "the state from before the chunk left out",
         "the state before it predicts (V - K S0), its outputs read it (Q S0), and the state after the chunk is "
         "S0 plus the chunk's writes.",
         chapter=17, topic="linear")
+mistake("not-token-by-token", "the recurrent exercise answered with the parallel form (or without a state)",
+        "Your outputs are right, but your code formed {detail}: exercise 1 asks for the recurrence, one token at a "
+        "time through a (Dk, Dv) state per sequence and head, which never needs a (T, T) matrix of scores or of "
+        "mask. Where does your code still look at all the tokens at once?",
+        chapter=17, topic="linear")
+mistake("rule-from-library", "an exercise of chapter 17 answered by calling the library's own rule",
+        "Your function calls the library's {detail}: the notebook asks you not to import "
+        "attention_course.linear_attention for exercises 1 to 4 (writing the rule is the exercise).",
+        chapter=17, topic="linear")
+mistake("delta-key-normalized", "the delta update normalises the key it is given",
+        "Your new state matches the delta rule with the key made a unit vector first. The update of exercise 2 "
+        "takes k as it is given (normalising it is the layer's job, exercise 3): on a key of norm 1 both agree, "
+        "on these keys (norms from 0.5 to 1.5) they do not.",
+        chapter=17, topic="linear")
+mistake("delta-divided-by-norm", "the delta update's write divided by |k|^2",
+        "Your new state matches S + beta k (v - k S)^T / |k|^2: a division by the key's squared norm that the "
+        "delta rule does not have. It is invisible on unit keys; these keys have norms from 0.5 to 1.5.",
+        chapter=17, topic="linear")
 
 
 # ==================================================================================================================
@@ -917,16 +976,17 @@ mistake("verify-mask-drops-cache", "the verify mask covers only the k + 1 new to
         "Your mask has shape (k + 1, k + 1): the keys are the cache AND the new tokens, num_cached + k + 1 of them.",
         chapter=18, topic="serving")
 mistake("rejection-not-residual", "after a rejection, drawing from the target p instead of the residual",
-        "On a rejection you draw from p itself. Part of p's mass was already given through the accepted draft "
-        "tokens; draw from the residual max(0, p - q), normalised, or the output over-weights what the draft likes.",
+        "On a rejection you return the target's p itself. Part of p's mass has already been given out through the "
+        "draft tokens that were accepted: drawing the replacement from all of p gives those tokens a second chance "
+        "(chapter 18, the rejection rule's proof: what is left of p after the accepted part).",
         chapter=18, topic="serving")
 mistake("rejection-ratio-inverted", "a draft token accepted with probability min(1, q/p) instead of min(1, p/q)",
-        "Your acceptance probability is min(1, q(x) / p(x)): upside down. Keep x with probability "
-        "min(1, p(x) / q(x)): always when the target likes x at least as much as the draft.",
+        "Your acceptance probability is upside down: you keep x most often where the DRAFT likes it more than the "
+        "target does. Which of the two distributions must the output follow, and which one proposed x?",
         chapter=18, topic="serving")
 mistake("rejection-always-accepts", "every draft token accepted",
-        "You return the draft's token whatever u is: the output then has the DRAFT's distribution q. Accept x only "
-        "when u < min(1, p(x) / q(x)).",
+        "You return the draft's token whatever u is: the output then has the DRAFT's distribution q. The uniform "
+        "number u is what makes the decision random.",
         chapter=18, topic="serving")
 mistake("finished-left-in-batch", "a finished sequence left in the batch",
         "A sequence that produced its end-of-sequence token or reached max_new_tokens stays in your batch: it keeps "
@@ -935,4 +995,8 @@ mistake("finished-left-in-batch", "a finished sequence left in the batch",
 mistake("retired-too-early", "a sequence retired one token before its limit",
         "Your batch drops a sequence that has max_new_tokens - 1 tokens: it may still produce one. It leaves when it "
         "HAS max_new_tokens tokens.",
+        chapter=18, topic="serving")
+mistake("eos-zero-ignored", "an end-of-sequence id of 0 taken for 'no end-of-sequence id'",
+        "Your batch keeps a sequence whose last token is the end-of-sequence id when that id is 0: 0 is a token id "
+        "like any other, and only None means 'no such token'. Look at how your code tests eos_token_id.",
         chapter=18, topic="serving")

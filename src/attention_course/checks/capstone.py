@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .. import numpy_ref
-from . import hidden
+from . import hidden, observe
 from .diagnosis import diagnose
 from .positions import rope_variant
 from .questions import choice_question
@@ -106,10 +106,11 @@ def _load(module, params, case):
 
 
 def _split(result, case, what):
-    if not isinstance(result, tuple) or len(result) != 2 or not isinstance(result[1], tuple) or len(result[1]) != 2:
-        raise fail("wrong-type", f"Your forward must return (out, (k_cache, v_cache)); {what} returned "
-                   f"{type(result).__name__}.", case=case)
-    return result[0], result[1]
+    pair = (tuple, list)
+    if not isinstance(result, pair) or len(result) != 2 or not isinstance(result[1], pair) or len(result[1]) != 2:
+        raise fail("wrong-type", f"Your forward must return (out, (k_cache, v_cache)) (tuples or lists); {what} "
+                   f"returned {type(result).__name__}.", case=case)
+    return result[0], tuple(result[1])
 
 
 def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
@@ -117,8 +118,9 @@ def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
     whose ``forward(x, cache=None)`` takes new tokens x (B, T, D) and the cache of the earlier ones (None, or
     (k, v), each (B, H, T_past, Dh), keys already rotated) and returns (out (B, T, D), (k, v) with the new tokens
     appended): causal self-attention with RoPE (interleaved pairs, base 10000), the new tokens at positions
-    T_past .. T_past + T - 1. Diagnoses the mistakes of :data:`_VARIANTS` and ``[cache-keys-unrotated]`` (right
-    outputs from a cache of plain keys rotated again at every call)."""
+    T_past .. T_past + T - 1. Diagnoses the mistakes of :data:`_VARIANTS`, ``[cache-keys-unrotated]`` (right
+    outputs from a cache of plain keys rotated again at every call) and ``[cache-kept-in-module]`` (right for one
+    sequence, wrong for two fed in turns to one module, each with its own cache)."""
     label = display_name(cls, "module")
     atol, rtol = 2e-5, 1e-4
 
@@ -133,25 +135,17 @@ def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
             module = call(cls, {"d_model": d, "num_heads": h}, label, positional=2)
             module.eval()
             _load(module, params, case)
-            cache, outs = None, []
-            with torch.no_grad():
-                for start, length in zip(np.cumsum((0,) + chunks[:-1]), chunks, strict=True):
-                    xs = torch.tensor(x[:, start:start + length], dtype=torch.float32)
-                    out, cache = _split(call(module, {"x": xs, "cache": cache}, "forward", positional=1), case,
-                                        "forward")
-                    outs.append(as_array(out, "output", case))
-            out_s = np.concatenate(outs, axis=1) if all(o.ndim == 3 for o in outs) else outs[-1]
+            (out_s,), cache = _interleaved(module, [x], chunks, case)
             ref_out, (ref_k, ref_v) = chunked_variant(x, params, h, chunks)
             if close(out_s, ref_out, atol, rtol):
-                k_s, v_s = (as_array(c, "cache", case) for c in cache)
-                if close(v_s, ref_v, atol, rtol) and close(k_s, chunked_variant(x, params, h, chunks, rope=False)[1][0],
-                                                            atol, rtol):
-                    raise fail("cache-keys-unrotated", case=case)
-                if not (close(k_s, ref_k, atol, rtol) and close(v_s, ref_v, atol, rtol)):
-                    raise fail("wrong-output", f"Your outputs are right but your final cache is not: it must hold "
-                               f"the keys of all {sum(chunks)} tokens, each rotated at its own position, and their "
-                               f"values, each (B, H, T, Dh) = {shape_text(ref_k.shape)}; yours are "
-                               f"{shape_text(k_s.shape)} and {shape_text(v_s.shape)}.", case=case)
+                _check_cache(cache, x, params, h, chunks, ref_k, ref_v, case, atol, rtol)
+                # the same module again, two sequences in turns, each with its own cache
+                y = rng.standard_normal(x.shape)
+                outs, _ = _interleaved(module, [y, x], chunks, case)
+                wrong = [name for name, got, seq in (("the second", outs[0], y), ("the first", outs[1], x))
+                         if not close(got, chunked_variant(seq, params, h, chunks)[0], atol, rtol)]
+                if wrong:
+                    raise fail("cache-kept-in-module", detail=" and ".join(wrong), case=case)
                 continue
             candidates = [(code, detail, lambda kw=kw: (chunked_variant(x, params, h, chunks, **kw)[0], None))
                           for code, detail, kw in _VARIANTS]
@@ -161,6 +155,35 @@ def check_rope_cached_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
                 "every rotated key and value")
 
     run_check(body, timeout)
+
+
+def _interleaved(module, sequences, chunks, case):
+    """Feed each sequence (B, T, D) to ``module`` chunk by chunk, the sequences in turns (chunk 1 of each, then
+    chunk 2 of each...), each with the cache its own previous call returned: outputs (one (B, T, D) per sequence)
+    and the last sequence's final cache."""
+    caches, outs = [None] * len(sequences), [[] for _ in sequences]
+    with torch.no_grad():
+        for start, length in zip(np.cumsum((0,) + chunks[:-1]), chunks, strict=True):
+            for i, x in enumerate(sequences):
+                xs = torch.tensor(x[:, start:start + length], dtype=torch.float32)
+                out, caches[i] = _split(call(module, {"x": xs, "cache": caches[i]}, "forward", positional=1), case,
+                                        "forward")
+                outs[i].append(as_array(out, "output", case))
+    joined = [np.concatenate(o, axis=1) if all(a.ndim == 3 for a in o) else o[-1] for o in outs]
+    return joined, caches[-1]
+
+
+def _check_cache(cache, x, params, h, chunks, ref_k, ref_v, case, atol, rtol):
+    """The final cache of right outputs: every key rotated at its position, every value."""
+    k_s, v_s = (as_array(c, "cache", case) for c in cache)
+    if close(v_s, ref_v, atol, rtol) and close(k_s, chunked_variant(x, params, h, chunks, rope=False)[1][0],
+                                                atol, rtol):
+        raise fail("cache-keys-unrotated", case=case)
+    if not (close(k_s, ref_k, atol, rtol) and close(v_s, ref_v, atol, rtol)):
+        raise fail("wrong-output", f"Your outputs are right but your final cache is not: it must hold the keys of "
+                   f"all {sum(chunks)} tokens, each rotated at its own position, and their values, each "
+                   f"(B, H, T, Dh) = {shape_text(ref_k.shape)}; yours are {shape_text(k_s.shape)} and "
+                   f"{shape_text(v_s.shape)}.", case=case)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -231,17 +254,32 @@ _BLOCK_VARIANTS = [
 
 
 def _mlp_linears(mlp, case):
-    """The MLP's two linear layers: ``linear1``/``linear2``, or the first and last of an ``nn.Sequential``."""
-    for first, second in (("linear1", "linear2"), ("0", "2")):
-        try:
-            a, b = getattr(mlp, first), getattr(mlp, second)
-        except Exception:  # noqa: BLE001 - the other naming, or neither
-            continue
-        if is_instance(a, torch.nn.Linear) and is_instance(b, torch.nn.Linear):
-            return a, b
+    """The MLP's two linear layers: ``linear1``/``linear2``, or the only two nn.Linear among its direct children
+    in order (an ``nn.Sequential`` of Linear, GELU, maybe a Dropout, Linear)."""
+    try:
+        a, b = mlp.linear1, mlp.linear2
+    except Exception:  # noqa: BLE001 - the other naming, or neither
+        a = b = None
+    if is_instance(a, torch.nn.Linear) and is_instance(b, torch.nn.Linear):
+        return a, b
+    linears = [m for m in _numbered_children(mlp) if is_instance(m, torch.nn.Linear)]
+    if len(linears) == 2:
+        return tuple(linears)
     raise fail("missing-attribute", "Your block's mlp needs two nn.Linear layers the check can load: linear1 and "
-               "linear2, or nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model)).",
-               case=case)
+               "linear2, or an nn.Sequential whose only nn.Linear layers are nn.Linear(d_model, d_ff) and "
+               "nn.Linear(d_ff, d_model), in that order.", case=case)
+
+
+def _numbered_children(mlp, most: int = 8) -> list:
+    """The children ``0``, ``1``, ... of an ``nn.Sequential`` (read by name: the grader's stand-in for a module in
+    the sandbox forwards attributes, not ``children()``)."""
+    found = []
+    for i in range(most):
+        try:
+            found.append(getattr(mlp, str(i)))
+        except Exception:  # noqa: BLE001 - no such child: the end of the sequence, or not a sequence
+            break
+    return found
 
 
 def _block_layers(module, case):
@@ -592,20 +630,30 @@ def check_capstone_training(cls, train_fn, *, timeout: float = 120.0):
     """Check ``train_fn(model)`` -> the model trained (next-token loss, every position) on sequences whose second
     half repeats the first: built from ``cls`` with :data:`INDUCTION`'s sizes, called under ``torch.no_grad()``,
     its greedy next-token accuracy on the second halves of held-out sequences must reach
-    :data:`INDUCTION_THRESHOLD`. Diagnoses ``[targets-not-shifted]`` and ``[induction-not-learned]``."""
+    :data:`INDUCTION_THRESHOLD`, measured by the check: the library's causal GPT holding the trained weights.
+    Diagnoses ``[targets-not-shifted]``, ``[induction-not-learned]`` and ``[accuracy-not-from-weights]`` (the
+    model's own forward reaches what its weights do not)."""
     label = display_name(train_fn, "train")
 
     def body():
         case = "the held-out sequences of 16 tokens whose second half repeats the first"
         model = _trained(cls, train_fn, label, case)
         ids, copy_target = induction_test_set()
+        # measured with the check's own forward: the library's causal GPT holding the trained weights
+        reference = library_gpt(read_gpt(model, INDUCTION["num_layers"], case), INDUCTION["num_heads"])
         with torch.no_grad():
-            logits, _ = _split_gpt(call(model, {"ids": ids[:, :-1]}, "forward", positional=1), case, "forward")
-        predicted = torch.tensor(as_array(logits, "logits", case)).argmax(-1)  # (B, T - 1)
+            predicted = reference(ids[:, :-1]).argmax(-1)  # (B, T - 1)
         accuracy = (predicted == ids[:, 1:])[copy_target[:, :-1]].double().mean().item()
         if accuracy >= INDUCTION_THRESHOLD:
             return (f"✓ {label}: after training, next-token accuracy on the repeated halves of 200 held-out "
                     f"sequences >= {INDUCTION_THRESHOLD:.0%}")
+        with torch.no_grad():
+            logits, _ = _split_gpt(call(model, {"ids": ids[:, :-1]}, "forward", positional=1), case, "forward")
+        own = torch.tensor(as_array(logits, "logits", case)).argmax(-1)
+        own_accuracy = (own == ids[:, 1:])[copy_target[:, :-1]].double().mean().item()
+        if own_accuracy >= INDUCTION_THRESHOLD:
+            raise fail("accuracy-not-from-weights", detail=f"{own_accuracy:.0%} with its own forward, "
+                       f"{accuracy:.0%} in the course's causal GPT holding the same weights", case=case)
         if (predicted == ids[:, :-1]).double().mean().item() > 0.5:
             raise fail("targets-not-shifted", case=case)
         raise fail("induction-not-learned", detail=f"{accuracy:.0%}", case=case)
@@ -634,7 +682,8 @@ def check_capstone_induction_scores(cls, train_fn, score_fn, *, timeout: float =
     """Check ``score_fn(model, ids, copy_target)`` -> (L, H): each head's prefix-matching score in the student's
     own trained model (the model of :func:`check_capstone_training`), read from the model's attention weights.
     It must equal :func:`attention_course.interpret.prefix_matching_score` on the library GPT holding the same
-    weights (queries where ``copy_target`` is True)."""
+    weights (queries where ``copy_target`` is True), computed without the library's GPT or interpret functions
+    (``[scores-from-library]``)."""
     label = display_name(score_fn, "score")
     atol = 1e-3
 
@@ -642,9 +691,11 @@ def check_capstone_induction_scores(cls, train_fn, score_fn, *, timeout: float =
         case = "your trained model on 100 held-out sequences of 16 tokens"
         model = _trained(cls, train_fn, display_name(train_fn, "train"), case)
         ids, copy_target = induction_test_set(100, seed=7)
-        with torch.no_grad():
-            got = as_array(call(score_fn, {"model": model, "ids": ids, "copy_target": copy_target}, label),
-                           "result", case)
+        with torch.no_grad(), observe.LibraryCalls("interpret", "gpt", "checks/capstone") as library:
+            result = call(score_fn, {"model": model, "ids": ids, "copy_target": copy_target}, label)
+        if library.called:
+            raise fail("scores-from-library", detail=library.called[0], case=case)
+        got = as_array(result, "result", case)
         from ..interpret import attention_maps
 
         reference = library_gpt(read_gpt(model, INDUCTION["num_layers"], case), INDUCTION["num_heads"])
@@ -668,8 +719,8 @@ def check_capstone_induction_scores(cls, train_fn, score_fn, *, timeout: float =
 # Challenge: the student's attention with its heads sharded over real processes
 # ----------------------------------------------------------------------------------------------------------
 
-# (d_model, num_heads, world_size, T)
-_SHARD_CASES = [(16, 2, 2, 5), (24, 4, 2, 7)]
+# (d_model, num_heads, world_size, T): 1 and 2 heads per rank, 2 and 3 ranks
+_SHARD_CASES = [(16, 2, 2, 5), (24, 4, 2, 7), (24, 6, 3, 6)]
 
 
 def shard_variant(x, params, h, world_size, variant="ok"):
@@ -694,7 +745,8 @@ def check_capstone_sharding(cls, fn, *, timeout: float = 60.0):
     num_heads)``, the capstone's CachedRopeAttention with known weights) run tensor-parallel over its heads on
     ``world_size`` real processes (each rank computes its heads with its slices of w_q, w_k, w_v and w_o, then
     an all-reduce sums the partial outputs and the bias is added once). Every rank's output must equal the whole
-    module's causal RoPE attention over x."""
+    module's causal RoPE attention over x, and what ran where is counted (:class:`~.observe.RankScores`): no rank
+    computes more than its heads' scores, the launching process none (``[shard-not-split]``)."""
     label = display_name(fn, "sharded")
     atol, rtol = 2e-5, 1e-4
 
@@ -708,10 +760,13 @@ def check_capstone_sharding(cls, fn, *, timeout: float = 60.0):
             module.eval()
             _load(module, params, case)
             x = rng.standard_normal((2, t, d))
-            got = as_array(call(fn, {"module": module, "x": torch.tensor(x, dtype=torch.float32),
-                                     "world_size": p}, label, positional=3), "result", case)
+            with observe.RankScores(d // h, t) as ranks:
+                result = call(fn, {"module": module, "x": torch.tensor(x, dtype=torch.float32), "world_size": p},
+                              label, positional=3)
+            got = as_array(result, "result", case)
             expected = shard_variant(x, params, h, p)
             if close(got, expected, atol, rtol):
+                _check_split(ranks.counts(), 2 * (h // p) * t * t, case)
                 continue
             candidates = [(code, detail, lambda v=v: (shard_variant(x, params, h, p, v), None))
                           for code, detail, v in (("g-forward-not-reduced", "", "not-reduced"),
@@ -721,10 +776,23 @@ def check_capstone_sharding(cls, fn, *, timeout: float = 60.0):
                                                    "reduced-heads"))]
             diagnose(got, None, candidates, case, expected, None, what="outputs (P, B, T, D)", atol=atol,
                      rtol=rtol)
-        return (f"✓ {label}: {len(_SHARD_CASES)} problems on real processes, the heads split between the ranks: "
-                "every rank's output equals the whole module's")
+        return (f"✓ {label}: {len(_SHARD_CASES)} problems on 2 and 3 real processes, the heads split between the "
+                "ranks: every rank's output equals the whole module's")
 
+    observe.warm_up()
     run_check(body, timeout)
+
+
+def _check_split(counts, share: int, case: str) -> None:
+    """What ran where: the launching process computes no attention scores, and no rank more than its heads' share
+    (``share`` query-key scores). Nothing seen at all (computed outside torch's sight): nothing to judge."""
+    here, ranks = counts
+    if here:
+        raise fail("shard-not-split", detail=f"the launching process itself computed {here} query-key scores",
+                   case=case)
+    if any(n > share for n in ranks):
+        raise fail("shard-not-split", detail=f"your ranks computed {sorted(ranks)} query-key scores each, where "
+                   f"one rank's heads need {share}", case=case)
 
 
 choice_question(

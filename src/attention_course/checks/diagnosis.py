@@ -102,8 +102,10 @@ def core_variants(dk, dv, tq, tk, ndim, has_mask, fully_masked, extra_scales=())
     return out
 
 
-def diagnose(out_s, w_s, candidates, case: str, expected_out, expected_w, what="output", atol=1e-5, rtol=1e-4):
-    """Raise CheckFailed naming the known mistake that explains (out_s, w_s); candidates are lazy."""
+def diagnose(out_s, w_s, candidates, case: str, expected_out, expected_w, what="output", atol=1e-5, rtol=1e-4,
+             second="attention weights"):
+    """Raise CheckFailed naming the known mistake that explains (out_s, w_s); candidates are lazy. ``second`` names
+    the second result in messages (the attention weights, or a chunk's new state)."""
     weights_right = w_s is None or close(w_s, expected_w, atol, rtol)
     for code, detail, thunk in candidates:
         try:
@@ -115,23 +117,25 @@ def diagnose(out_s, w_s, candidates, case: str, expected_out, expected_w, what="
             raise fail(code, detail=detail, case=case)
         if close(out_s, expected_out, atol, rtol) and c_w is not None and w_s is not None and close(
                 w_s, c_w, atol, rtol):
-            raise fail(code, detail=detail, case=case + " (your output is right; your returned weights are not)")
-    _generic_failure(out_s, expected_out, case, what, atol, rtol, w_s, expected_w, weights_right)
+            raise fail(code, detail=detail, case=case + f" (your output is right; your returned {second} is not)")
+    _generic_failure(out_s, expected_out, case, what, atol, rtol, w_s, expected_w, weights_right, second)
 
 
-def _generic_failure(out_s, expected, case, what, atol, rtol, w_s=None, expected_w=None, weights_right=True):
+def _generic_failure(out_s, expected, case, what, atol, rtol, w_s=None, expected_w=None, weights_right=True,
+                     second="attention weights"):
     if out_s.shape != expected.shape:
         raise fail("wrong-shape",
                    f"Your {what} has shape {shape_text(out_s.shape)}; expected {shape_text(expected.shape)}.",
                     case=case)
     if w_s is not None and w_s.shape != expected_w.shape:
-        raise fail("wrong-shape", f"Your weights have shape {shape_text(w_s.shape)}; expected "
-                    f"{shape_text(expected_w.shape)} (..., Tq, Tk).", case=case)
+        axes = " (..., Tq, Tk)" if second == "attention weights" else ""
+        raise fail("wrong-shape", f"Your {second} has shape {shape_text(w_s.shape)}; expected "
+                    f"{shape_text(expected_w.shape)}{axes}.", case=case)
     if not np.all(np.isfinite(out_s)) and np.all(np.isfinite(expected)):
         raise fail("nan-output", case=case)
     if close(out_s, expected, atol, rtol) and not weights_right:
         diff = np.abs(w_s - expected_w)
-        raise fail("wrong-output", "Your output is right, but the attention weights you return differ from the "
+        raise fail("wrong-output", f"Your output is right, but the {second} you return differs from the "
                     f"reference (largest difference {np.nanmax(diff):.2g}).", case=case)
     diff = np.abs(out_s - expected)
     diff = np.where(np.isnan(diff), np.inf, diff)

@@ -6,18 +6,25 @@ dense_mask` does, on broadcasting index tensors b (B, 1, 1, 1), h (1, H, 1, 1), 
 ``torch.where``, indexing) works there as inside FlexAttention's kernel. The captured data (the prefix length, the
 document ids, the slopes) comes first, so that ``functools.partial(mod, data)`` is the ``mask_mod`` or ``score_mod``.
 Each reference is NumPy written for the checker; each candidate mask or bias is the reference with one mistake.
+
+A mod right on the grid must also be a mod: each case then runs it through the real ``create_block_mask`` and
+``flex_attention`` (eager), where vmap hands it one index at a time (a mod that reads the index tensors' shapes,
+turns them into Python numbers or leans on broadcasting fails there), and the notebook's rule "not the library's
+mods" is checked by what the mod calls (:class:`~attention_course.checks.observe.LibraryCalls`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import numpy as np
 import torch
 
-from . import hidden
+from . import hidden, observe
 from .questions import choice_question, number_question
-from .runner import DEFAULT_TIMEOUT, as_array, call, display_name, fail, run_check
+from .runner import DEFAULT_TIMEOUT, as_array, call, display_name, fail, first_line, run_check
 from .tiles import tiles_needed
 
 # (B, H, T) of the public cases; the captured data is drawn per case
@@ -38,8 +45,17 @@ def _sizes() -> list[tuple[int, int, int]]:
     return _SIZES + hidden.flex_sizes()
 
 
+def _call_mod(fn, args: dict, label: str, case: str):
+    """The student's mod called on the grid, watched for the library's own mods (the notebook forbids them)."""
+    with observe.LibraryCalls("flex", "masks") as library:
+        result = call(fn, args, label, positional=len(args))
+    if library.called:
+        raise fail("mod-from-library", detail=library.called[0], case=case)
+    return result
+
+
 def _student_mask(fn, data: dict, batch, heads, t, label, case) -> np.ndarray:
-    result = call(fn, {**data, **_grid_tensors(batch, heads, t)}, label, positional=len(data) + 4)
+    result = _call_mod(fn, {**data, **_grid_tensors(batch, heads, t)}, label, case)
     out = as_array(result, "result", case, kind="bool")
     try:
         return np.broadcast_to(out, (batch, heads, t, t))
@@ -61,6 +77,51 @@ def _judge_mask(out: np.ndarray, ref: np.ndarray, candidates, case: str) -> None
                f"{i}, key {j}, where the mask says {bool(ref[b, h, i, j])}.", case=case)
 
 
+def warm_up() -> None:
+    """The first ``create_block_mask`` and ``flex_attention`` load PyTorch's higher-order-op machinery (a second
+    or two): a check does it once before its time limit starts."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x = torch.zeros(1, 1, 4, 2, dtype=torch.float64)
+        flex_attention(x, x, x, block_mask=create_block_mask(lambda b, h, q, kv: kv <= q, 1, 1, 4, 4, device="cpu"))
+
+
+def _through_flex(fn, data: tuple, shape, case: str, *, allowed=None, bias=None) -> None:
+    """Run the student's mod, bound to its data, through the real ``create_block_mask`` (a mask_mod: ``allowed``
+    (B, H, T, T) is the right mask) or ``flex_attention``'s ``score_mod`` (``bias`` (B, H, T, T) the right bias),
+    eager, float64; the output must be attention with the right mask or bias. Under the grader the mod runs in the
+    sandbox, one call at a time, where vmap cannot reach it: there the grid alone judges it."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if not observe.runs_here(fn):
+        return
+
+    batch, heads, t = shape
+    gen = torch.Generator().manual_seed(t)
+    q, k, v = (torch.randn(batch, heads, t, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    mod = functools.partial(fn, *data)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).numpy()
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            if allowed is not None:
+                out = flex_attention(q, k, v, block_mask=create_block_mask(mod, batch, heads, t, t, device="cpu"))
+                scores = np.where(allowed, scores, -np.inf)
+            else:
+                out = flex_attention(q, k, v, score_mod=mod)
+                scores = scores + bias
+    except Exception as err:  # noqa: BLE001 - any failure inside FlexAttention is the student's mod's
+        raise fail("mod-fails-in-flex", detail=f"it raised {type(err).__name__}: {first_line(err)[:160]}",
+                   case=case) from None
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    ref = (weights / weights.sum(-1, keepdims=True)) @ v.numpy()
+    if tuple(out.shape) != ref.shape or not np.allclose(out.detach().numpy(), ref, atol=1e-6, rtol=1e-6):
+        raise fail("mod-fails-in-flex", detail="its attention output differs from the one of the mask or bias it "
+                   "gave on the grid", case=case)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Prefix-LM mask
 # ----------------------------------------------------------------------------------------------------------
@@ -75,7 +136,8 @@ def prefix_lm_reference(prefix: int, b, h, q, kv, *, prefix_shift: int = 0, diag
 def check_prefix_lm_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(prefix, b, h, q_idx, kv_idx)`` -> bool: a prefix-LM mask_mod (T queries over the same T keys):
     key kv_idx may be attended when kv_idx < prefix (the prompt, read both ways) or kv_idx <= q_idx (causal).
-    Diagnoses ``[mod-roles-swapped]`` and ``[mod-window-off-by-one]``."""
+    Diagnoses ``[mod-roles-swapped]``, ``[mod-window-off-by-one]``, ``[mod-from-library]`` and
+    ``[mod-fails-in-flex]``."""
     label = "prefix_lm_mod"
 
     def body():
@@ -96,10 +158,13 @@ def check_prefix_lm_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 ("mod-window-off-by-one", "a query may not attend itself (kv_idx < q_idx)",
                  prefix_lm_reference(prefix, *grid, diagonal=-1)),
             ]
-            _judge_mask(out, np.broadcast_to(prefix_lm_reference(prefix, *grid), out.shape), candidates, case)
+            ref = np.broadcast_to(prefix_lm_reference(prefix, *grid), out.shape)
+            _judge_mask(out, ref, candidates, case)
+            _through_flex(fn, (prefix,), (batch, heads, t), case, allowed=ref)
         return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (1 to 4 heads, prompts of several lengths) match "
                 "the prefix-LM mask on every (query, key) pair")
 
+    warm_up()
     run_check(body, timeout)
 
 
@@ -110,22 +175,33 @@ def check_prefix_lm_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
 def document_reference(doc_ids: np.ndarray, b, h, q, kv, *, reads="right", swapped=False):
     """Causal attention inside each document of ``doc_ids`` (B, T); ``reads`` names a wrong lookup of the ids."""
+    causal = kv >= q if swapped else kv <= q
+    if reads.startswith("ordered"):  # ids compared by order, right only while they rise (or fall) along the row
+        up = doc_ids[b, kv] >= doc_ids[b, q]
+        return (up if reads == "ordered" else doc_ids[b, kv] <= doc_ids[b, q]) & causal
     query_doc = {"right": doc_ids[b, q], "key-twice": doc_ids[b, kv], "row-0": doc_ids[0 * b, q]}[reads]
     key_doc = doc_ids[0 * b, kv] if reads == "row-0" else doc_ids[b, kv]
-    causal = kv >= q if swapped else kv <= q
     return (query_doc == key_doc) & causal
 
 
 def _doc_ids(rng, batch: int, t: int) -> np.ndarray:
-    """(B, T) sorted document ids, 2 to 4 documents per row, a different split in every row."""
-    rows = [np.sort(rng.integers(0, int(rng.integers(2, 5)), size=t)) for _ in range(batch)]
+    """(B, T) document ids, 2 to 4 contiguous documents per row, a different split in every row, their ids in no
+    particular order (a document's id says which document, not where it lies: rising, falling or mixed)."""
+    rows = []
+    for _ in range(batch):
+        n = int(rng.integers(2, 5))
+        labels = rng.permutation(n)
+        if np.all(labels == np.arange(n)):
+            labels = labels[::-1]
+        rows.append(labels[np.sort(rng.integers(0, n, size=t))])
     return np.stack(rows)
 
 
 def check_document_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(doc_ids, b, h, q_idx, kv_idx)`` -> bool: documents packed into each row of ``doc_ids`` (B, T)
     int64; query q_idx may attend key kv_idx when both lie in the same document of row b and kv_idx <= q_idx.
-    Diagnoses ``[doc-id-wrong-index]`` and ``[mod-roles-swapped]``."""
+    The ids of a row are in no particular order. Diagnoses ``[doc-id-wrong-index]``, ``[mod-roles-swapped]``,
+    ``[doc-ids-assumed-sorted]``, ``[mod-from-library]`` and ``[mod-fails-in-flex]``."""
     label = "document_mod"
 
     def body():
@@ -133,7 +209,8 @@ def check_document_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
         sizes = _sizes()
         for n, (batch, heads, t) in enumerate(sizes, 1):
             ids = _doc_ids(rng, batch, t)
-            case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, T={t}, doc_ids {ids.tolist()}"
+            shown = ids.tolist() if ids.size <= 40 else f"(B, T) = {ids.shape}, row 0 {ids[0].tolist()}"
+            case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, T={t}, doc_ids {shown}"
             out = _student_mask(fn, {"doc_ids": torch.from_numpy(ids)}, batch, heads, t, label, case)
             grid = _grid(batch, heads, t)
             candidates = [
@@ -143,11 +220,18 @@ def check_document_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
                  "instead of doc_ids[b, ...])", document_reference(ids, *grid, reads="row-0")),
                 ("mod-roles-swapped", "a query attends the LATER keys of its document (kv_idx >= q_idx)",
                  document_reference(ids, *grid, swapped=True)),
+                ("doc-ids-assumed-sorted", "doc_ids[b, kv_idx] >= doc_ids[b, q_idx]",
+                 document_reference(ids, *grid, reads="ordered")),
+                ("doc-ids-assumed-sorted", "doc_ids[b, kv_idx] <= doc_ids[b, q_idx]",
+                 document_reference(ids, *grid, reads="ordered-down")),
             ]
-            _judge_mask(out, np.broadcast_to(document_reference(ids, *grid), out.shape), candidates, case)
+            ref = np.broadcast_to(document_reference(ids, *grid), out.shape)
+            _judge_mask(out, ref, candidates, case)
+            _through_flex(fn, (torch.from_numpy(ids),), (batch, heads, t), case, allowed=ref)
         return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (batches of 1 to 3 rows, 2 to 4 documents per "
                 "row) match causal attention inside each document")
 
+    warm_up()
     run_check(body, timeout)
 
 
@@ -163,7 +247,7 @@ def alibi_reference(scores, slopes, b, h, q, kv, *, sign=-1.0):
 def check_alibi_score_mod(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(slopes, score, b, h, q_idx, kv_idx)`` -> score: ALiBi as a score_mod, slopes (H,) float32, the
     score minus slopes[h] * |q_idx - kv_idx| (every pair, also kv_idx > q_idx: the bidirectional form).
-    Diagnoses ``[bias-sign-flipped]``."""
+    Diagnoses ``[bias-sign-flipped]``, ``[mod-from-library]`` and ``[mod-fails-in-flex]``."""
     label = "alibi_mod"
 
     def body():
@@ -175,13 +259,15 @@ def check_alibi_score_mod(fn, *, timeout: float = DEFAULT_TIMEOUT):
             case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, T={t}, slopes {np.round(slopes, 3).tolist()}"
             args = {"slopes": torch.from_numpy(slopes), "score": torch.from_numpy(scores),
                     **_grid_tensors(batch, heads, t)}
-            out = as_array(call(fn, args, label, positional=6), "result", case)
+            out = as_array(_call_mod(fn, args, label, case), "result", case)
             if out.shape != scores.shape:
                 raise fail("wrong-shape", f"Your score_mod returned shape {out.shape}; the scores were "
                            f"{scores.shape}: return one new score per score.", case=case)
             grid = _grid(batch, heads, t)
             ref = alibi_reference(scores.astype(np.float64), slopes.astype(np.float64), *grid)
             if np.allclose(out, ref, atol=1e-5, rtol=1e-5):
+                bias = alibi_reference(np.zeros(scores.shape), slopes.astype(np.float64), *grid)
+                _through_flex(fn, (torch.from_numpy(slopes),), (batch, heads, t), case, bias=bias)
                 continue
             flipped = alibi_reference(scores.astype(np.float64), slopes.astype(np.float64), *grid, sign=1.0)
             if np.allclose(out, flipped, atol=1e-5, rtol=1e-5):
@@ -191,6 +277,7 @@ def check_alibi_score_mod(fn, *, timeout: float = DEFAULT_TIMEOUT):
         return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (1 to 4 heads with their own slopes) match ALiBi "
                 "on every score")
 
+    warm_up()
     run_check(body, timeout)
 
 

@@ -3,6 +3,11 @@
 Every reference is float64 NumPy written for the checker, independent of :mod:`attention_course.linear_attention`;
 each ``*_variant`` builder is the reference with one deliberate deviation, the mistake whose code it is listed
 under. Shapes: q, k (B, H, T, Dk), v (B, H, T, Dv), beta and log_decay (B, H, T), states (B, H, Dk, Dv).
+
+Beyond the values: the notebook forbids the library's rules (``[rule-from-library]``, seen by what the code calls),
+and exercise 1 asks for the recurrence token by token, which is seen in the shapes the code forms: no (T, T)
+matrix, and a (Dk, Dv) state (``[not-token-by-token]``). The delta update's keys are not unit vectors, so that
+a rule that normalises them or divides by |k|^2 differs from the right one.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..linear_attention.cache import HYBRIDS
-from . import hidden
+from . import hidden, observe
 from .cases import to_framework
 from .diagnosis import diagnose
 from .questions import number_question
@@ -27,6 +32,22 @@ from .runner import (
 )
 
 ATOL, RTOL = 1e-4, 1e-4  # float32 inputs against a float64 reference, over recurrences of up to 48 steps
+
+
+def _call_rule(fn, args: dict, label: str, case: str, steps: observe.StepShapes | None = None):
+    """The student's function called with ``args``, watched for the library's own rules (the notebook forbids
+    them) and, with ``steps``, for the shapes it forms."""
+    with observe.LibraryCalls("linear_attention") as library:
+        if steps is not None and observe.observable(fn):
+            with steps, observe.LeavesTorch() as leaves:
+                result = call(fn, args, label, positional=len(args))
+            if leaves.left:
+                raise fail("left-torch", detail=leaves.left, case=case)
+        else:
+            result = call(fn, args, label, positional=len(args))
+    if library.called:
+        raise fail("rule-from-library", detail=library.called[0], case=case)
+    return result
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -73,7 +94,9 @@ _LINEAR_CASES = [(2, 1, 5, 3, 4), (3, 2, 7, 4, 2), (2, 3, 6, 8, 5), (4, 2, 9, 5,
 def check_linear_recurrent(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(q, k, v)`` -> out (B, H, T, Dv): causal linear attention computed token by token with a (Dk, Dv)
     state per sequence and head, S_t = S_{t-1} + k_t v_t^T and o_t = q_t S_t; q, k (B, H, T, Dk), v (B, H, T, Dv)
-    float32 tensors. Diagnoses ``[state-carried-over]`` and ``[read-before-write]``."""
+    float32 tensors, with a loop over the tokens (no (T, T) matrix formed, a (Dk, Dv) state: ``[not-token-by-token]``)
+    and without the library's rules (``[rule-from-library]``). Diagnoses ``[state-carried-over]`` and
+    ``[read-before-write]``."""
     label = "linear_attention_recurrent"
 
     def body():
@@ -83,9 +106,13 @@ def check_linear_recurrent(fn, *, timeout: float = DEFAULT_TIMEOUT):
             v = rng.standard_normal((b, h, t, dv))
             case = f"case {i} of {len(_LINEAR_CASES)}: q, k {shape_text(q.shape)}, v {shape_text(v.shape)}"
             args = {"q": to_framework(q, "torch"), "k": to_framework(k, "torch"), "v": to_framework(v, "torch")}
-            out = as_array(call(fn, args, label, positional=3), "output", case)
+            steps = observe.StepShapes(t, (dk, dv))
+            out = as_array(_call_rule(fn, args, label, case, steps), "output", case)
             ref = linear_variant(q, k, v)
             if close(out, ref, ATOL, RTOL):
+                if observe.observable(fn) and (steps.square or not steps.state):
+                    raise fail("not-token-by-token", detail="a (T, T) matrix" if steps.square else
+                               "no (Dk, Dv) state", case=case)
                 continue
             candidates = [
                 ("state-carried-over", "sequence b starts from the state sequence b - 1 ended with",
@@ -98,6 +125,7 @@ def check_linear_recurrent(fn, *, timeout: float = DEFAULT_TIMEOUT):
         return (f"✓ {display_name(fn, label)}: {len(_LINEAR_CASES)} random batches (1 to 3 heads, Dk != Dv) match "
                 "causal linear attention, one fresh state per sequence")
 
+    observe.warm_up()
     run_check(body, timeout)
 
 
@@ -106,13 +134,18 @@ def check_linear_recurrent(fn, *, timeout: float = DEFAULT_TIMEOUT):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def delta_variant(state, k, v, beta, *, write="delta", beta_on="error"):
+def delta_variant(state, k, v, beta, *, write="delta", beta_on="error", key="raw"):
     """One delta-rule write. ``write``: delta (the error v - k S) | linear (v: nothing erased); ``beta_on``: error |
-    none (left out) | key (k replaced by beta k in the read and the write)."""
+    none (left out) | key (k replaced by beta k in the read and the write); ``key``: raw | normalized (k made a
+    unit vector first) | by-norm (the write divided by |k|^2)."""
     beta = beta[..., None]
+    if key == "normalized":
+        k = _unit(k)
     if beta_on == "key":
         k = beta * k
     scale = 1.0 if beta_on in ("none", "key") else beta
+    if key == "by-norm":
+        scale = scale / (k**2).sum(-1, keepdims=True)
     written = v - _read(state, k) if write == "delta" else v
     return state + _outer(k, scale * written)
 
@@ -123,24 +156,28 @@ _DELTA_CASES = [(1, 1, 4, 3), (2, 3, 5, 5), (3, 2, 8, 4), (2, 4, 6, 7)]
 def check_delta_update(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(state, k, v, beta)`` -> the new state: one delta-rule write, S + beta k (v - k S)^T, for every
     sequence and head at once; state (B, H, Dk, Dv), k (B, H, Dk), v (B, H, Dv), beta (B, H) in (0, 1), float32
-    tensors. Diagnoses ``[beta-missing]``, ``[beta-on-key]`` and ``[no-erase]``."""
+    tensors; the keys are not unit vectors. Diagnoses ``[beta-missing]``, ``[beta-on-key]``, ``[no-erase]``,
+    ``[delta-key-normalized]`` and ``[delta-divided-by-norm]``."""
     label = "delta_update"
 
     def body():
         rng = np.random.default_rng(171)
         for i, (b, h, dk, dv) in enumerate(_DELTA_CASES, 1):
             state = rng.standard_normal((b, h, dk, dv))
-            k, v = _unit(rng.standard_normal((b, h, dk))), rng.standard_normal((b, h, dv))
+            # keys of norm 0.5 to 1.5: on unit keys, normalising k or dividing by |k|^2 changes nothing
+            k = _unit(rng.standard_normal((b, h, dk))) * rng.uniform(0.5, 1.5, (b, h, 1))
+            v = rng.standard_normal((b, h, dv))
             beta = rng.uniform(0.1, 0.9, (b, h))
             case = f"case {i} of {len(_DELTA_CASES)}: state {shape_text(state.shape)}"
             args = {"state": to_framework(state, "torch"), "k": to_framework(k, "torch"),
                     "v": to_framework(v, "torch"), "beta": to_framework(beta, "torch")}
-            out = as_array(call(fn, args, label, positional=4), "new state", case)
+            out = as_array(_call_rule(fn, args, label, case), "new state", case)
             ref = delta_variant(state, k, v, beta)
             if close(out, ref, ATOL, RTOL):
                 continue
             variants = (("beta-missing", {"beta_on": "none"}), ("beta-on-key", {"beta_on": "key"}),
-                        ("no-erase", {"write": "linear"}))
+                        ("no-erase", {"write": "linear"}), ("delta-key-normalized", {"key": "normalized"}),
+                        ("delta-divided-by-norm", {"key": "by-norm"}))
             candidates = [(code, "", lambda s=state, k=k, v=v, b=beta, o=options: (
                 delta_variant(s, k, v, b, **o), None)) for code, options in variants]
             diagnose(out, None, candidates, case, ref, None, what="new state", atol=ATOL, rtol=RTOL)
@@ -197,7 +234,7 @@ def check_gated_delta_rule(fn, *, timeout: float = DEFAULT_TIMEOUT):
             case = f"case {i} of {len(sizes)}: q, k {shape_text(q.shape)}, v {shape_text(v.shape)}"
             args = {name: to_framework(x, "torch") for name, x in
                     (("q", q), ("k", k), ("v", v), ("beta", beta), ("log_decay", log_decay))}
-            out = as_array(call(fn, args, label, positional=5), "output", case)
+            out = as_array(_call_rule(fn, args, label, case), "output", case)
             ref = gated_variant(q, k, v, beta, log_decay)
             if close(out, ref, ATOL, RTOL):
                 continue
@@ -257,7 +294,7 @@ def check_delta_chunk(fn, *, timeout: float = DEFAULT_TIMEOUT):
             case = f"case {i} of {len(_CHUNK_CASES)}: a chunk of L={length}, state {shape_text(state.shape)}"
             args = {name: to_framework(x, "torch") for name, x in
                     (("state", state), ("q", q), ("k", k), ("v", v), ("beta", beta))}
-            out, new_state = split_result(call(fn, args, label, positional=5), case, names=("output", "state"))
+            out, new_state = split_result(_call_rule(fn, args, label, case), case, names=("output", "state"))
             if new_state is None:
                 raise fail("wrong-type", "Return a pair (out, new_state): the next chunk starts from new_state.",
                            case=case)
@@ -273,7 +310,7 @@ def check_delta_chunk(fn, *, timeout: float = DEFAULT_TIMEOUT):
                 ("chunk-start-state-ignored", "your outputs and state leave S0 out",
                  lambda s=state, q=q, k=k, v=v, b=beta: chunk_variant(s, q, k, v, b, start="ignored")),
             ]
-            diagnose(out, new_state, candidates, case, ref_out, ref_state, atol=ATOL, rtol=RTOL)
+            diagnose(out, new_state, candidates, case, ref_out, ref_state, atol=ATOL, rtol=RTOL, second="new state")
         return (f"✓ {display_name(fn, label)}: {len(_CHUNK_CASES)} random chunks (L from 4 to 8, non-zero start "
                 "states) match L delta-rule steps, outputs and final state")
 

@@ -28,6 +28,7 @@ without it, or with anything else, fails the check: a count is never taken as ze
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +55,20 @@ def observable(fn) -> bool:
     return _sandbox_field(fn, "_sandbox", None) is None or getattr(fn, "__module__", None) == _GRADER_STAND_INS
 
 
-_ACTIVE: list = []  # the observers entered in this process, outermost first
+def runs_here(fn) -> bool:
+    """Whether calling the student's ``fn`` runs their code in this process (not the grader's stand-in, which
+    forwards each call to the sandbox): what only this process can do with it (hand it to FlexAttention's vmap)."""
+    return _sandbox_field(fn, "_sandbox", None) is None and getattr(fn, "__module__", None) != _GRADER_STAND_INS
+
+
+_ACTIVE = threading.local()  # .observers: the observers entered in this thread, outermost first (a check that
+# timed out leaves its thread running, and its observers with it: they must not join another check's call)
+
+
+def _active() -> list:
+    if not hasattr(_ACTIVE, "observers"):
+        _ACTIVE.observers = []
+    return _ACTIVE.observers
 
 
 class _Tracked:
@@ -62,25 +76,25 @@ class _Tracked:
     observer to the sandbox and what it saw back."""
 
     def __enter__(self):
-        _ACTIVE.append(self)
+        _active().append(self)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        _ACTIVE.remove(self)
+        _active().remove(self)
         return super().__exit__(*exc)
 
 
 def remote_specs() -> list[dict]:
     """The observers active here, as data for a call the sandbox runs (:func:`run_observed`)."""
-    return [observer.spec() for observer in _ACTIVE]
+    return [observer.spec() for observer in _active()]
 
 
 def absorb(results) -> None:
     """Add what the sandbox's observers saw (:func:`run_observed`'s list) to the active ones, in order; anything
     else raises ValueError (a reply without its counts must not pass as a count of zero)."""
-    if not isinstance(results, list) or len(results) != len(_ACTIVE):
+    if not isinstance(results, list) or len(results) != len(_active()):
         raise ValueError("the sandbox did not report what its observers saw")
-    for observer, result in zip(_ACTIVE, results, strict=True):
+    for observer, result in zip(_active(), results, strict=True):
         observer.absorb(result)
 
 
@@ -178,8 +192,9 @@ class FusedAttentionCalls(_Tracked, TorchFunctionMode):
 
 class FormedTensors(_Tracked, TorchDispatchMode):
     """Records, in ``formed``, whether the code inside the ``with`` block creates a tensor holding the numbers of
-    ``target`` (B, H, ...) or of one of its slices ``target[b]``, ``target[:, h]``, ``target[b, h]``, in any layout
-    (compared as sorted values, within ``rtol`` of the largest)."""
+    ``target`` (B, H, ...) or of one of its slices ``target[b]``, ``target[:, h]``, ``target[b, h]`` and, for a
+    (B, H, T, ...) target, one token's ``target[:, :, t]``, ``target[b, :, t]``, ``target[b, h, t]``, in any
+    layout (compared as sorted values, within ``rtol`` of the largest)."""
 
     def __init__(self, target, rtol: float = 1e-4):
         super().__init__()
@@ -187,6 +202,10 @@ class FormedTensors(_Tracked, TorchDispatchMode):
         b, h = target.shape[:2]
         slices = [target] + [target[i] for i in range(b)] + [target[:, j] for j in range(h)]
         slices += [target[i, j] for i in range(b) for j in range(h)]
+        if target.dim() >= 4:  # one token's: all sequences and heads, one sequence's heads, one head's vector
+            t = target.shape[2]
+            slices += [target[:, :, s] for s in range(t)] + [target[i, :, s] for i in range(b) for s in range(t)]
+            slices += [target[i, j, s] for i in range(b) for j in range(h) for s in range(t)]
         self._sorted = {}
         for part in slices:
             self._sorted.setdefault(part.numel(), []).append(part.flatten().sort().values)
@@ -217,4 +236,191 @@ class FormedTensors(_Tracked, TorchDispatchMode):
         return out
 
 
-_KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors}
+
+
+class StepShapes(_Tracked, TorchDispatchMode):
+    """Watches the shapes of the tensors the code inside the ``with`` block creates, for "token by token, with a
+    (Dk, Dv) state": ``square`` records a tensor with two axes of length ``t`` (a (T, T) matrix: the scores or the
+    mask of a parallel form, never needed one token at a time; the check picks T unlike every other size), and
+    ``state`` a tensor whose last two axes are ``state`` = (Dk, Dv)."""
+
+    def __init__(self, t: int, state: tuple[int, int]):
+        super().__init__()
+        self.t, self.state_shape = t, tuple(state)
+        self.square = self.state = False
+
+    def spec(self) -> dict:
+        return {"kind": "steps", "t": self.t, "state": list(self.state_shape)}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["t"]), tuple(int(n) for n in spec["state"]))
+
+    def result(self) -> dict:
+        return {"square": self.square, "state": self.state}
+
+    def absorb(self, result) -> None:
+        self.square = self.square or result["square"] is True
+        self.state = self.state or result["state"] is True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self.square = self.square or sum(n == self.t for n in out.shape) >= 2
+            self.state = self.state or tuple(out.shape[-2:]) == self.state_shape
+        return out
+
+
+class LeavesTorch(_Tracked, TorchFunctionMode):
+    """Records, in ``left``, the first conversion of a tensor of more than one number to NumPy or Python lists
+    (``.numpy()``, ``np.asarray``, ``.tolist()``) by the code inside the ``with`` block: where a check watches
+    the tensors the code forms (a rule such as "never form the keys"), code that computes in NumPy is out of its
+    sight, and the check says so instead of passing it unseen."""
+
+    _ESCAPES = ("numpy", "__array__", "tolist")
+
+    def __init__(self):
+        super().__init__()
+        self.left = ""
+
+    def spec(self) -> dict:
+        return {"kind": "leaves"}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls()
+
+    def result(self) -> dict:
+        return {"left": self.left}
+
+    def absorb(self, result) -> None:
+        self.left = self.left or str(result["left"])[:40]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if not self.left and name in self._ESCAPES and args and isinstance(args[0], torch.Tensor) \
+                and args[0].numel() > 1 and not _from_the_grader():
+            self.left = f".{name}()"
+        return func(*args, **(kwargs or {}))
+
+
+def _from_the_grader() -> bool:
+    """Whether the conversion under way is the grader's own (its stand-in sending a tensor to the sandbox): the
+    first caller outside torch and NumPy is a module of :mod:`attention_course.course`."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(("torch", "numpy", __name__)):
+            return module.startswith("attention_course.course")
+        frame = frame.f_back
+    return False
+
+
+class RankScores(_Tracked, TorchDispatchMode):
+    """Counts the query-key scores of width ``dk`` over ``t`` keys ((..., t, t) matrix products, broadcast products,
+    fused kernels) that the code inside the ``with`` block computes, per process: in this process and in every
+    process it forks (a forked child inherits the mode), each count appended to a file as "pid count".
+    :meth:`counts` reads back (this process's count, the other processes' counts): what ran on which rank."""
+
+    def __init__(self, dk: int, t: int):
+        import os
+        import tempfile
+
+        super().__init__()
+        self.dk, self.t, self._pid = dk, t, os.getpid()
+        handle, self._path = tempfile.mkstemp(prefix="attention-course-ranks-")
+        os.close(handle)
+        self._absorbed: tuple[int, list[int]] | None = None
+
+    def spec(self) -> dict:
+        return {"kind": "ranks", "dk": self.dk, "t": self.t}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["dk"]), int(spec["t"]))
+
+    def result(self) -> dict:
+        here, others = self.counts()
+        return {"here": here, "others": others}
+
+    def absorb(self, result) -> None:
+        self._absorbed = (int(result["here"]), [int(n) for n in result["others"]])
+
+    def counts(self) -> tuple[int, list[int]]:
+        """(scores computed in this process, [scores computed in each other process that computed any])."""
+        import os
+
+        if self._absorbed is None:
+            per_pid: dict[int, int] = {}
+            with open(self._path) as f:
+                for line in f:
+                    pid, n = (int(x) for x in line.split())
+                    per_pid[pid] = per_pid.get(pid, 0) + n
+            self._absorbed = (per_pid.pop(self._pid, 0), [per_pid[pid] for pid in sorted(per_pid)])
+        if os.path.exists(self._path):
+            os.unlink(self._path)
+        return self._absorbed
+
+    def _scores(self, func, args, out) -> int:
+        square = tuple(out.shape[-2:]) == (self.t, self.t)
+        if func in _MATMULS and square and args[-2].shape[-1] == self.dk:
+            return out.numel()
+        if func is _aten.mul.Tensor and out.dim() >= 3 and out.shape[-1] == self.dk and \
+                tuple(out.shape[-3:-1]) == (self.t, self.t):
+            return out.numel() // self.dk
+        if func in _FUSED:
+            return math.prod(args[0].shape[:-1]) * args[1].shape[-2]
+        return 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import os
+
+        out = func(*args, **(kwargs or {}))
+        n = self._scores(func, args, out) if isinstance(out, torch.Tensor) else 0
+        if n:
+            with open(self._path, "a") as f:
+                f.write(f"{os.getpid()} {n}\n")
+        return out
+
+
+_KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes,
+          "leaves": LeavesTorch, "ranks": RankScores}
+
+
+class LibraryCalls:
+    """Records, in ``called``, the functions of the course's own modules ``names`` (``"flex"``,
+    ``"linear_attention"``: a module or a package of :mod:`attention_course`) that the code inside the ``with``
+    block calls, in this thread: an exercise that says "do not use the library's version" is checked by what the
+    code calls, not by what it returns. Under the grader the call runs in the sandbox, unseen here: the grader's
+    static reading (``calls-reference``) rejects the same imports there."""
+
+    def __init__(self, *names: str):
+        import os
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../attention_course
+        self._prefixes = tuple(os.path.join(root, n) for n in names)
+        self.called: list[str] = []
+
+    def _profile(self, frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(self._prefixes):
+            name = frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name
+            module = frame.f_globals.get("__name__", "")
+            if len(self.called) < 8:
+                self.called.append(f"{module}.{name}")
+        if self._previous is not None:
+            self._previous(frame, event, arg)
+
+    def __enter__(self):
+        import sys
+
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+
+        sys.setprofile(self._previous)
+        return False

@@ -195,6 +195,8 @@ def _has_shape(value) -> bool:
 
 
 def describe_call(label: str, args: dict) -> str:
+    """``label(q of shape (2, 3), cache=(shape (1, 2, 4, 8), shape (1, 2, 4, 8)), ...)``: arrays by their shapes,
+    at any depth, modules by their class, anything else by a repr cut to 80 characters (a message stays short)."""
     parts = []
     for name, value in args.items():
         if _has_shape(value):
@@ -202,8 +204,20 @@ def describe_call(label: str, args: dict) -> str:
         elif isinstance(value, dict) and all(_has_shape(v) for v in value.values()):  # a dict of weights
             parts.append(f"{name}={{{', '.join(f'{k}: {shape_text(v.shape)}' for k, v in value.items())}}}")
         else:
-            parts.append(f"{name}={value!r}")
+            parts.append(f"{name}={_described(value)}")
     return f"{label}({', '.join(parts)})"
+
+
+def _described(value, depth: int = 0) -> str:
+    if _has_shape(value):
+        return f"shape {shape_text(value.shape)}"
+    if isinstance(value, torch.nn.Module):
+        return f"a {type(value).__name__}"
+    if type(value) in (list, tuple) and depth < 2 and any(_has_shape(v) or type(v) in (list, tuple) for v in value):
+        inner = ", ".join(_described(v, depth + 1) for v in value[:6]) + (", ..." if len(value) > 6 else "")
+        return f"({inner})" if type(value) is tuple else f"[{inner}]"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 _KERAS_WRAPPER = "Exception encountered when calling"

@@ -107,6 +107,24 @@ def _cow_variant(table, index, refs, free, variant):
 _COW_MISTAKES = [("shared-block-freed", "freed"), ("cow-no-copy", "no-copy"), ("cow-refs-not-moved", "refs-not-moved")]
 
 
+def _int_list(value, what: str, case: str) -> list[int]:
+    """A sequence of whole numbers (a list, a tuple, a 1-D NumPy array or tensor) as a list of ints."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        value = value.tolist() if value.ndim == 1 else None
+    if not isinstance(value, (list, tuple)) or not all(as_number(v) is not None and float(as_number(v)).is_integer()
+                                                       for v in value):
+        raise fail("wrong-type", f"{what} must be a list of whole numbers (a tuple or a 1-D array is fine too); it "
+                   f"is {type_name(value)}.", case=case)
+    return [int(as_number(v)) for v in value]
+
+
+def _three_lists(result, case: str):
+    if not isinstance(result, (tuple, list)) or len(result) != 3:
+        raise fail("wrong-type", f"Your function must return the three lists table, refs and free (a tuple or a list "
+                   f"of them); it returned {type_name(result)}.", case=case)
+    return tuple(_int_list(x, f"Your {name}", case) for x, name in zip(result, ("table", "refs", "free"), strict=True))
+
+
 def check_copy_on_write(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(table, index, refs, free)`` -> ``(table, refs, free)`` after making block ``table[index]`` safe to
     write: if other sequences also hold it (``refs[block] > 1``), take the last block of ``free`` (``free.pop()``),
@@ -122,11 +140,8 @@ def check_copy_on_write(fn, *, timeout: float = DEFAULT_TIMEOUT):
             text = f"{label}({table}, {index}, {refs}, {free})"
             result = call(fn, {"table": list(table), "index": index, "refs": list(refs), "free": list(free)}, label,
                           call_text=text)
-            if not isinstance(result, tuple) or len(result) != 3:
-                raise fail("wrong-type", f"Your function must return (table, refs, free); it returned "
-                           f"{type_name(result)}.", case=text)
-            got.append(((list(result[0]), list(result[1]), list(result[2])), text))
-        return _judge(got, lambda variant: (_cow_variant(*c, variant) for c in _COW_CASES), _COW_MISTAKES,
+            got.append((_three_lists(result, text), text))
+        return _judge(got, lambda variant: (tuple(_cow_variant(*c, variant)) for c in _COW_CASES), _COW_MISTAKES,
                       f"✓ {label}: shared and private blocks, {len(_COW_CASES)} cases, are right",
                       "That is not the state after copy-on-write, and it matches none of the mistakes this checker "
                       "knows. Who else holds the block, and which counts change when you copy it?")
@@ -239,13 +254,13 @@ def check_rejection_rule(fn, *, timeout: float = DEFAULT_TIMEOUT):
 # ---------------------------------------------------------------- retiring finished sequences
 
 _RETIRE_CASES = [([[4, 2], [7, 9, 1], [3]], [5, 3, 4], 9), ([[1, 2, 3], [9], [5, 5]], [3, 4, 6], 9),
-                 ([[0], [0, 0]], [1, 8], None), ([[9, 1], [2, 9, 9]], [4, 4], 1)]
+                 ([[0], [0, 0]], [1, 8], None), ([[9, 0], [2, 9, 9], [0]], [4, 4, 3], 0)]  # id 0 is an id
 
 
 def _retire_variant(outputs, max_new, eos, variant):
     keep = []
     for i, (out, limit) in enumerate(zip(outputs, max_new, strict=True)):
-        at_eos = out[-1] == eos and variant != "ignores-eos"
+        at_eos = out[-1] == eos and variant != "ignores-eos" and (eos or variant != "eos-zero-ignored")
         at_limit = {"ignores-limit": False, "too-early": len(out) >= limit - 1}.get(variant, len(out) >= limit)
         if not (at_eos or at_limit):
             keep.append(i)
@@ -253,7 +268,7 @@ def _retire_variant(outputs, max_new, eos, variant):
 
 
 _RETIRE_MISTAKES = [("finished-left-in-batch", "ignores-eos"), ("finished-left-in-batch", "ignores-limit"),
-                    ("retired-too-early", "too-early")]
+                    ("retired-too-early", "too-early"), ("eos-zero-ignored", "eos-zero-ignored")]
 
 
 def check_retire(fn, *, timeout: float = DEFAULT_TIMEOUT):
@@ -268,10 +283,7 @@ def check_retire(fn, *, timeout: float = DEFAULT_TIMEOUT):
             text = f"{label}({outputs}, {max_new}, {eos})"
             result = call(fn, {"outputs": [list(o) for o in outputs], "max_new_tokens": list(max_new),
                                "eos_token_id": eos}, label, call_text=text)
-            if not isinstance(result, (list, tuple)):
-                raise fail("wrong-type", f"Your function must return a list of indices; it returned "
-                           f"{type_name(result)}.", case=text)
-            got.append(([int(i) for i in result], text))
+            got.append((_int_list(result, "Your function's result (the indices that stay)", text), text))
         return _judge(got, lambda variant: (_retire_variant(*c, variant) for c in _RETIRE_CASES), _RETIRE_MISTAKES,
                       f"✓ {label}: {len(_RETIRE_CASES)} steps with end-of-sequence tokens and length limits are right",
                       "That is not the set of sequences that stay, and it matches none of the mistakes this checker "
