@@ -150,8 +150,13 @@ def test_stray_files_are_listed_and_the_rest_of_the_class_is_graded(tmp_path, mo
 STUDENT_MODULE = "import pathlib\npathlib.Path(__file__).with_suffix('.imported').write_text('')\n"
 
 
-@pytest.mark.parametrize("safe_path", [[], ["-P"]], ids=["without-P", "with-P"])
-def test_the_grader_imports_nothing_from_the_current_folder_however_it_is_started(tmp_path, safe_path):
+GRADE_COMMAND = Path(sys.executable).parent / "attention-course-grade"  # pyproject.toml's [project.scripts]
+
+
+@pytest.mark.parametrize("start", [[sys.executable, "-m", "attention_course.grade"],
+                                   [sys.executable, "-P", "-m", "attention_course.grade"], [str(GRADE_COMMAND)]],
+                         ids=["without-P", "with-P", "installed-command"])
+def test_the_grader_imports_nothing_from_the_current_folder_however_it_is_started(tmp_path, start):
     """A student's nbformat.py or ctypes.py in the folder the grader is started from never runs in the grader's
     process (it did, without -P: python -m puts the current folder first on the import path). (Only -P protects
     from an attention_course.py there: python finds the module to run before any of the package's code runs.)"""
@@ -159,7 +164,8 @@ def test_the_grader_imports_nothing_from_the_current_folder_however_it_is_starte
         (tmp_path / f"{name}.py").write_text(STUDENT_MODULE, encoding="utf-8")
     (tmp_path / "tiny.ipynb").write_text('{"cells": []}', encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    done = subprocess.run([sys.executable, *safe_path, "-m", "attention_course.grade", "tiny.ipynb", "--no-reference"],
+    assert Path(start[0]).exists(), f"{start[0]} is missing: reinstall the package (pip install -e .)"
+    done = subprocess.run([*start, "tiny.ipynb", "--no-reference"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False)
     assert sorted(p.name for p in tmp_path.glob("*.imported")) == [], done.stderr[-2000:]
     assert done.returncode == 1 and done.stdout.startswith("ERROR tiny.ipynb: not a notebook saved by Jupyter"), done
