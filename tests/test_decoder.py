@@ -75,7 +75,33 @@ def test_generate_is_greedy_and_equals_transformers():
         assert torch.equal(out[:, 5:6], ours(ids)[:, -1:].argmax(-1))
     ref = hf.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6, pad_token_id=0)
     assert torch.equal(out, ref)
+    assert torch.equal(ours.generate(ids, 6, use_cache=False), ref)  # the whole prefix again at every step
     assert torch.equal(ours.generate(ids, 0), ids)
+
+
+def test_cached_decode_equals_the_full_forward_and_hf_through_its_own_cache():
+    """Prefill, then one token at a time through the course's KVCache: the logits of every step equal the full
+    forward's (float64, 1e-12) and HF's own cached decode (its DynamicCache); a cache that restarts the positions
+    at 0 fails both comparisons."""
+    from attention_course.kv_cache import KVCache
+
+    hf = tiny_llama(6, 2, tie=False)
+    ours = Decoder.from_hf(hf)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = ours(ids)
+        cache = KVCache(len(ours.blocks))
+        steps = [ours(ids[:, :5], cache=cache)] + [ours(ids[:, t:t + 1], cache=cache) for t in range(5, 9)]
+        hf_cache = transformers.DynamicCache(config=hf.config)
+        hf_steps = [hf(ids[:, :5], cache=hf_cache, use_cache=True).logits]
+        hf_steps += [hf(ids[:, t:t + 1], cache=hf_cache, use_cache=True).logits for t in range(5, 9)]
+        wrong = KVCache(len(ours.blocks))
+        ours(ids[:, :5], cache=wrong)
+        restarted = ours(ids[:, 5:6], torch.zeros(1, dtype=torch.long), cache=wrong)  # position 0, not 5
+    assert cache.seq_len() == 9
+    assert relative_error(torch.cat(steps, dim=1), full) < 1e-12
+    assert relative_error(torch.cat(steps, dim=1), torch.cat(hf_steps, dim=1)) < TOLERANCE[torch.float64]
+    assert relative_error(restarted, full[:, 5:6]) > 1e-3
 
 
 def test_bad_inputs():

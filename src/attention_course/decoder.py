@@ -6,8 +6,10 @@ RoPE), RMSNorm again and :class:`~attention_course.block.SwiGLU`. Token embeddin
 head (tied to the embedding, as in SmolLM2) out. :meth:`Decoder.from_hf` copies a ``transformers``
 ``LlamaForCausalLM``'s sizes and weights, so the course's model and Hugging Face's can be compared logit by logit.
 
-:meth:`Decoder.generate` decodes greedily by running the whole prefix again at every step (no KV cache yet:
-``forward`` takes the ids and their positions, the place where a cache will be threaded through).
+:meth:`Decoder.generate` decodes greedily with a KV cache (chapter 8's :class:`~attention_course.kv_cache.KVCache`,
+the cache protocol every attention layer of the course speaks): the model asks the cache once per forward where the
+new tokens stand and computes the RoPE table once for all its layers; ``use_cache=False`` runs the whole prefix again
+at every step instead, the reference the cached decode must equal.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .block import RMSNorm, SwiGLU, residual
+from .kv_cache import Cache, KVCache
 from .modern.attention import copy_linear
 from .modern.families import LlamaAttention
 from .validation import INTEGER_DTYPES, check_int, check_rank
@@ -33,8 +36,11 @@ class DecoderLayer(nn.Module):
         self.norm2 = RMSNorm(d_model, eps=norm_eps)
         self.ffn = SwiGLU(d_model, d_ff)
 
-    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        x = residual(x, lambda h: self.attn(h, positions), self.norm1, NO_DROPOUT, norm_first=True)
+    def forward(self, x: Tensor, positions: Tensor, rotary=None, cache: Cache | None = None, layer: int = 0) -> Tensor:
+        def attend(h):
+            return self.attn(h, positions, cache=cache, layer=layer, rotary=rotary)
+
+        x = residual(x, attend, self.norm1, NO_DROPOUT, norm_first=True)
         return residual(x, self.ffn, self.norm2, NO_DROPOUT, norm_first=True)
 
 
@@ -66,24 +72,32 @@ class Decoder(nn.Module):
         if tie_embeddings:
             self.head.weight = self.embed.weight
 
-    def forward(self, ids: Tensor, positions: Tensor | None = None) -> Tensor:
-        """ids (B, T) at positions (T,) (default 0..T-1) -> next-token logits (B, T, V)."""
+    def forward(self, ids: Tensor, positions: Tensor | None = None, *, cache: Cache | None = None) -> Tensor:
+        """ids (B, T) at positions (T,) -> next-token logits (B, T, V). Positions default to the cache's (the new
+        tokens follow the cached ones), else 0..T-1; with a ``cache`` every layer adds its keys and values to it."""
         check_rank(ids, "ids", 2, "(B, T)")
         if ids.dtype not in INTEGER_DTYPES:
             raise TypeError(f"ids must be an integer tensor of token ids, got {ids.dtype}")
-        positions = torch.arange(ids.size(1), device=ids.device) if positions is None else positions
+        if positions is None:  # asked once per forward, for every layer
+            positions = torch.arange(ids.size(1), device=ids.device) if cache is None else \
+                cache.positions(0, ids.size(1), ids.device)
         x = self.embed(ids)  # (B, T, D)
-        for block in self.blocks:
-            x = block(x, positions)
+        rotary = self.blocks[0].attn.rotary(positions, x.dtype)  # cos/sin once, shared by every layer
+        for layer, block in enumerate(self.blocks):
+            x = block(x, positions, rotary, cache, layer)
         return self.head(self.norm(x))  # (B, T, V)
 
     @torch.no_grad()
-    def generate(self, ids: Tensor, max_new_tokens: int) -> Tensor:
-        """Greedy decoding: ids (B, T) -> (B, T + max_new_tokens). Each step runs the whole sequence again."""
+    def generate(self, ids: Tensor, max_new_tokens: int, use_cache: bool = True) -> Tensor:
+        """Greedy decoding: ids (B, T) -> (B, T + max_new_tokens). With the cache, the prompt runs once (prefill)
+        and each step feeds only the newest token; without it, each step runs the whole sequence again."""
         check_int(max_new_tokens, "max_new_tokens", minimum=0)
+        cache = KVCache(len(self.blocks)) if use_cache else None
+        new = ids
         for _ in range(max_new_tokens):
-            next_id = self(ids)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
-            ids = torch.cat([ids, next_id], dim=1)
+            logits = self(new, cache=cache)[:, -1] if use_cache else self(ids)[:, -1]  # (B, V)
+            new = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+            ids = torch.cat([ids, new], dim=1)
         return ids
 
     @classmethod
