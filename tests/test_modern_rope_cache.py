@@ -193,7 +193,7 @@ def test_mla_costs_match_the_published_table_and_the_modules_tensors():
     layer = modern.MultiHeadLatentAttention(24, 3, q_lora_rank=None, kv_lora_rank=10, qk_nope_head_dim=6,
                                             qk_rope_head_dim=4, v_head_dim=5)
     t = 7
-    c, k_rope = layer.latents(torch.randn(1, t, 24), torch.arange(t))  # (1, 1, T, C), (1, 1, T, R)
+    c, k_rope = layer.latents(torch.randn(1, t, 24), layer.rotary(torch.arange(t), torch.float32))  # (1, 1, T, C/R)
     w_uk, w_uv = layer.up_projections()  # (H, N, C), (H, V, C)
     keys = torch.cat([c @ w_uk.transpose(-2, -1), k_rope.expand(-1, 3, -1, -1)], dim=-1)  # (1, H, T, N + R)
     values = c @ w_uv.transpose(-2, -1)  # (1, H, T, V)

@@ -20,14 +20,15 @@ are the induction test of Olsson et al. (2022) on a real model.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -104,7 +105,10 @@ def cached_model_folder() -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{CACHE_NAME}-", dir=final.parent))
     try:
-        dequantise(source, partial)
+        # transformers' GGUF reader draws its own tqdm bars on stderr (not behind its progress-bar switch): a
+        # notebook that builds the cache on a fresh machine must store the same outputs as one that finds it.
+        with quiet_progress_bars(), contextlib.redirect_stderr(io.StringIO()):
+            dequantise(source, partial)
         try:
             partial.rename(final)
         except OSError:  # another process renamed its copy first
@@ -127,7 +131,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     return tokenizer, model.eval()
 
 
-@contextmanager
+@contextlib.contextmanager
 def quiet_progress_bars() -> Iterator[None]:
     """Run the body with transformers' progress bars off, then restore the setting."""
     from transformers.utils import logging
@@ -174,7 +178,7 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return [layer.self_attn for layer in model.model.layers]
 
 
-@contextmanager
+@contextlib.contextmanager
 def ablated_heads(model: nn.Module, heads: list[tuple[int, int]]) -> Iterator[nn.Module]:
     """Run the body with the given (layer, head) pairs switched off: each head's slice of its layer's merged
     heads (B, T, H * Dh) is zeroed before the output projection ``o_proj``, as the GPT's ``head_mask`` does."""

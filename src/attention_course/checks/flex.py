@@ -15,6 +15,7 @@ mods" is checked by what the mod calls (:class:`~attention_course.checks.observe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -77,12 +78,29 @@ def _judge_mask(out: np.ndarray, ref: np.ndarray, candidates, case: str) -> None
                f"{i}, key {j}, where the mask says {bool(ref[b, h, i, j])}.", case=case)
 
 
+@contextlib.contextmanager
+def _eager_flex():
+    """FlexAttention's eager path, without the torch.compile(backend="eager") wrapper it puts around its
+    higher-order op: after a compiled FlexAttention ran in the same process (chapter 15, the tests), that wrapper's
+    recompilation check can raise inside PyTorch (``'NoneType' object is not subscriptable``) and a right mod would
+    fail. PyTorch's own switch for running the op plainly (named in its warning) is set for the check's calls only;
+    vmap still hands the mod one index at a time, which is what the check is about."""
+    from torch.nn.attention import flex_attention as module
+
+    was = module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        yield
+    finally:
+        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = was
+
+
 def warm_up() -> None:
     """The first ``create_block_mask`` and ``flex_attention`` load PyTorch's higher-order-op machinery (a second
     or two): a check does it once before its time limit starts."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _eager_flex():
         warnings.simplefilter("ignore")
         x = torch.zeros(1, 1, 4, 2, dtype=torch.float64)
         flex_attention(x, x, x, block_mask=create_block_mask(lambda b, h, q, kv: kv <= q, 1, 1, 4, 4, device="cpu"))
@@ -104,7 +122,7 @@ def _through_flex(fn, data: tuple, shape, case: str, *, allowed=None, bias=None)
     mod = functools.partial(fn, *data)
     scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).numpy()
     try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
+        with warnings.catch_warnings(), np.errstate(all="ignore"), _eager_flex():
             warnings.simplefilter("ignore")
             if allowed is not None:
                 out = flex_attention(q, k, v, block_mask=create_block_mask(mod, batch, heads, t, t, device="cpu"))
