@@ -227,6 +227,16 @@ def test_the_gradebook_imports_as_it_is(tmp_path, monkeypatch):
     assert rows[2:] == ["Ada Lovelace,1815,ada@example.org,1,1,,01_soft_lookup_exercises: 2026-11-20 10:00:00 +0000",
                         "Alan Turing,1912,alan@example.org,1,1,,01_soft_lookup_exercises: 2026-11-20 10:00:00 +0000",
                         "hopper,4242,,0.5,0.5,01_soft_lookup_exercises,"]
+    notebook = Path(NAME).stem
+    assert (out / "canvas.csv").read_text(encoding="utf-8").splitlines() == [
+        f"Student,ID,SIS User ID,SIS Login ID,Section,{notebook}", "Points Possible,,,,,1",
+        "Ada Lovelace,1815,,,,1", "Alan Turing,1912,,,,1", "hopper,4242,,,,0.5"]
+    assert (out / "moodle.csv").read_text(encoding="utf-8").splitlines() == [
+        f"Full name,ID number,Email address,{notebook}", "Ada Lovelace,1815,ada@example.org,1",
+        "Alan Turing,1912,alan@example.org,1", "hopper,4242,,0.5"]
+    assert (out / f"gradescope_{notebook}.csv").read_text(encoding="utf-8").splitlines() == [
+        "Name,SID,Email,Total Score", "Ada Lovelace,1815,ada@example.org,1", "Alan Turing,1912,alan@example.org,1",
+        "hopper,4242,,0.5"]
     stats = (out / "exercises.csv").read_text(encoding="utf-8").splitlines()
     assert stats[0] == "student,id,01_soft_lookup_exercises:1"
     assert stats[-2:] == ["mean points,,1", "passed (share),,1.00"]

@@ -26,7 +26,9 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
   ``submission_metadata.yml``), one column per notebook (its points; a late notebook, marked by Canvas's ``_LATE_``,
   loses the points file's ``late_penalty`` share), a total, the notebooks submitted late and Gradescope's submission
   times; ``exercises.csv``: one row per person, one column per exercise, and each exercise's mean points and share
-  passed; ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table printed at the end).
+  passed; ``canvas.csv``, ``moodle.csv`` and ``gradescope_NOTEBOOK.csv``: the same points in each LMS's own import
+  format (:func:`.exports.canvas_csv`, :func:`.exports.moodle_csv`, :func:`.exports.gradescope_csv`);
+  ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table printed at the end).
 
 Progress goes to stderr, one line per submission with the time it took and an estimate of the time left.
 
@@ -60,7 +62,17 @@ import nbformat
 
 from .canonical import AUTO, MAX_NOTEBOOK_BYTES, Reference, default_reference, find_reference, plan, read_notebook
 from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
-from .exports import GradebookRow, exercises_csv, feedback_html, feedback_markdown, gradebook_csv, review_notebook
+from .exports import (
+    GradebookRow,
+    canvas_csv,
+    exercises_csv,
+    feedback_html,
+    feedback_markdown,
+    gradebook_csv,
+    gradescope_csv,
+    moodle_csv,
+    review_notebook,
+)
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
 from .points import Points
 from .results import NotebookResult, points_text, printable
@@ -479,6 +491,10 @@ def _write_outputs(store: Store, submissions: list[Submission], skipped: list[Sk
     rows = gradebook_rows(submissions, skipped, results)
     _write_atomic(store.out / "gradebook.csv", gradebook_csv(rows, notebooks, max_points, points.late_penalty))
     _write_atomic(store.out / "exercises.csv", exercises_csv(rows, notebooks))
+    _write_atomic(store.out / "canvas.csv", canvas_csv(rows, notebooks, max_points, points.late_penalty))
+    _write_atomic(store.out / "moodle.csv", moodle_csv(rows, notebooks, points.late_penalty))
+    for notebook in notebooks:
+        _write_atomic(store.out / f"gradescope_{notebook}.csv", gradescope_csv(rows, notebook, points.late_penalty))
     lines = [json.dumps({"student": student, **r.as_dict()}) for (student, _), r in sorted(results.items())]
     _write_atomic(store.out / "results.jsonl", "\n".join(lines) + "\n")
     table = summary_table(by_student, notebooks)
