@@ -4,6 +4,8 @@ folder holding a student's modules. One class run (two chapters' references: the
 it under another chapter's name) serves most tests; the rest call the functions they test."""
 
 import argparse
+import csv
+import datetime
 import os
 import shutil
 import subprocess
@@ -227,6 +229,16 @@ def test_the_gradebook_imports_as_it_is(tmp_path, monkeypatch):
     assert rows[2:] == ["Ada Lovelace,1815,ada@example.org,1,1,,01_soft_lookup_exercises: 2026-11-20 10:00:00 +0000",
                         "Alan Turing,1912,alan@example.org,1,1,,01_soft_lookup_exercises: 2026-11-20 10:00:00 +0000",
                         "hopper,4242,,0.5,0.5,01_soft_lookup_exercises,"]
+    notebook = Path(NAME).stem
+    assert (out / "canvas.csv").read_text(encoding="utf-8").splitlines() == [
+        f"Student,ID,SIS User ID,SIS Login ID,Section,{notebook}", "Points Possible,,,,,1",
+        "Ada Lovelace,1815,,,,1", "Alan Turing,1912,,,,1", "hopper,4242,,,,0.5"]
+    assert (out / "moodle.csv").read_text(encoding="utf-8").splitlines() == [
+        f"Full name,ID number,Email address,{notebook}", "Ada Lovelace,1815,ada@example.org,1",
+        "Alan Turing,1912,alan@example.org,1", "hopper,4242,,0.5"]
+    assert (out / f"gradescope_{notebook}.csv").read_text(encoding="utf-8").splitlines() == [
+        "Name,SID,Email,Total Score", "Ada Lovelace,1815,ada@example.org,1", "Alan Turing,1912,alan@example.org,1",
+        "hopper,4242,,0.5"]
     stats = (out / "exercises.csv").read_text(encoding="utf-8").splitlines()
     assert stats[0] == "student,id,01_soft_lookup_exercises:1"
     assert stats[-2:] == ["mean points,,1", "passed (share),,1.00"]
@@ -236,3 +248,27 @@ def test_the_gradebook_imports_as_it_is(tmp_path, monkeypatch):
         ["visible", "visible"]
     with pytest.raises(ValueError, match="hidden_visibility: expected one of"):
         Points.from_dict({"hidden_visibility": "never"})
+
+
+def test_a_gradescope_submission_after_the_points_files_due_time_is_late(tmp_path, monkeypatch):
+    """Gradescope's export has no late flag of its own, only each submission's time (it was kept and never
+    compared): the points file's ``due`` (a date-time with its offset) makes a later submission late, and the
+    late penalty applies; one before it, or a time that cannot be read, is not late."""
+    folder, out = tmp_path / "download", tmp_path / "out"
+    metadata = []
+    for key, name, when in [("submission_1", "Early", "2026-11-20 09:59:59 -0800"),
+                            ("submission_2", "Late", "2026-11-20 10:00:01.5 -0800"),
+                            ("submission_3", "Unreadable", "yesterday")]:
+        (folder / key).mkdir(parents=True)
+        shutil.copy(DATA / "exercises" / NAME, folder / key / NAME)
+        metadata.append(f"{key}:\n  :created_at: {when}\n  :submitters:\n  - :name: {name}\n    :sid: '{key[-1]}'\n")
+    (folder / "submission_metadata.yml").write_text("".join(metadata), encoding="utf-8")
+    (tmp_path / "points.toml").write_text("late_penalty = 0.5\ndue = 2026-11-20T18:00:00Z\n", encoding="utf-8")
+    _fake_grader(monkeypatch, failing=set())
+    assert classroom.main([str(folder), "--out", str(out), "--solutions", str(DATA / "solutions"), "--points",
+                           str(tmp_path / "points.toml")]) == 0
+    rows = {row[0]: row for row in csv.reader((out / "gradebook.csv").open(encoding="utf-8"))}
+    assert [rows[name][3:6] for name in ("Early", "Late", "Unreadable")] == \
+        [["1", "1", ""], ["0.5", "0.5", Path(NAME).stem], ["1", "1", ""]]
+    with pytest.raises(ValueError, match="due: expected a date-time with its offset"):
+        Points.from_dict({"due": datetime.datetime(2026, 11, 20, 18)})  # a naive time: which zone?

@@ -21,12 +21,15 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
 * ``feedback/STUDENT/NOTEBOOK.md`` and ``.html``: what the student gets back (:mod:`.exports`);
 * ``review/STUDENT/NOTEBOOK.ipynb``: the submission annotated with the grader's verdicts after each check cell and
   the errors after each cell that raised, for a manual review (its outputs are the ones the student saved);
-* ``gradebook.csv``: one row per person (a group submission: one per member) with the LMS's id and e-mail where
-  its download gives them (Canvas's user id from its file names, Gradescope's student id and e-mail from
-  ``submission_metadata.yml``), one column per notebook (its points; a late notebook, marked by Canvas's ``_LATE_``,
-  loses the points file's ``late_penalty`` share), a total, the notebooks submitted late and Gradescope's submission
-  times; ``exercises.csv``: one row per person, one column per exercise, and each exercise's mean points and share
-  passed; ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table printed at the end).
+* ``gradebook.csv``: one row per person (a group submission: one per member) with the LMS's id and e-mail where its
+  download gives them (Canvas's user id from its file names, Gradescope's student id and e-mail from
+  ``submission_metadata.yml``), one column per notebook (its points; a late notebook, marked by Canvas's ``_LATE_``, or
+  a Gradescope submission after the points file's ``due``, loses its ``late_penalty`` share), a total, the notebooks
+  submitted late and Gradescope's submission times; ``exercises.csv``: one row per person, one column per exercise, and
+  each exercise's mean points and share passed; ``canvas.csv``, ``moodle.csv`` and ``gradescope_NOTEBOOK.csv``: the same
+  points in each LMS's own import format (:func:`.exports.canvas_csv`, :func:`.exports.moodle_csv`,
+  :func:`.exports.gradescope_csv`); ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table
+  printed at the end).
 
 Progress goes to stderr, one line per submission with the time it took and an estimate of the time left.
 
@@ -54,13 +57,24 @@ import stat
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
 
 from .canonical import AUTO, MAX_NOTEBOOK_BYTES, Reference, default_reference, find_reference, plan, read_notebook
 from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
-from .exports import GradebookRow, exercises_csv, feedback_html, feedback_markdown, gradebook_csv, review_notebook
+from .exports import (
+    GradebookRow,
+    canvas_csv,
+    exercises_csv,
+    feedback_html,
+    feedback_markdown,
+    gradebook_csv,
+    gradescope_csv,
+    moodle_csv,
+    review_notebook,
+)
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
 from .points import Points
 from .results import NotebookResult, points_text, printable
@@ -91,7 +105,7 @@ class Submission:
     path: Path  # the student's file
     reference: Path  # the solution notebook it is graded against
     members: list[Member] = field(default_factory=list)  # a group submission: every member gets the grade
-    late: bool = False  # Canvas's _LATE_ marker
+    late: bool = False  # Canvas's _LATE_ marker, or Gradescope's time after the points file's due
     submitted_at: str = ""  # Gradescope's submission time
 
     @property
@@ -172,6 +186,18 @@ def _candidates(entry: Path, metadata: dict, skipped: list[Skipped]) -> list[tup
         skipped.append(Skipped(entry, "not a submission: expected STUDENT/NOTEBOOK.ipynb or Canvas's "
                                "STUDENT_ID_ID_NOTEBOOK.ipynb"))
     return []
+
+
+def submitted_after(submitted_at: str, due) -> bool:
+    """Whether Gradescope's submission time (``2026-11-20 10:00:00 -0800``, as its export writes it) is after
+    ``due`` (the points file's, None: no due time); a time that cannot be read is not late."""
+    if not due or not submitted_at:
+        return False
+    try:
+        when = datetime.fromisoformat(re.sub(r"\s+(?=[+-]\d\d:?\d\d$)", "", submitted_at.strip()))
+    except ValueError:
+        return False
+    return when.tzinfo is not None and when > due
 
 
 def find_submissions(folder: Path, reference) -> tuple[list[Submission], list[Skipped]]:
@@ -380,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     points = load_points(parser, args)
     try:
         submissions, skipped = find_submissions(Path(args.submissions), args.reference)
+        for s in submissions:
+            s.late = s.late or submitted_after(s.submitted_at, points.due)
         store = Store(Path(args.out))
         args.regrade = _regrade(args.regrade, submissions)
         args.seed = store.seed(args.seed, args.regrade is True)
@@ -479,6 +507,10 @@ def _write_outputs(store: Store, submissions: list[Submission], skipped: list[Sk
     rows = gradebook_rows(submissions, skipped, results)
     _write_atomic(store.out / "gradebook.csv", gradebook_csv(rows, notebooks, max_points, points.late_penalty))
     _write_atomic(store.out / "exercises.csv", exercises_csv(rows, notebooks))
+    _write_atomic(store.out / "canvas.csv", canvas_csv(rows, notebooks, max_points, points.late_penalty))
+    _write_atomic(store.out / "moodle.csv", moodle_csv(rows, notebooks, points.late_penalty))
+    for notebook in notebooks:
+        _write_atomic(store.out / f"gradescope_{notebook}.csv", gradescope_csv(rows, notebook, points.late_penalty))
     lines = [json.dumps({"student": student, **r.as_dict()}) for (student, _), r in sorted(results.items())]
     _write_atomic(store.out / "results.jsonl", "\n".join(lines) + "\n")
     table = summary_table(by_student, notebooks)

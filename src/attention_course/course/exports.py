@@ -156,6 +156,56 @@ def gradebook_csv(rows: list[GradebookRow], notebooks: list[str], max_points: di
     return buf.getvalue()
 
 
+def _person_rows(rows: list[GradebookRow], notebooks: list[str], late_penalty: float):
+    """(row, [points or None per notebook]) sorted by name: the cells every LMS export shares."""
+    for row in sorted(rows, key=lambda r: (r.name, r.id)):
+        yield row, [row.points(n, late_penalty) for n in notebooks]
+
+
+def _points_cells(cells: list) -> list[str]:
+    return ["" if c is None else points_text(c) for c in cells]
+
+
+def canvas_csv(rows: list[GradebookRow], notebooks: list[str], max_points: dict[str, float],
+               late_penalty: float = 0.0) -> str:
+    """Canvas's gradebook import: ``Student``, ``ID`` (Canvas's user id, from its download's file names),
+    ``SIS User ID``, ``SIS Login ID``, ``Section``, then one column per notebook titled with its name (Canvas
+    creates an assignment of that name on the first import; its own export then titles it ``NAME (assignment id)``)
+    and a ``Points Possible`` row second. An empty cell leaves Canvas's grade as it is (not submitted)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
+                     *notebooks])
+    writer.writerow(["Points Possible", "", "", "", "", *(points_text(max_points.get(n)) for n in notebooks)])
+    for row, cells in _person_rows(rows, notebooks, late_penalty):
+        writer.writerow([_csv_cell(row.name), _csv_cell(row.id), "", "", "", *_points_cells(cells)])
+    return buf.getvalue()
+
+
+def moodle_csv(rows: list[GradebookRow], notebooks: list[str], late_penalty: float = 0.0) -> str:
+    """Moodle's grade import from a CSV file: one header row, no points row (Moodle would read it as a user), a
+    user identified by ``Email address`` or ``ID number`` (chosen in its import form), one column per notebook
+    mapped to a grade item there."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["Full name", "ID number", "Email address", *notebooks])
+    for row, cells in _person_rows(rows, notebooks, late_penalty):
+        writer.writerow([_csv_cell(row.name), _csv_cell(row.id), _csv_cell(row.email), *_points_cells(cells)])
+    return buf.getvalue()
+
+
+def gradescope_csv(rows: list[GradebookRow], notebook: str, late_penalty: float = 0.0) -> str:
+    """Gradescope's score upload for one assignment: ``Name``, ``SID``, ``Email`` (Gradescope matches the e-mail
+    or the SID of its roster) and ``Total Score``; people who did not submit the notebook are left out."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["Name", "SID", "Email", "Total Score"])
+    for row, (points,) in _person_rows(rows, [notebook], late_penalty):
+        if points is not None:
+            writer.writerow([_csv_cell(row.name), _csv_cell(row.id), _csv_cell(row.email), points_text(points)])
+    return buf.getvalue()
+
+
 def exercises_csv(rows: list[GradebookRow], notebooks: list[str]) -> str:
     """One row per person, one column per exercise (``NOTEBOOK:N``, its points; empty: not graded), then a row of
     each exercise's mean points and one of the share of graded submissions that passed it (as Otter's

@@ -10,6 +10,7 @@ An instructor overrides points without editing a notebook in one TOML file (``--
 
     hidden_share = 0.5              # optional: the hidden cases' share of every exercise that has them
     late_penalty = 0.1              # optional: the share of a late notebook's points taken off (default 0)
+    due = 2026-11-20T23:59:00Z      # optional: a Gradescope submission made after it is late (with its offset)
     hidden_visibility = "after_published"  # optional: when Gradescope shows the hidden cases' tests
 
     [levels]                        # optional: the points of each level
@@ -33,6 +34,7 @@ import functools
 import math
 import tomllib
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from .exercises import LEVELS
@@ -66,6 +68,7 @@ class Points:
     source: str | None = None  # the file read, for messages
     late_penalty: float = 0.0  # the share of a late notebook's points taken off in the gradebook
     hidden_visibility: str = "after_published"  # when Gradescope shows a student their hidden cases' tests
+    due: datetime | None = None  # a submission time after it is late (Canvas marks its late files itself)
 
     @classmethod
     def load(cls, path: str | Path) -> Points:
@@ -81,10 +84,12 @@ class Points:
     @classmethod
     def from_dict(cls, data: dict, source: str = "points") -> Points:
         points = cls(source=source)
-        unknown = set(data) - {"levels", "hidden_share", "notebooks", "late_penalty", "hidden_visibility"}
+        unknown = set(data) - {"levels", "hidden_share", "notebooks", "late_penalty", "hidden_visibility", "due"}
         if unknown:
             raise PointsError(f"{source}: unknown key(s) {', '.join(sorted(unknown))} (expected levels, "
-                              "hidden_share, late_penalty, hidden_visibility, notebooks)")
+                              "hidden_share, late_penalty, hidden_visibility, due, notebooks)")
+        if "due" in data:
+            points.due = _due(data["due"], f"{source} due")
         if "late_penalty" in data:
             points.late_penalty = _number(data["late_penalty"], f"{source} late_penalty", 1)
         if "hidden_visibility" in data:
@@ -227,3 +232,12 @@ def score(passed: bool, public_passed: bool | None, points: float, share: float)
     if passed:
         return points
     return points * (1 - share) if public_passed else 0.0
+
+
+def _due(value, where: str) -> datetime:
+    """The due time: a TOML date-time with its offset (``2026-11-20T23:59:00Z``): without one, the time of which
+    zone would be a guess."""
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise PointsError(f"{where}: expected a date-time with its offset, e.g. 2026-11-20T23:59:00Z or "
+                          f"2026-11-20T23:59:00-08:00, got {value!r}")
+    return value
