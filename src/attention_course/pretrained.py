@@ -20,7 +20,6 @@ are the induction test of Olsson et al. (2022) on a real model.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import io
 import json
@@ -29,6 +28,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 
 import torch
@@ -107,7 +107,7 @@ def cached_model_folder() -> Path:
     try:
         # transformers' GGUF reader draws its own tqdm bars on stderr (not behind its progress-bar switch): a
         # notebook that builds the cache on a fresh machine must store the same outputs as one that finds it.
-        with quiet_progress_bars(), contextlib.redirect_stderr(io.StringIO()):
+        with quiet_progress_bars(), redirect_stderr(io.StringIO()):
             dequantise(source, partial)
         try:
             partial.rename(final)
@@ -131,7 +131,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     return tokenizer, model.eval()
 
 
-@contextlib.contextmanager
+@contextmanager
 def quiet_progress_bars() -> Iterator[None]:
     """Run the body with transformers' progress bars off, then restore the setting."""
     from transformers.utils import logging
@@ -178,7 +178,7 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return [layer.self_attn for layer in model.model.layers]
 
 
-@contextlib.contextmanager
+@contextmanager
 def ablated_heads(model: nn.Module, heads: list[tuple[int, int]]) -> Iterator[nn.Module]:
     """Run the body with the given (layer, head) pairs switched off: each head's slice of its layer's merged
     heads (B, T, H * Dh) is zeroed before the output projection ``o_proj``, as the GPT's ``head_mask`` does."""
