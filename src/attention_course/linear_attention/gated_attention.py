@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..modern.attention import ModernAttention, check_hf_module, copy_linear
+from ..interop.hf import check_hf_module, copy_linear
+from ..modern.attention import ModernAttention
 from ..modern.rope_scaling import rope_from_config
 from ..positions import RotaryTable, rotate
 

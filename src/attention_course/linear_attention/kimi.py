@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modern.attention import check_hf_module
+from ..interop.hf import check_hf_module
 from .layer import GatedDeltaNet
 from .rules import gated_delta_recurrent
 

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 
 from ..block import RMSNorm
 from ..heads import merge_heads
+from ..interop.hf import check_hf_module
 from ..kv_cache import Cache
-from ..modern.attention import check_hf_module
 from ..validation import check_floating, check_int, check_rank
 from .rules import gated_delta_chunked, gated_delta_recurrent, normalize_qk
 

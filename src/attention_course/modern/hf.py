@@ -17,6 +17,7 @@ import importlib
 import torch
 from torch import Tensor
 
+from ..interop.hf import hf_window
 from ..linear_attention.gated_attention import Qwen3NextAttention
 from . import families
 from .mla import MultiHeadLatentAttention
@@ -70,14 +71,6 @@ def random_weights(layer: torch.nn.Module, *, seed: int, dtype, scale: float = 0
         for p in layer.parameters():
             p.copy_(scale * torch.randn(p.shape, generator=generator))
     return layer.to(dtype).eval()
-
-
-def hf_window(layer) -> int | None:
-    """The window the model's mask builder would give this layer (None: plain causal)."""
-    window = getattr(layer, "sliding_window", None)  # set on layers of models that mix layer types
-    if window is None and not hasattr(layer, "layer_type"):  # Mistral: one window for every layer
-        window = getattr(layer.config, "sliding_window", None)
-    return window
 
 
 def hf_forward(layer, x: Tensor, positions: Tensor | None = None) -> Tensor:

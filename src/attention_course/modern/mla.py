@@ -20,10 +20,11 @@ import torch
 from torch import Tensor, nn
 
 from ..block import RMSNorm
+from ..interop.hf import check_hf_module, copy_linear
 from ..kv_cache import Cache
 from ..positions import KeepsRopeFrequencies, RotaryTable, check_pairing, inverse_frequencies, rope_table, rotate
 from ..validation import check_int
-from .attention import attend, check_hf_module, check_layer_input, copy_linear, layer_mask, layer_positions
+from .attention import attend, check_layer_input, layer_mask, layer_positions
 from .rope_scaling import rope_from_config
 
 
