@@ -1,24 +1,37 @@
 """The course's side of Hugging Face ``transformers``: the helpers every ``from_hf`` shares.
 
-``transformers`` is imported only when a conversion needs it (:func:`hf_class`): the course runs without it.
+``transformers`` is imported only when a conversion needs it (:meth:`HFTwin.load`): the course runs without it.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
 from torch import nn
 
 
-def hf_class(path: str):
-    """The transformers class ``"module.Class"`` (imported only when a conversion needs it)."""
-    module, name = path.rsplit(".", 1)
-    return getattr(importlib.import_module(f"transformers.models.{module}"), name)
+@dataclass(frozen=True)
+class HFTwin:
+    """The transformers class a course class mirrors (each such class holds one as ``hf_twin``).
+
+    ``module`` is its module under ``transformers.models``, ``name`` the class; ``config`` and ``rotary`` name the
+    config and rotary-embedding classes that build and run one layer of it offline (chapter 14's reference).
+    """
+
+    module: str
+    name: str
+    config: str | None = None
+    rotary: str | None = None
+
+    def load(self, name: str | None = None):
+        """The transformers class ``name`` (default: the twin itself) of this module, imported only now."""
+        return getattr(importlib.import_module(f"transformers.models.{self.module}"), name or self.name)
 
 
 def check_hf_module(cls, module) -> None:
     """Raise TypeError unless module is the transformers class that ``cls`` mirrors."""
-    expected = hf_class(cls.hf_class)
+    expected = cls.hf_twin.load()
     if not isinstance(module, expected):
         raise TypeError(
             f"{cls.__name__}.from_hf mirrors transformers' {expected.__name__}, got "

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..block import RMSNorm
 from ..functional import masked_softmax
-from ..interop.hf import check_hf_module, copy_linear, hf_window
+from ..interop.hf import HFTwin, check_hf_module, copy_linear, hf_window
 from ..kv_cache import Cache, expand_kv
 from ..masks import causal_mask, sliding_window_mask
 from ..positions import KeepsRopeFrequencies, RotaryTable, check_pairing, inverse_frequencies, rope_table, rotate
@@ -110,7 +110,7 @@ class ModernAttention(KeepsRopeFrequencies):
         softcap, window, qk_norm_eps: off when None; ``sinks=True`` adds one learned logit per head.
     """
 
-    hf_class = ""  # "module.Class" in transformers.models, set by each model's subclass
+    hf_twin: HFTwin | None = None  # the transformers class it mirrors, set by each model's subclass
 
     def __init__(
         self, d_model: int, num_heads: int, num_kv_heads: int | None = None, head_dim: int | None = None, *,
