@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHMARKS = ["bench_peak", "bench_mha_block", "bench_attention_core", "bench_blockwise_memory", "bench_kv_cache",
               "bench_keras", "bench_training", "bench_flex", "bench_triton", "bench_linear_attention",
-              "bench_serving"]  # fmt: skip
+              "bench_serving", "bench_decode_hf"]  # fmt: skip
 GPU_CHECK = (  # the one script to run on a GPU machine: checks, then bench_triton
     "On a GPU machine run `python benchmarks/gpu_check.py` (`--quick`: timings at T <= 4096 and Dh = 64 only). It "
     "first checks chapter 16's kernels on the GPU (outputs and the three gradients against float64 SDPA, in "
@@ -43,6 +43,7 @@ TITLES = {
     "bench_triton": "FlashAttention in Triton (chapter 16) vs SDPA's flash backend, on a GPU (B=8, H=16)",
     "bench_linear_attention": "Gated delta rule: chunked form vs token loop vs SDPA causal (H=8, Dk=Dv=64, chunk 64)",
     "bench_serving": "Serving (chapter 18): continuous vs static batching, paged waste, shared prefix, speculative",
+    "bench_decode_hf": "Greedy decoding against Hugging Face on the StarCoder2 twin: sequential and paged",
 }
 
 NOTES = {
@@ -125,6 +126,14 @@ NOTES = {
         "averaged over every step. The speculative row: a 6-layer target and its first 2 layers as the draft, "
         "k = 3; with this random target the acceptance is low and the wall-clock speed-up is below 1 on the CPU "
         "(the verify pass and the draft's passes cost more than the passes saved); counted target passes fall."
+    ),
+    "bench_decode_hf": (
+        "The same random 4-layer GPT (D=128, H=4, H_kv=2, RoPE) and its StarCoder2 twin (`serving.hf`); both give "
+        "the same greedy tokens (checked first). First table: 4 prompts of 32 tokens decoded one at a time, "
+        "64 new tokens each, `GPT.generate` against HF `generate` (SDPA both). Second: the 4 prompts served "
+        "together on a paged cache, the course's `serving.Engine` (blocks of 16) against HF `generate_batch` "
+        "(attention \"paged|eager\"); a decode step is the median engine step after the prefill (HF's timed in its "
+        "background thread), the fastest over the rounds. Aten ops: torch.profiler over one decode step of each."
     ),
 }
 

@@ -49,7 +49,7 @@ def test_cached_decode_equals_full_forward_and_transformers(family):
     for case in range(2):
         config, layer_idx = draw(family, rng)
         hf = build_hf_attention(family, layer_idx, seed=case, **config)
-        ours = modern.hf.FAMILIES[family][-1].from_hf(hf)
+        ours = modern.hf.FAMILIES[family].from_hf(hf)
         b, t, prefill = int(rng.integers(1, 3)), int(rng.integers(9, 12)), int(rng.integers(1, 5))
         x = torch.from_numpy(rng.standard_normal((b, t, config["hidden_size"])))
         window = getattr(ours, "window", None)

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from .block import RMSNorm, SwiGLU, residual
+from .interop.hf import copy_linear
 from .kv_cache import Cache, KVCache
-from .modern.attention import copy_linear
 from .modern.families import LlamaAttention
 from .validation import INTEGER_DTYPES, check_int, check_rank
 

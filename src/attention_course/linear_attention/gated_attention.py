@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..modern.attention import ModernAttention, check_hf_module, copy_linear
+from ..interop.hf import HFTwin, check_hf_module, copy_linear
+from ..modern.attention import ModernAttention
 from ..modern.rope_scaling import rope_from_config
 from ..positions import RotaryTable, rotate
 
@@ -23,7 +24,8 @@ class Qwen3NextAttention(ModernAttention):
     ``inv_freq`` of length R/2 rotates only the first R features of each head (R < Dh: partial RoPE).
     """
 
-    hf_class = "qwen3_next.modeling_qwen3_next.Qwen3NextAttention"
+    hf_twin = HFTwin("qwen3_next.modeling_qwen3_next", "Qwen3NextAttention", "Qwen3NextConfig",
+                     "Qwen3NextRotaryEmbedding")
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, head_dim: int | None = None,
                  **options):

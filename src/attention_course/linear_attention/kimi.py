@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modern.attention import check_hf_module
+from ..interop.hf import HFTwin, check_hf_module
 from .layer import GatedDeltaNet
 from .rules import gated_delta_recurrent
 
@@ -28,7 +28,7 @@ from .rules import gated_delta_recurrent
 class KimiDeltaAttention(GatedDeltaNet):
     """Kimi Linear's KDA layer: (B, T, D) -> (B, T, D), H heads of Dk = Dv = ``head_dim``."""
 
-    hf_class = "kimi_linear.modeling_kimi_linear.KimiLinearDeltaAttention"
+    hf_twin = HFTwin("kimi_linear.modeling_kimi_linear", "KimiLinearDeltaAttention")
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int, *, conv_kernel: int = 4, eps: float = 1e-6):
         super().__init__(d_model, num_heads, num_heads, head_dim, head_dim, conv_kernel=conv_kernel, eps=eps)

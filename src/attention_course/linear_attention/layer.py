@@ -21,8 +21,8 @@ from torch import Tensor, nn
 
 from ..block import RMSNorm
 from ..heads import merge_heads
+from ..interop.hf import HFTwin, check_hf_module
 from ..kv_cache import Cache
-from ..modern.attention import check_hf_module
 from ..validation import check_floating, check_int, check_rank
 from .rules import gated_delta_chunked, gated_delta_recurrent, normalize_qk
 
@@ -55,7 +55,7 @@ class GatedDeltaNet(nn.Module):
         chunk_size: of the chunked form that :meth:`forward` uses (the result does not depend on it).
     """
 
-    hf_class = "qwen3_next.modeling_qwen3_next.Qwen3NextGatedDeltaNet"
+    hf_twin = HFTwin("qwen3_next.modeling_qwen3_next", "Qwen3NextGatedDeltaNet")
 
     def __init__(self, d_model: int, num_k_heads: int, num_v_heads: int, k_head_dim: int, v_head_dim: int, *,
                  conv_kernel: int = 4, eps: float = 1e-6, chunk_size: int = 64):

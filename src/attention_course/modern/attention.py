@@ -18,7 +18,6 @@ only reads its Hugging Face configuration in ``from_hf``.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import torch
@@ -26,6 +25,7 @@ from torch import Tensor, nn
 
 from ..block import RMSNorm
 from ..functional import masked_softmax
+from ..interop.hf import HFTwin, check_hf_module, copy_linear, hf_window
 from ..kv_cache import Cache, expand_kv
 from ..masks import causal_mask, sliding_window_mask
 from ..positions import KeepsRopeFrequencies, RotaryTable, check_pairing, inverse_frequencies, rope_table, rotate
@@ -94,29 +94,6 @@ def layer_mask(t_q: int, t_k: int, device, cache: Cache | None, layer: int, wind
     return sliding_window_mask(t_q, t_k, window, device=device)
 
 
-def hf_class(path: str):
-    """The transformers class ``"module.Class"`` (imported only when a conversion needs it)."""
-    module, name = path.rsplit(".", 1)
-    return getattr(importlib.import_module(f"transformers.models.{module}"), name)
-
-
-def check_hf_module(cls, module) -> None:
-    """Raise TypeError unless module is the transformers class that ``cls`` mirrors."""
-    expected = hf_class(cls.hf_class)
-    if not isinstance(module, expected):
-        raise TypeError(
-            f"{cls.__name__}.from_hf mirrors transformers' {expected.__name__}, got "
-            f"{type(module).__module__}.{type(module).__name__}"
-        )
-
-
-def copy_linear(target: nn.Linear, source: nn.Linear) -> None:
-    """Copy an nn.Linear's weight and bias (shapes must agree)."""
-    target.weight.data.copy_(source.weight.data)
-    if source.bias is not None:
-        target.bias.data.copy_(source.bias.data)
-
-
 class ModernAttention(KeepsRopeFrequencies):
     """Causal self-attention with GQA, RoPE and the options of today's open models (see the module docstring).
 
@@ -133,7 +110,7 @@ class ModernAttention(KeepsRopeFrequencies):
         softcap, window, qk_norm_eps: off when None; ``sinks=True`` adds one learned logit per head.
     """
 
-    hf_class = ""  # "module.Class" in transformers.models, set by each model's subclass
+    hf_twin: HFTwin | None = None  # the transformers class it mirrors, set by each model's subclass
 
     def __init__(
         self, d_model: int, num_heads: int, num_kv_heads: int | None = None, head_dim: int | None = None, *,
@@ -229,7 +206,7 @@ class ModernAttention(KeepsRopeFrequencies):
         return dict(
             d_model=config.hidden_size, num_heads=config.num_attention_heads,
             num_kv_heads=config.num_key_value_heads, head_dim=module.head_dim, bias=module.q_proj.bias is not None,
-            inv_freq=inv_freq, rope_factor=factor, scale=module.scaling, window=layer_window(module),
+            inv_freq=inv_freq, rope_factor=factor, scale=module.scaling, window=hf_window(module),
         )
 
     @classmethod
@@ -261,17 +238,3 @@ class ModernAttention(KeepsRopeFrequencies):
     def norm_weight(norm: nn.Module) -> Tensor:
         """The scale an HF RMSNorm applies (Llama and Qwen store it as is; Gemma stores it minus 1)."""
         return norm.weight.data
-
-
-def layer_window(module) -> int | None:
-    """The window of an HF attention layer: ``config.sliding_window`` where the layer is a sliding one.
-
-    Models that mix layer types name each layer in ``config.layer_types``; Mistral, which has none, applies its
-    window (if any) to every layer.
-    """
-    config = module.config
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is None:
-        return window
-    return window if layer_types[module.layer_idx] == "sliding_attention" else None

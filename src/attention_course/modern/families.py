@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from ..interop.hf import HFTwin
 from .attention import ModernAttention
 from .rope_scaling import rope_from_config
 
@@ -15,19 +16,19 @@ from .rope_scaling import rope_from_config
 class LlamaAttention(ModernAttention):
     """Llama 3: grouped-query attention, RoPE in the halves pairing, ``rope_type="llama3"`` for long context."""
 
-    hf_class = "llama.modeling_llama.LlamaAttention"
+    hf_twin = HFTwin("llama.modeling_llama", "LlamaAttention", "LlamaConfig", "LlamaRotaryEmbedding")
 
 
 class MistralAttention(ModernAttention):
     """Mistral 7B: Llama's attention with a sliding window on every layer (``config.sliding_window``)."""
 
-    hf_class = "mistral.modeling_mistral.MistralAttention"
+    hf_twin = HFTwin("mistral.modeling_mistral", "MistralAttention", "MistralConfig", "MistralRotaryEmbedding")
 
 
 class Qwen3Attention(ModernAttention):
     """Qwen3: RMSNorm of each head's queries and keys (QK-norm) before RoPE; head_dim set apart from D / H."""
 
-    hf_class = "qwen3.modeling_qwen3.Qwen3Attention"
+    hf_twin = HFTwin("qwen3.modeling_qwen3", "Qwen3Attention", "Qwen3Config", "Qwen3RotaryEmbedding")
 
     @classmethod
     def options_from_hf(cls, module) -> dict:
@@ -37,7 +38,7 @@ class Qwen3Attention(ModernAttention):
 class Gemma2Attention(ModernAttention):
     """Gemma 2: scores scaled by ``query_pre_attn_scalar ** -0.5``, soft-capped; local and global layers."""
 
-    hf_class = "gemma2.modeling_gemma2.Gemma2Attention"
+    hf_twin = HFTwin("gemma2.modeling_gemma2", "Gemma2Attention", "Gemma2Config", "Gemma2RotaryEmbedding")
 
     @classmethod
     def options_from_hf(cls, module) -> dict:
@@ -47,7 +48,7 @@ class Gemma2Attention(ModernAttention):
 class Gemma3Attention(ModernAttention):
     """Gemma 3: QK-norm replaces soft-capping; five local layers per global one, each with its own RoPE base."""
 
-    hf_class = "gemma3.modeling_gemma3.Gemma3Attention"
+    hf_twin = HFTwin("gemma3.modeling_gemma3", "Gemma3Attention", "Gemma3TextConfig", "Gemma3RotaryEmbedding")
 
     @classmethod
     def options_from_hf(cls, module) -> dict:
@@ -69,7 +70,7 @@ class Gemma3Attention(ModernAttention):
 class GptOssAttention(ModernAttention):
     """GPT-OSS: a learned sink logit per head, sliding and full layers alternating, YaRN RoPE by default."""
 
-    hf_class = "gpt_oss.modeling_gpt_oss.GptOssAttention"
+    hf_twin = HFTwin("gpt_oss.modeling_gpt_oss", "GptOssAttention", "GptOssConfig", "GptOssRotaryEmbedding")
 
     @classmethod
     def options_from_hf(cls, module) -> dict:

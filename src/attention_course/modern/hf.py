@@ -17,35 +17,28 @@ import importlib
 import torch
 from torch import Tensor
 
+from ..interop.hf import hf_window
 from ..linear_attention.gated_attention import Qwen3NextAttention
 from . import families
 from .mla import MultiHeadLatentAttention
 
-# family -> (transformers module, config class, attention class, rotary embedding class, course class)
+# family -> the course class that mirrors its attention layer (its ``hf_twin`` names the transformers classes)
 FAMILIES = {
-    "llama": ("llama.modeling_llama", "LlamaConfig", "LlamaAttention", "LlamaRotaryEmbedding", families.LlamaAttention),
-    "mistral": ("mistral.modeling_mistral", "MistralConfig", "MistralAttention", "MistralRotaryEmbedding",
-                families.MistralAttention),
-    "qwen3": ("qwen3.modeling_qwen3", "Qwen3Config", "Qwen3Attention", "Qwen3RotaryEmbedding", families.Qwen3Attention),
-    "gemma2": ("gemma2.modeling_gemma2", "Gemma2Config", "Gemma2Attention", "Gemma2RotaryEmbedding",
-               families.Gemma2Attention),
-    "gemma3": ("gemma3.modeling_gemma3", "Gemma3TextConfig", "Gemma3Attention", "Gemma3RotaryEmbedding",
-               families.Gemma3Attention),
-    "gpt_oss": ("gpt_oss.modeling_gpt_oss", "GptOssConfig", "GptOssAttention", "GptOssRotaryEmbedding",
-                families.GptOssAttention),
-    "deepseek_v3": ("deepseek_v3.modeling_deepseek_v3", "DeepseekV3Config", "DeepseekV3Attention",
-                    "DeepseekV3RotaryEmbedding", MultiHeadLatentAttention),
-    "qwen3_next": ("qwen3_next.modeling_qwen3_next", "Qwen3NextConfig", "Qwen3NextAttention",
-                   "Qwen3NextRotaryEmbedding", Qwen3NextAttention),  # chapter 17: gated attention
+    "llama": families.LlamaAttention,
+    "mistral": families.MistralAttention,
+    "qwen3": families.Qwen3Attention,
+    "gemma2": families.Gemma2Attention,
+    "gemma3": families.Gemma3Attention,
+    "gpt_oss": families.GptOssAttention,
+    "deepseek_v3": MultiHeadLatentAttention,
+    "qwen3_next": Qwen3NextAttention,  # chapter 17: gated attention
 }
 
 
-def _family(family: str):
+def _twin(family: str):
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {sorted(FAMILIES)}, got family={family!r}")
-    module, *names, course_class = FAMILIES[family]
-    hf_module = importlib.import_module(f"transformers.models.{module}")
-    return hf_module, names, course_class
+    return FAMILIES[family].hf_twin
 
 
 def build_hf_attention(family: str, layer_idx: int = 0, *, dtype=torch.float64, seed: int = 0, **config):
@@ -55,12 +48,12 @@ def build_hf_attention(family: str, layer_idx: int = 0, *, dtype=torch.float64, 
     ``layer_idx + 1`` unless ``layer_types`` says otherwise. Random sinks and norm weights make those options
     visible (HF initialises norm weights to one, Gemma's to zero, which would hide a wrong norm).
     """
-    hf_module, (config_name, attention_name, _), _ = _family(family)
+    twin = _twin(family)
     config.setdefault("num_hidden_layers", len(config.get("layer_types") or ()) or layer_idx + 1)
-    hf_config = getattr(importlib.import_module("transformers"), config_name)(
+    hf_config = getattr(importlib.import_module("transformers"), twin.config)(
         intermediate_size=8, vocab_size=16, attn_implementation="eager", **config
     )
-    return random_weights(getattr(hf_module, attention_name)(hf_config, layer_idx), seed=seed, dtype=dtype)
+    return random_weights(twin.load()(hf_config, layer_idx), seed=seed, dtype=dtype)
 
 
 def random_weights(layer: torch.nn.Module, *, seed: int, dtype, scale: float = 0.3) -> torch.nn.Module:
@@ -70,14 +63,6 @@ def random_weights(layer: torch.nn.Module, *, seed: int, dtype, scale: float = 0
         for p in layer.parameters():
             p.copy_(scale * torch.randn(p.shape, generator=generator))
     return layer.to(dtype).eval()
-
-
-def hf_window(layer) -> int | None:
-    """The window the model's mask builder would give this layer (None: plain causal)."""
-    window = getattr(layer, "sliding_window", None)  # set on layers of models that mix layer types
-    if window is None and not hasattr(layer, "layer_type"):  # Mistral: one window for every layer
-        window = getattr(layer.config, "sliding_window", None)
-    return window
 
 
 def hf_forward(layer, x: Tensor, positions: Tensor | None = None) -> Tensor:
@@ -106,13 +91,13 @@ def hf_decode(layer, x: Tensor, prefill: int) -> Tensor:
 
 def _hf_call(layer, x: Tensor, position_ids: Tensor, t_k: int, cache=None) -> Tensor:
     """One call of an HF layer: its model's rotary cos/sin and an additive (B, 1, Tq, Tk) bottom-right mask."""
-    family = next((f for f, (_, _, name, _, _) in FAMILIES.items() if type(layer).__name__ == name), None)
+    family = next((f for f, cls in FAMILIES.items() if type(layer).__name__ == cls.hf_twin.name), None)
     if family is None:
         raise TypeError(f"layer must be one of the transformers attention classes of {sorted(FAMILIES)}, "
                         f"got {type(layer).__name__}")
-    hf_module, (_, _, rotary_name), _ = _family(family)
+    twin = _twin(family)
     b, t_q, _ = x.shape
-    rotary = getattr(hf_module, rotary_name)(layer.config)
+    rotary = twin.load(twin.rotary)(layer.config)
     rotary_args = (layer.layer_type,) if family == "gemma3" else ()
     cos, sin = rotary(x, position_ids, *rotary_args)
     i, j = torch.arange(t_q)[:, None] + (t_k - t_q), torch.arange(t_k)[None, :]

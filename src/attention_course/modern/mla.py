@@ -20,10 +20,11 @@ import torch
 from torch import Tensor, nn
 
 from ..block import RMSNorm
+from ..interop.hf import HFTwin, check_hf_module, copy_linear
 from ..kv_cache import Cache
 from ..positions import KeepsRopeFrequencies, RotaryTable, check_pairing, inverse_frequencies, rope_table, rotate
 from ..validation import check_int
-from .attention import attend, check_hf_module, check_layer_input, copy_linear, layer_mask, layer_positions
+from .attention import attend, check_layer_input, layer_mask, layer_positions
 from .rope_scaling import rope_from_config
 
 
@@ -40,7 +41,8 @@ class MultiHeadLatentAttention(KeepsRopeFrequencies):
         scale: score scale, default 1 / sqrt(N + R).
     """
 
-    hf_class = "deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention"
+    hf_twin = HFTwin("deepseek_v3.modeling_deepseek_v3", "DeepseekV3Attention", "DeepseekV3Config",
+                     "DeepseekV3RotaryEmbedding")
 
     def __init__(
         self, d_model: int, num_heads: int, *, q_lora_rank: int | None, kv_lora_rank: int, qk_nope_head_dim: int,
