@@ -169,6 +169,36 @@ tp_f_differentiable_all_reduce = _tp(dist_nn.all_reduce, SumRight)  # f sums the
 tp_no_all_reduce = _tp(CopyRight, lambda x: x)
 
 
+def _sum_of_two(x):
+    """A sum written for two processes: gathers every rank's tensor, adds the first two."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return parts[0] + parts[1]
+
+
+class CopyTwoRanks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _sum_of_two(grad)
+
+
+class SumTwoRanks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _sum_of_two(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+tp_sum_of_two_ranks = _tp(CopyTwoRanks, SumTwoRanks)  # right on 2 processes, wrong on 3
+
+
 def tp_returns_output_only(query, key, value, grad_out, num_heads, world_size, seed):
     return tp_right(query, key, value, grad_out, num_heads, world_size, seed)[0]
 
@@ -179,12 +209,12 @@ def test_simulated_mistakes_are_distinct_and_the_right_flags_give_one_process():
     from attention_course.checks import distributed as d
 
     rng = np.random.default_rng(0)
-    query, key, value, grad_out = d._copy_sum_inputs(rng, 2, 5, 7, 16, 12, 10)
-    mha = d._copy_sum_module(query, key, value, 4, 3)
-    ref = d._copy_sum_reference(mha, (query, key, value), grad_out, 2)
-    right = d._copy_sum_simulated(mha, (query, key, value), grad_out, 2, False, True, True, False)
+    query, key, value, grad_out = d._copy_sum_inputs(rng, 2, 5, 7, 12, 9, 10)
+    mha = d._copy_sum_module(query, key, value, 3, 3)  # 3 processes: a sum of two ranks is wrong there
+    ref = d._copy_sum_reference(mha, (query, key, value), grad_out, 3)
+    right = d._copy_sum_simulated(mha, (query, key, value), grad_out, 3, False, True, True, False)
     np.testing.assert_allclose(right, ref, atol=1e-12, rtol=0)
-    wrong = [d._copy_sum_simulated(mha, (query, key, value), grad_out, 2, *flags) for _, flags in
+    wrong = [d._copy_sum_simulated(mha, (query, key, value), grad_out, 3, *flags) for _, flags in
              d._COPY_SUM_MISTAKES]
     for i, a in enumerate([ref, *wrong]):
         for b in [ref, *wrong][i + 1:]:
@@ -220,6 +250,7 @@ PLANTED = [
     (checks.check_copy_and_sum, tp_f_differentiable_all_reduce, "f-forward-reduced"),
     (checks.check_copy_and_sum, tp_no_all_reduce, "g-forward-not-reduced"),
     (checks.check_copy_and_sum, tp_returns_output_only, "wrong-type"),
+    (checks.check_copy_and_sum, tp_sum_of_two_ranks, "sum-of-two-ranks"),
     (checks.check_row_parallel_output, row_parallel_sum_heads_first, "allreduce-before-output-projection"),
     (checks.check_row_parallel_output, row_parallel_bias_per_rank, "tp-bias-per-rank"),
     (checks.check_row_parallel_output, row_parallel_rows_of_weight, "row-parallel-wrong-slice"),

@@ -648,6 +648,11 @@ mistake("f-and-g-swapped", "tensor parallelism: f and g swapped (all-reduce of t
         "Your f and g are swapped: f (before the heads) is the identity forward and an all-reduce backward; g "
         "(after the output projection) is an all-reduce forward and the identity backward.",
         chapter=13, topic="distributed")
+mistake("sum-of-two-ranks", "tensor parallelism: f or g adds two ranks' parts, right on 2 processes only",
+        "Your output and input gradients equal one process's on 2 processes but not on 3: they are what a sum of "
+        "the first two ranks' parts gives. Look at how many ranks your f's backward and g's forward add, and "
+        "whether that number depends on the world size.",
+        chapter=13, topic="distributed")
 
 # ==================================================================================================================
 # Chapter 14: attention in today's open models

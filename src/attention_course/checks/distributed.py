@@ -141,7 +141,8 @@ def check_zigzag_layout(fn, *, timeout: float = DEFAULT_TIMEOUT):
 # ----------------------------------------------------------------------------------------------------------
 
 # (B, Tq, Tk, D, kdim, vdim, H, P, seed): cross-attention with Tq != Tk and key/value widths != D, and one square
-_COPY_SUM_CASES = [(2, 5, 7, 16, 12, 10, 4, 2, 3), (1, 6, 6, 12, 12, 12, 2, 2, 7)]
+# and 3 processes (a sum written for two ranks is right at P = 2 only)
+_COPY_SUM_CASES = [(2, 5, 7, 16, 12, 10, 4, 2, 3), (1, 6, 6, 12, 12, 12, 3, 3, 7)]
 _COPY_SUM_ATOL = 1e-10  # float64: two processes and one sum the same numbers in a different order
 
 
@@ -169,18 +170,20 @@ def _copy_sum_reference(mha, inputs, grad_out, world_size) -> np.ndarray:
                  [g.expand(world_size, *g.shape).numpy() for g in grads])
 
 
-def _copy_sum_simulated(mha, inputs, grad_out, world_size, f_fwd, f_bwd, g_fwd, g_bwd) -> np.ndarray:
+def _copy_sum_simulated(mha, inputs, grad_out, world_size, f_fwd, f_bwd, g_fwd, g_bwd, summed=None) -> np.ndarray:
     """What the ranks return when f all-reduces forward (``f_fwd``) and/or backward (``f_bwd``), and g forward
-    (``g_fwd``) and/or backward (``g_bwd``), simulated in one process (right: ``f_bwd`` and ``g_fwd`` only)."""
+    (``g_fwd``) and/or backward (``g_bwd``), simulated in one process (right: ``f_bwd`` and ``g_fwd`` only); with
+    ``summed``, the reductions add the first ``summed`` ranks' parts only (a sum written for that many ranks)."""
     p = world_size
+    summed = p if summed is None else summed
     shards = [TensorParallelAttention(mha, r, p) for r in range(p)]
     ins = [[(x * p if f_fwd else x).detach().requires_grad_(True) for x in inputs] for _ in range(p)]
     partials = [shard.partial_output(*xs) for shard, xs in zip(shards, ins, strict=True)]  # (B, Tq, D) each
-    total = sum(part.detach() for part in partials)
+    total = sum(part.detach() for part in partials[:summed])
     outs = [(total if g_fwd else part.detach()) + mha.w_o.bias.detach() for part in partials]
     local = [torch.autograd.grad(part, xs, grad_out * (p if g_bwd else 1))
              for part, xs in zip(partials, ins, strict=True)]
-    grads = [[sum(rank[i] for rank in local) if f_bwd else local[r][i] for r in range(p)] for i in range(3)]
+    grads = [[sum(rank[i] for rank in local[:summed]) if f_bwd else local[r][i] for r in range(p)] for i in range(3)]
     return _flat([torch.stack(outs).numpy()] + [torch.stack(g).numpy() for g in grads])
 
 
@@ -190,6 +193,7 @@ _COPY_SUM_MISTAKES = [  # code, what the operators do: (f forward, f backward, g
     ("g-forward-not-reduced", (False, True, False, False)),
     ("f-forward-reduced", (True, True, True, False)),
     ("f-and-g-swapped", (True, False, False, True)),
+    ("sum-of-two-ranks", (False, True, True, False, 2)),
 ]
 
 
@@ -198,7 +202,8 @@ def check_copy_and_sum(fn, *, timeout: float = 60.0):
     grad_value)``, each with a leading axis of one entry per rank: tensor-parallel attention run on
     ``world_size`` real processes with the student's f and g (``demos.run_copy_and_sum`` does the running).
     Every rank's output and input gradients must equal one process's. Diagnoses ``[f-backward-not-reduced]``,
-    ``[g-backward-reduced]``, ``[g-forward-not-reduced]``, ``[f-forward-reduced]`` and ``[f-and-g-swapped]``.
+    ``[g-backward-reduced]``, ``[g-forward-not-reduced]``, ``[f-forward-reduced]``, ``[f-and-g-swapped]`` and,
+    on 3 processes, ``[sum-of-two-ranks]`` (a sum that adds two ranks' parts, right on 2 processes only).
     """
     label = "tp_on_processes"
 
