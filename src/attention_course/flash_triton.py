@@ -35,6 +35,7 @@ import sys
 
 import torch
 
+from . import functional
 from .validation import check_attention_inputs, check_floating, check_int, check_lengths, check_tensor
 
 
@@ -508,7 +509,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
 
 def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, block_m: int | None = None,
                    block_n: int | None = None, *, window: int | None = None,
-                   key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   key_lengths: torch.Tensor | None = None,
+                   dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels: (dQ, dK, dV) from the inputs, the output ``o``, its ``lse`` and the output's
     gradient ``do`` (B, Hq, Tq, Dv). Three launches: D = rowsum(dO * O), then dK and dV per key tile (summed over
     the query heads of its group), then dQ per query tile (two kernels rather than one, so that no two programs
@@ -517,7 +519,8 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, block_m: int | 
     The kernels write each gradient with the strides of the tensor it is the gradient of, so every tensor is made
     contiguous first and each gradient allocated like it: a view (a slice of a fused QKV, of the head dimension, an
     expanded or transposed tensor) is never written through. Autograd then maps the gradients back to the views'
-    bases (summing an expanded tensor's gradient over its copies)."""
+    bases (summing an expanded tensor's gradient over its copies). ``dlse`` (B, Hq, Tq), the gradient of the
+    log-sum-exp where it is an output too (sinks): d lse / d S = P, so it enters as D - dlse."""
     check_flash_inputs(q, k, v, is_causal, window, key_lengths)
     q, k, v, o, lse, do = (x.contiguous() for x in (q, k, v, o, lse, do))
     args, constants = _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n)
@@ -526,6 +529,8 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, block_m: int | 
     d = torch.empty((b, h, t_q), dtype=torch.float32, device=q.device)
     _backward_d_kernel[(triton.cdiv(t_q, bm), b * h)](o, do, d, t_q, h, *_strides(o), BLOCK_M=bm, D_V=d_v,
                                                        BLOCK_DV=constants["BLOCK_DV"])
+    if dlse is not None:
+        d = d - dlse.float()
     dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do))
     _backward_dkdv_kernel[(triton.cdiv(k.shape[2], bn), b * k.shape[1])](q, k, v, do, lse, d, dk, dv, *args,
@@ -564,6 +569,41 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     rows that may attend no key give 0.
     """
     return FlashAttentionFunction.apply(q, k, v, is_causal, block_m, block_n, window, key_lengths)
+
+
+
+def triton_backend(q, k, v, mask, *, is_causal, scale, score_mod, dropout_p, need_lse):
+    """``functional.attend``'s backend "triton": (B, H, Tq, D) inputs through :func:`flash_attention`, with the
+    kernel's log-sum-exp (so ``return_lse`` and sinks work). Only ``is_causal`` or no mask: the kernel has no
+    general boolean mask, no score_mod and no dropout, and refuses them by name."""
+    for given, what in ((mask is not None, "a boolean mask (use is_causal, or flash_attention's window= and "
+                                           "key_lengths=)"),
+                        (score_mod is not None, "a score_mod"), (dropout_p > 0.0, "dropout")):
+        if given:
+            raise ValueError(f"backend 'triton' does not take {what}: use backend='eager', 'blockwise' or 'flex'")
+    # the kernel scales by 1 / sqrt(Dk): another scale goes into q (differentiable, and the lse follows it)
+    q = q * (scale * q.size(-1) ** 0.5) if scale != q.size(-1) ** -0.5 else q
+    out, lse = _FlashWithLse.apply(q, k, v, is_causal)
+    return out, None, (lse.to(q.dtype) if need_lse else None)
+
+
+class _FlashWithLse(torch.autograd.Function):
+    """The kernels with the log-sum-exp as a second, differentiable output (attend's sinks read it)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal):
+        o, lse = flash_forward(q, k, v, is_causal)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal = is_causal
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal, dlse=dlse)
+        return dq, dk, dv, None
 
 
 def key_range(start_m: int, t_q: int, t_k: int, block_m: int, block_n: int, is_causal: bool,
@@ -643,3 +683,6 @@ def gpu_benchmark_summary(path) -> list[str]:
     lines += [" | ".join(str(cell) for cell in row) for row in table["rows"]]
     lines += [f"{target}: {measured} ({verdict})" for target, measured, verdict in result["targets"]]
     return lines
+
+
+functional.register("triton", triton_backend)
