@@ -246,3 +246,45 @@ def test_modules_name_their_backend_when_built():
     eager = MultiHeadAttention(8, 2).double().eval()
     eager.load_state_dict(module.state_dict())
     assert (module(x, is_causal=True) - eager(x, is_causal=True)).abs().max() < 1e-12
+
+
+# ---------------------------------------------------------------- chapter 16's kernel as the backend "triton"
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("t_q,t_k", [(5, 5), (3, 9), (6, 3)])  # (6, 3) causal: the first 3 queries see no key
+def test_triton_backend_equals_eager_with_lse_sinks_and_gradients(is_causal, t_q, t_k):
+    """GQA-expanded keys (one key head viewed four times), Dv != Dk, a scale, sinks and the lse: outputs and all
+    three gradients (through the lse too) equal the eager backend's in float32."""
+    q, k, v = qkv(2, 4, t_q, t_k, d=16, d_v=8, seed=t_q + t_k, dtype=torch.float32)
+    k = k[:, :1].expand(2, 4, t_k, 16)
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(1))
+    weight = torch.arange(2 * 4 * t_q * 8).reshape(2, 4, t_q, 8).sin()
+    results = []
+    for backend in ("eager", "triton"):
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = attend(*x, is_causal=is_causal, scale=0.3, sinks=sinks, return_lse=True, backend=backend)
+        ((out * weight).sum() + torch.where(lse.isfinite(), lse, 0).sin().sum()).backward()
+        results.append([out, lse] + [t.grad for t in x])
+    for ours, eager in zip(results[1], results[0], strict=True):
+        assert torch.isfinite(ours).any() and not ours.isnan().any()
+        torch.testing.assert_close(ours, eager, atol=2e-5, rtol=1e-4)
+
+
+def test_triton_backend_without_lse_equals_sdpa():
+    q, k, v = qkv(1, 2, 7, 7, d=16, d_v=16, dtype=torch.float32)
+    out, extra = attend(q, k, v, is_causal=True, backend="triton")
+    assert extra is None
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("options,named", [
+    (dict(mask=torch.ones(4, 4, dtype=torch.bool)), "boolean mask"),
+    (dict(score_mod=softcap_mod(5.0)), "score_mod"),
+    (dict(dropout_p=0.1), "dropout"),
+])
+def test_triton_backend_refuses_what_the_kernel_cannot_do(options, named):
+    q, k, v = qkv(1, 2, 4, 4, d=16, d_v=16, dtype=torch.float32)
+    mask = options.pop("mask", None)
+    with pytest.raises(ValueError, match=f"backend 'triton' does not take .*{named}"):
+        attend(q, k, v, mask, backend="triton", **options)

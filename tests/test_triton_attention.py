@@ -20,7 +20,7 @@ ft = pytest.importorskip("attention_course.flash_triton", reason="Triton has whe
 
 from attention_course import flash_reference  # noqa: E402
 from attention_course.blockwise import blockwise_attention  # noqa: E402
-from attention_course.masks import causal_mask, padding_mask, sliding_window_mask  # noqa: E402
+from attention_course.masks import causal_mask, document_mask, padding_mask, sliding_window_mask  # noqa: E402
 
 ATOL = 3e-5  # float32 kernels against a float64 reference, sums of up to ~100 terms
 # the interpreter runs every program in Python: tiny shapes, few examples, no deadline; derandomized, so that a run
@@ -197,6 +197,14 @@ def qkv(shape=(1, 2, 8, 16), dtype=torch.float32):
     (qkv(), {"key_lengths": torch.tensor([1.0])}, TypeError, "lengths must be integers"),
     (qkv(), {"key_lengths": torch.tensor([1, 2])}, ValueError, "key_lengths must be (B,) = (1,)"),
     (qkv(), {"key_lengths": [3]}, TypeError, "key_lengths must be a torch.Tensor"),
+    (qkv(), {"key_ranges": (torch.zeros(1, 8, dtype=torch.long),)}, TypeError, "a pair (starts, ends)"),
+    (qkv(), {"key_ranges": (torch.zeros(1, 8), torch.ones(1, 8))}, TypeError, "starts must be an integer tensor"),
+    (qkv(), {"key_ranges": (torch.zeros(1, 7, dtype=torch.long), torch.ones(1, 8, dtype=torch.long))}, ValueError,
+     "starts must be (B, Tq) = (1, 8)"),
+    (qkv(), {"key_ranges": (torch.full((1, 8), 3), torch.full((1, 8), 2))}, ValueError,
+     "0 <= start <= end <= Tk = 8"),
+    (qkv(), {"key_ranges": (torch.zeros(1, 8, dtype=torch.long), torch.full((1, 8), 9))}, ValueError,
+     "0 <= start <= end <= Tk = 8"),
     (qkv(), {"block_m": 24}, ValueError, "block_m=24 is not supported"),
     (qkv(), {"block_n": 8}, ValueError, "block_n=8 is not supported"),
     (qkv(), {"block_m": 16.0}, TypeError, "block_m must be an int"),
@@ -340,7 +348,7 @@ def test_outputs_and_gradients_for_every_layout(layout):
 # ------------------------------------------------------------------------------------------------ GQA, sizes, masks
 
 
-def masked_sdpa(q, k, v, do, is_causal=False, window=None, key_lengths=None):
+def masked_sdpa(q, k, v, do, is_causal=False, window=None, key_lengths=None, doc_ids=None):
     """float64 SDPA on keys and values repeated over each group of query heads, with chapter 4's masks (and the
     sliding window of chapter 14); fully masked rows -> 0. The output and the gradients of q, k, v."""
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -354,6 +362,8 @@ def masked_sdpa(q, k, v, do, is_causal=False, window=None, key_lengths=None):
         mask = causal_mask(t_q, t_k)
     if key_lengths is not None:
         mask = mask & padding_mask(key_lengths, t_k)  # (B, 1, Tq, Tk)
+    if doc_ids is not None:
+        mask = mask & document_mask(doc_ids, t_q, causal=is_causal)  # (B, 1, Tq, Tk)
     out = F.scaled_dot_product_attention(leaves[0], k_rep, v_rep, attn_mask=mask).nan_to_num(0.0)
     out.backward(do)
     return out.detach(), [x.grad for x in leaves]
@@ -431,3 +441,78 @@ def test_memory_traffic_counts_each_matrix_it_moves():
     assert ft.memory_traffic(100, 64, 128)["tiled"] == (4 * 100 * 64) * 2 + 400  # one ragged tile: K, V once
     with pytest.raises(ValueError, match="block_m must be >= 1"):
         ft.memory_traffic(256, 64, 0)
+
+
+# ------------------------------------------------------------------------------------------------ packed documents
+
+
+@st.composite
+def document_cases(draw):
+    """Packed documents: random boundaries (a document of one token included, often), the queries the last Tq
+    positions (Tq <= Tk: the queries' documents are read at their positions), GQA groups, causal or not."""
+    b, h_kv, group = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    t_k = draw(st.integers(1, 40))
+    t_q = draw(st.integers(1, t_k))
+    rows = []
+    for _ in range(b):
+        sizes = draw(st.lists(st.sampled_from([1, 1, 2, 5, 9, 17, 40]), min_size=1, max_size=8))
+        ids = [doc for doc, size in enumerate(sizes) for _ in range(size)][:t_k]
+        rows.append(ids + [len(sizes)] * (t_k - len(ids)))  # the last document fills the row
+    blocks = draw(st.sampled_from([(16, 16), (16, 32), (32, 16)]))
+    return (b, h_kv, group, t_q, t_k), rows, draw(st.booleans()), blocks, draw(st.integers(0, 2**31 - 1))
+
+
+@PROPERTY
+@given(document_cases())
+def test_document_ranges_equal_sdpa_with_the_document_mask(case):
+    """key_ranges from document_ranges equal SDPA with masks.document_mask, output and dQ, dK, dV (float64
+    reference); a query whose document has no key up to it gets zeros, never NaN."""
+    (b, h_kv, group, t_q, t_k), rows, is_causal, blocks, seed = case
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h_kv * group, t_q, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(b, h_kv, t_k, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(b, h_kv, t_k, 8, generator=g, dtype=torch.float64)
+    do = torch.randn(b, h_kv * group, t_q, 8, generator=g, dtype=torch.float64)
+    doc_ids = torch.tensor(rows)
+    ref_out, ref_grads = masked_sdpa(q, k, v, do, is_causal, doc_ids=doc_ids)
+    out, grads = flash(q, k, v, do, is_causal, block_m=blocks[0], block_n=blocks[1],
+                       key_ranges=ft.document_ranges(doc_ids, t_q))
+    what = f"q {tuple(q.shape)}, k {tuple(k.shape)}, causal={is_causal}, documents {rows}"
+    assert_close(out, ref_out, f"output, {what}")
+    for name, ours, ref in zip("qkv", grads, ref_grads, strict=True):
+        assert_close(ours, ref, f"d{name}, {what}")
+
+
+def test_key_ranges_with_an_empty_range_and_a_window_give_zeros_not_nan():
+    """Hand-made ranges: query 0 attends nothing ([2, 2)), the others a range cut by a sliding window."""
+    g = torch.Generator().manual_seed(3)
+    q, do = (torch.randn(1, 2, 20, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, 2, 20, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    starts = torch.tensor([[2] + [3] * 19])
+    ends = torch.tensor([[2] + [15] * 19])
+    out, grads = flash(q, k, v, do, True, block_m=16, block_n=16, window=6, key_ranges=(starts, ends))
+    allowed = (torch.arange(20) >= starts[0, :, None]) & (torch.arange(20) < ends[0, :, None])
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*leaves, attn_mask=allowed & sliding_window_mask(20, 20, 6)).nan_to_num(0.0)
+    ref.backward(do)
+    assert not out.isnan().any() and bool((out[0, :, 0] == 0).all())
+    assert_close(out, ref.detach(), "output")
+    for name, ours, leaf in zip("qkv", grads, leaves, strict=True):
+        assert_close(ours, leaf.grad, f"d{name}")
+
+
+@pytest.mark.parametrize(("doc_ids", "t_q", "error", "words"), [
+    (torch.tensor([[0, 0, 1]]), 4, ValueError, "t_q=4 is longer than the 3 document ids"),
+    (torch.tensor([[0, 1, 0]]), None, ValueError, "nondecreasing along each row"),
+    (torch.tensor([0, 1, 1]), None, ValueError, "doc_ids must be (B, Tk)"),
+    (torch.tensor([[0.0, 1.0]]), None, TypeError, "doc_ids must be an integer tensor"),
+])
+def test_document_ranges_refuse_bad_ids(doc_ids, t_q, error, words):
+    with pytest.raises(error) as info:
+        ft.document_ranges(doc_ids, t_q)
+    assert words in str(info.value)
+
+
+def test_document_ranges_are_each_querys_document():
+    starts, ends = ft.document_ranges(torch.tensor([[0, 0, 0, 1, 2, 2]]), 4)
+    assert starts.tolist() == [[0, 3, 4, 4]] and ends.tolist() == [[3, 4, 6, 6]]

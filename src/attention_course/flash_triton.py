@@ -35,6 +35,8 @@ import sys
 
 import torch
 
+from . import functional
+from .masks import check_doc_ids
 from .validation import check_attention_inputs, check_floating, check_int, check_lengths, check_tensor
 
 
@@ -120,16 +122,20 @@ def _online_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _visible(rows, cols, T_Q, T_K, length, window, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+def _visible(rows, cols, T_Q, T_K, length, window, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+             start=0, end=0, HAS_RANGES: tl.constexpr = False):
     """True where query ``rows`` may attend key ``cols`` (broadcast against each other: (BM, 1) and (1, BN), or
     transposed): both inside their sequence, the key before this batch row's ``length``, and, causal, at most the
-    query's position ``rows + T_K - T_Q`` (bottom-right), within ``window`` of it for a sliding window."""
+    query's position ``rows + T_K - T_Q`` (bottom-right), within ``window`` of it for a sliding window, and in
+    the row's own key range [start, end) (a document), broadcast like ``rows``."""
     position = rows + T_K - T_Q
     ok = (rows < T_Q) & (cols < length)
     if IS_CAUSAL:
         ok = ok & (cols <= position)
     if HAS_WINDOW:
         ok = ok & (cols > position - window)
+    if HAS_RANGES:
+        ok = ok & (cols >= start) & (cols < end)
     return ok
 
 
@@ -158,6 +164,27 @@ def _key_range(start_m, T_Q, T_K, length, window, IS_CAUSAL: tl.constexpr, HAS_W
 
 
 @triton.jit
+def _row_ranges(STARTS, ENDS, b, offs_m, T_Q):
+    """The key range [start, end) of each query row (BM,) of batch row b; rows past T_Q get the empty [0, 0)."""
+    inside = offs_m < T_Q
+    return (tl.load(STARTS + b * T_Q + offs_m, mask=inside, other=0),
+            tl.load(ENDS + b * T_Q + offs_m, mask=inside, other=0))
+
+
+@triton.jit
+def _narrow(lo, full_lo, full_hi, hi, start, end, offs_m, T_Q, T_K, BLOCK_N: tl.constexpr):
+    """Narrow a query tile's key tiles to its rows' ranges: nothing before the smallest start or from the largest
+    end on is loaded, and only tiles inside every row's [start, end) go unmasked."""
+    inside = offs_m < T_Q
+    lo = tl.maximum(lo, (tl.min(tl.where(inside, start, T_K), 0) // BLOCK_N) * BLOCK_N)
+    hi = tl.minimum(hi, tl.max(tl.where(inside, end, 0), 0))
+    full_lo = tl.maximum(full_lo, tl.cdiv(tl.max(tl.where(inside, start, 0), 0), BLOCK_N) * BLOCK_N)
+    full_lo = tl.maximum(full_lo, lo)
+    full_hi = tl.maximum(tl.minimum(full_hi, (tl.min(tl.where(inside, end, T_K), 0) // BLOCK_N) * BLOCK_N), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
 def _load(ptrs, rows_ok, offs_d, D: tl.constexpr, BLOCK_D: tl.constexpr):
     """A tile (R, BLOCK_D) of rows: zeros where ``rows_ok`` (R, 1) is False and in the features D .. BLOCK_D - 1
     that pad a head size to a power of two (zeros change no dot product)."""
@@ -168,12 +195,12 @@ def _load(ptrs, rows_ok, offs_d, D: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(Q, K, V, O, LSE, LENS, scale, window, T_Q, T_K, H, GROUP,
+def _forward_kernel(Q, K, V, O, LSE, LENS, STARTS, ENDS, scale, window, T_Q, T_K, H, GROUP,
                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
                     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_LENGTHS: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_K: tl.constexpr, D_V: tl.constexpr,
-                    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+                    HAS_RANGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_K: tl.constexpr,
+                    D_V: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M  # this program's query tile ...
     bh = tl.program_id(1)  # ... of this (batch, query head)
     b, h = bh // H, bh % H
@@ -195,6 +222,10 @@ def _forward_kernel(Q, K, V, O, LSE, LENS, scale, window, T_Q, T_K, H, GROUP,
 
     lo, full_lo, full_hi, hi = _key_range(start_m, T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW,
                                           BLOCK_M, BLOCK_N)
+    start, end = offs_m * 0, offs_m * 0
+    if HAS_RANGES:
+        start, end = _row_ranges(STARTS, ENDS, b, offs_m, T_Q)
+        lo, full_lo, full_hi, hi = _narrow(lo, full_lo, full_hi, hi, start, end, offs_m, T_Q, T_K, BLOCK_N)
     every = offs_n[:, None] < BLOCK_N  # (BN, 1) all True: the unmasked tiles lie inside the keys
     for start_n in range(full_lo, full_hi, BLOCK_N):  # tiles every row sees whole: no mask
         k = _load(k_ptrs + start_n * stride_kt, every, offs_dk, D_K, BLOCK_DK)
@@ -209,7 +240,8 @@ def _forward_kernel(Q, K, V, O, LSE, LENS, scale, window, T_Q, T_K, H, GROUP,
             k = _load(k_ptrs + start_n * stride_kt, cols[:, None] < T_K, offs_dk, D_K, BLOCK_DK)
             v = _load(v_ptrs + start_n * stride_vt, cols[:, None] < T_K, offs_dv, D_V, BLOCK_DV)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            visible = _visible(offs_m[:, None], cols[None, :], T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW)
+            visible = _visible(offs_m[:, None], cols[None, :], T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW,
+                               start[:, None], end[:, None], HAS_RANGES)
             s = tl.where(visible, s, float("-inf"))
             m_i, l_i, acc = _online_step(s, v, m_i, l_i, acc, PRECISION)
 
@@ -266,12 +298,12 @@ def _query_range(start_n, T_Q, T_K, length, window, IS_CAUSAL: tl.constexpr, HAS
 
 
 @triton.jit
-def _backward_dkdv_kernel(Q, K, V, DO, LSE, D, DK, DV, LENS, scale, window, T_Q, T_K, H, GROUP,
+def _backward_dkdv_kernel(Q, K, V, DO, LSE, D, DK, DV, LENS, STARTS, ENDS, scale, window, T_Q, T_K, H, GROUP,
                           stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                           stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
                           IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_LENGTHS: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_K: tl.constexpr, D_V: tl.constexpr,
-                          BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+                          HAS_RANGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_K: tl.constexpr,
+                          D_V: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """One program per (key tile, batch * key/value head): dK and dV of its BLOCK_N keys, summed over the GROUP
     query heads that share them and every query tile that may see them. Computed transposed, (BN, BM), so that
     the key rows stay rows. DK and DV are written with K's and V's strides: the launcher makes them equal."""
@@ -303,8 +335,11 @@ def _backward_dkdv_kernel(Q, K, V, DO, LSE, D, DK, DV, LENS, scale, window, T_Q,
                        rows[:, None] < T_Q, offs_dv, D_V, BLOCK_DV)
             lse = tl.load(LSE + bh * T_Q + rows, mask=rows < T_Q, other=0.0)
             d = tl.load(D + bh * T_Q + rows, mask=rows < T_Q, other=0.0)
+            start, end = rows * 0, rows * 0
+            if HAS_RANGES:  # every query tile of the mask's range is visited: ranges narrow only the forward's
+                start, end = _row_ranges(STARTS, ENDS, b, rows, T_Q)
             visible = _visible(rows[None, :], offs_n[:, None], T_Q, T_K, length, window, IS_CAUSAL,
-                               HAS_WINDOW)  # (BN, BM)
+                               HAS_WINDOW, start[None, :], end[None, :], HAS_RANGES)  # (BN, BM)
             s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale  # (BN, BM) = S^T
             p_t = _recompute_p(s_t, lse[None, :], visible)
             dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)  # dV = P^T dO
@@ -321,12 +356,12 @@ def _backward_dkdv_kernel(Q, K, V, DO, LSE, D, DK, DV, LENS, scale, window, T_Q,
 
 
 @triton.jit
-def _backward_dq_kernel(Q, K, V, DO, LSE, D, DQ, LENS, scale, window, T_Q, T_K, H, GROUP,
+def _backward_dq_kernel(Q, K, V, DO, LSE, D, DQ, LENS, STARTS, ENDS, scale, window, T_Q, T_K, H, GROUP,
                         stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                         stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
                         IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_LENGTHS: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_K: tl.constexpr, D_V: tl.constexpr,
-                        BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+                        HAS_RANGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_K: tl.constexpr,
+                        D_V: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """One program per (query tile, batch * query head): dQ = scale * dS K over the key tiles its rows may see
     (the forward's range, every tile masked). DQ is written with Q's strides: the launcher makes them equal."""
     start_m = tl.program_id(0) * BLOCK_M
@@ -350,13 +385,18 @@ def _backward_dq_kernel(Q, K, V, DO, LSE, D, DQ, LENS, scale, window, T_Q, T_K, 
 
     lo, full_lo, full_hi, hi = _key_range(start_m, T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW,
                                           BLOCK_M, BLOCK_N)
+    start, end = offs_m * 0, offs_m * 0
+    if HAS_RANGES:
+        start, end = _row_ranges(STARTS, ENDS, b, offs_m, T_Q)
+        lo, full_lo, full_hi, hi = _narrow(lo, full_lo, full_hi, hi, start, end, offs_m, T_Q, T_K, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k = _load(K + b * stride_kb + h_kv * stride_kh + cols[:, None] * stride_kt + offs_dk[None, :],
                   cols[:, None] < T_K, offs_dk, D_K, BLOCK_DK)
         v = _load(V + b * stride_vb + h_kv * stride_vh + cols[:, None] * stride_vt + offs_dv[None, :],
                   cols[:, None] < T_K, offs_dv, D_V, BLOCK_DV)
-        visible = _visible(offs_m[:, None], cols[None, :], T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW)
+        visible = _visible(offs_m[:, None], cols[None, :], T_Q, T_K, length, window, IS_CAUSAL, HAS_WINDOW,
+                           start[:, None], end[:, None], HAS_RANGES)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BM, BN)
         p = _recompute_p(s, lse[:, None], visible)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dP = dO V^T
@@ -380,7 +420,8 @@ def _power_of_two_in(value, allowed, name: str, why: str) -> int:
 
 
 def check_flash_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                       window: int | None = None, key_lengths: torch.Tensor | None = None) -> None:
+                       window: int | None = None, key_lengths: torch.Tensor | None = None,
+                       key_ranges: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Raise, naming the problem, unless q (B, Hq, Tq, Dk), k (B, Hkv, Tk, Dk), v (B, Hkv, Tk, Dv) and the mask's
     arguments are what the kernels handle.
 
@@ -429,6 +470,26 @@ def check_flash_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
         if key_lengths.shape[0] != q.shape[0] or key_lengths.device != q.device:
             raise ValueError(f"key_lengths must be (B,) = ({q.shape[0]},) on {q.device}, got "
                              f"{tuple(key_lengths.shape)} on {key_lengths.device}")
+    if key_ranges is not None:
+        check_key_ranges(key_ranges, q, k.shape[2])
+
+
+def check_key_ranges(key_ranges, q: torch.Tensor, t_k: int) -> None:
+    """Raise unless ``key_ranges`` is (starts, ends), integer tensors (B, Tq) on q's device, 0 <= start <= end <=
+    Tk (an empty range is a query that attends nothing)."""
+    if not isinstance(key_ranges, tuple | list) or len(key_ranges) != 2:
+        raise TypeError("key_ranges must be a pair (starts, ends) of (B, Tq) integer tensors")
+    shape = (q.shape[0], q.shape[2])
+    for name, r in zip(("starts", "ends"), key_ranges, strict=True):
+        check_tensor(r, f"key_ranges' {name}")
+        if r.dtype.is_floating_point or r.dtype.is_complex or r.dtype == torch.bool:
+            raise TypeError(f"key_ranges' {name} must be an integer tensor, got {r.dtype}")
+        if tuple(r.shape) != shape or r.device != q.device:
+            raise ValueError(f"key_ranges' {name} must be (B, Tq) = {shape} on {q.device}, got {tuple(r.shape)} "
+                             f"on {r.device}")
+    starts, ends = key_ranges
+    if bool((starts < 0).any()) or bool((ends > t_k).any()) or bool((starts > ends).any()):
+        raise ValueError(f"key_ranges must hold 0 <= start <= end <= Tk = {t_k} for every query")
 
 
 def _blocks(block_m, block_n, head_dim: int) -> tuple[int, int]:
@@ -464,15 +525,18 @@ def _precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None
 
 
-def _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n) -> tuple[tuple, dict]:
-    """What every kernel takes besides its tensors: (lengths, scale, window, Tq, Tk, Hq, group) and the
+def _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n, key_ranges=None) -> tuple[tuple, dict]:
+    """What every kernel takes besides its tensors: (lengths, starts, ends, scale, window, Tq, Tk, Hq, group) and the
     compile-time constants (the mask's kind, the tiles, the head sizes and their padded blocks)."""
     d_k, d_v = q.shape[-1], v.shape[-1]
     bm, bn = _blocks(block_m, block_n, max(d_k, d_v))
     lengths = q.new_zeros(1, dtype=torch.int32) if key_lengths is None else key_lengths.to(torch.int32)
-    args = (lengths, d_k**-0.5, 0 if window is None else window, q.shape[2], k.shape[2], q.shape[1],
+    starts, ends = ((lengths, lengths) if key_ranges is None
+                    else tuple(r.to(torch.int32).contiguous() for r in key_ranges))  # (B, Tq) each
+    args = (lengths, starts, ends, d_k**-0.5, 0 if window is None else window, q.shape[2], k.shape[2], q.shape[1],
             q.shape[1] // k.shape[1])
     constants = dict(IS_CAUSAL=bool(is_causal), HAS_WINDOW=window is not None, HAS_LENGTHS=key_lengths is not None,
+                     HAS_RANGES=key_ranges is not None,
                      BLOCK_M=bm, BLOCK_N=bn, D_K=d_k, BLOCK_DK=_padded(d_k), D_V=d_v, BLOCK_DV=_padded(d_v),
                      PRECISION=_precision(q.dtype),
                      **_launch_options(max(d_k, d_v), q.dtype))
@@ -486,17 +550,21 @@ def _padded(head_dim: int) -> int:
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
                   block_m: int | None = None, block_n: int | None = None, *, window: int | None = None,
-                  key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  key_lengths: torch.Tensor | None = None,
+                  key_ranges: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel: the output (B, Hq, Tq, Dv) and the log-sum-exp of each row (B, Hq, Tq), float32.
 
     q (B, Hq, Tq, Dk), k (B, Hkv, Tk, Dk), v (B, Hkv, Tk, Dv). Masks: ``is_causal`` bottom-right aligned (query i
     may attend key j iff j <= i' = i + Tk - Tq); ``window`` (with ``is_causal``): also j > i' - window;
-    ``key_lengths`` (B,): batch row b attends only its first key_lengths[b] keys. A row that may attend no key
-    gets output 0 and lse -inf.
+    ``key_lengths`` (B,): batch row b attends only its first key_lengths[b] keys; ``key_ranges`` = (starts, ends),
+    (B, Tq) each: query i of row b attends only keys starts[b, i] <= j < ends[b, i] (packed documents: the range
+    of its document, :func:`document_ranges`). A query tile loads only the key tiles in [min start, max end) of
+    its rows, so packed documents skip each other's tiles. A row that may attend no key gets output 0 and lse
+    -inf.
     """
-    check_flash_inputs(q, k, v, is_causal, window, key_lengths)
+    check_flash_inputs(q, k, v, is_causal, window, key_lengths, key_ranges)
     q, k, v = (_contiguous_rows(x) for x in (q, k, v))
-    args, constants = _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n)
+    args, constants = _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n, key_ranges)
     b, h, t_q, d_v = *q.shape[:3], v.shape[-1]
     o = torch.empty((b, h, t_q, d_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, t_q), dtype=torch.float32, device=q.device)
@@ -508,7 +576,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
 
 def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, block_m: int | None = None,
                    block_n: int | None = None, *, window: int | None = None,
-                   key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   key_lengths: torch.Tensor | None = None, key_ranges=None,
+                   dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels: (dQ, dK, dV) from the inputs, the output ``o``, its ``lse`` and the output's
     gradient ``do`` (B, Hq, Tq, Dv). Three launches: D = rowsum(dO * O), then dK and dV per key tile (summed over
     the query heads of its group), then dQ per query tile (two kernels rather than one, so that no two programs
@@ -517,15 +586,18 @@ def flash_backward(q, k, v, o, lse, do, is_causal: bool = False, block_m: int | 
     The kernels write each gradient with the strides of the tensor it is the gradient of, so every tensor is made
     contiguous first and each gradient allocated like it: a view (a slice of a fused QKV, of the head dimension, an
     expanded or transposed tensor) is never written through. Autograd then maps the gradients back to the views'
-    bases (summing an expanded tensor's gradient over its copies)."""
-    check_flash_inputs(q, k, v, is_causal, window, key_lengths)
+    bases (summing an expanded tensor's gradient over its copies). ``dlse`` (B, Hq, Tq), the gradient of the
+    log-sum-exp where it is an output too (sinks): d lse / d S = P, so it enters as D - dlse."""
+    check_flash_inputs(q, k, v, is_causal, window, key_lengths, key_ranges)
     q, k, v, o, lse, do = (x.contiguous() for x in (q, k, v, o, lse, do))
-    args, constants = _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n)
+    args, constants = _mask_args(q, k, v, is_causal, window, key_lengths, block_m, block_n, key_ranges)
     b, h, t_q, d_v = *q.shape[:3], v.shape[-1]
     bm, bn = constants["BLOCK_M"], constants["BLOCK_N"]
     d = torch.empty((b, h, t_q), dtype=torch.float32, device=q.device)
     _backward_d_kernel[(triton.cdiv(t_q, bm), b * h)](o, do, d, t_q, h, *_strides(o), BLOCK_M=bm, D_V=d_v,
                                                        BLOCK_DV=constants["BLOCK_DV"])
+    if dlse is not None:
+        d = d - dlse.float()
     dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do))
     _backward_dkdv_kernel[(triton.cdiv(k.shape[2], bn), b * k.shape[1])](q, k, v, do, lse, d, dk, dv, *args,
@@ -538,32 +610,90 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Autograd's view of the kernels: forward saves q, k, v, the output and the log-sum-exp (never P)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, block_m, block_n, window, key_lengths):
-        o, lse = flash_forward(q, k, v, is_causal, block_m, block_n, window=window, key_lengths=key_lengths)
+    def forward(ctx, q, k, v, is_causal, block_m, block_n, window, key_lengths, key_ranges=None):
+        o, lse = flash_forward(q, k, v, is_causal, block_m, block_n, window=window, key_lengths=key_lengths,
+                               key_ranges=key_ranges)
         ctx.save_for_backward(q, k, v, o, lse, key_lengths)
-        ctx.options = (is_causal, block_m, block_n, window)
+        ctx.options = (is_causal, block_m, block_n, window, key_ranges)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, key_lengths = ctx.saved_tensors
-        is_causal, block_m, block_n, window = ctx.options
+        is_causal, block_m, block_n, window, key_ranges = ctx.options
         dq, dk, dv = flash_backward(q, k, v, o, lse, do, is_causal, block_m, block_n, window=window,
-                                    key_lengths=key_lengths)
-        return dq, dk, dv, None, None, None, None, None
+                                    key_lengths=key_lengths, key_ranges=key_ranges)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
                     block_m: int | None = None, block_n: int | None = None, *, window: int | None = None,
-                    key_lengths: torch.Tensor | None = None) -> torch.Tensor:
+                    key_lengths: torch.Tensor | None = None,
+                    key_ranges: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Scaled dot-product attention (B, Hq, Tq, Dv) by the Triton kernels, differentiable in q, k and v.
 
     q (B, Hq, Tq, Dk), k (B, Hkv, Tk, Dk), v (B, Hkv, Tk, Dv), Hq a multiple of Hkv (GQA: query head h reads
     key/value head h // (Hq / Hkv), as SDPA's ``enable_gqa``). Equal to SDPA with the mask ``causal_mask`` (or
-    ``sliding_window_mask`` for a ``window``) combined with ``padding_mask(key_lengths)``, up to float rounding;
-    rows that may attend no key give 0.
+    ``sliding_window_mask`` for a ``window``) combined with ``padding_mask(key_lengths)`` and the ``key_ranges``
+    (documents: :func:`document_ranges`), up to float rounding; rows that may attend no key give 0.
     """
-    return FlashAttentionFunction.apply(q, k, v, is_causal, block_m, block_n, window, key_lengths)
+    return FlashAttentionFunction.apply(q, k, v, is_causal, block_m, block_n, window, key_lengths, key_ranges)
+
+
+def document_ranges(doc_ids: torch.Tensor, t_q: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``key_ranges`` of packed documents, as :func:`~attention_course.masks.document_mask`: ``doc_ids``
+    (B, Tk) the document of each key position, the queries the last ``t_q`` positions (default all). Query i
+    attends the keys [start, end) of its own document (with ``is_causal``, also only up to its position). The
+    documents must lie side by side in order (ids nondecreasing along a row): a document is one range."""
+    check_doc_ids(doc_ids)
+    if doc_ids.dim() != 2:
+        raise ValueError(f"doc_ids must be (B, Tk), got shape {tuple(doc_ids.shape)}")
+    t_k = doc_ids.shape[1]
+    t_q = t_k if t_q is None else t_q
+    check_int(t_q, "t_q")
+    if t_q > t_k:
+        raise ValueError(f"t_q={t_q} is longer than the {t_k} document ids: the queries are the last positions")
+    if bool((doc_ids[:, 1:] < doc_ids[:, :-1]).any()):
+        raise ValueError("doc_ids must be nondecreasing along each row: packed documents lie side by side, each "
+                         "one range of keys")
+    keys = doc_ids.contiguous()
+    queries = keys[:, t_k - t_q:].contiguous()  # (B, Tq) the document of each query, read at its position
+    return (torch.searchsorted(keys, queries), torch.searchsorted(keys, queries, right=True))  # (B, Tq) each
+
+
+
+def triton_backend(q, k, v, mask, *, is_causal, scale, score_mod, dropout_p, need_lse):
+    """``functional.attend``'s backend "triton": (B, H, Tq, D) inputs through :func:`flash_attention`, with the
+    kernel's log-sum-exp (so ``return_lse`` and sinks work). Only ``is_causal`` or no mask: the kernel has no
+    general boolean mask, no score_mod and no dropout, and refuses them by name."""
+    for given, what in ((mask is not None, "a boolean mask (use is_causal, or flash_attention's window= and "
+                                           "key_lengths=)"),
+                        (score_mod is not None, "a score_mod"), (dropout_p > 0.0, "dropout")):
+        if given:
+            raise ValueError(f"backend 'triton' does not take {what}: use backend='eager', 'blockwise' or 'flex'")
+    # the kernel scales by 1 / sqrt(Dk): another scale goes into q (differentiable, and the lse follows it)
+    q = q * (scale * q.size(-1) ** 0.5) if scale != q.size(-1) ** -0.5 else q
+    out, lse = _FlashWithLse.apply(q, k, v, is_causal)
+    return out, None, (lse.to(q.dtype) if need_lse else None)
+
+
+class _FlashWithLse(torch.autograd.Function):
+    """The kernels with the log-sum-exp as a second, differentiable output (attend's sinks read it)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal):
+        o, lse = flash_forward(q, k, v, is_causal)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal = is_causal
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal, dlse=dlse)
+        return dq, dk, dv, None
 
 
 def key_range(start_m: int, t_q: int, t_k: int, block_m: int, block_n: int, is_causal: bool,
@@ -643,3 +773,6 @@ def gpu_benchmark_summary(path) -> list[str]:
     lines += [" | ".join(str(cell) for cell in row) for row in table["rows"]]
     lines += [f"{target}: {measured} ({verdict})" for target, measured, verdict in result["targets"]]
     return lines
+
+
+functional.register("triton", triton_backend)

@@ -8,7 +8,8 @@ attend no key gets all-zero weights and a zero output.
 :func:`attend` is the one function every later variant goes through: a score scale, a ``score_mod`` (FlexAttention's
 ``score_mod(score, b, h, q_idx, kv_idx)``: ALiBi, relative bias, soft-capping), attention sinks, dropout and the
 log-sum-exp, computed by a named backend of :data:`BACKENDS` ("eager" and "sdpa" here; chapter 9's blockwise
-module registers "blockwise", chapter 15's flex module "flex", each imported when first named).
+module registers "blockwise", chapter 15's flex module "flex", chapter 16's flash_triton "triton", each imported
+when first named).
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ def softcap_mod(cap: float) -> ScoreMod:
 
 
 BACKENDS: dict[str, Callable] = {"eager": eager_backend, "sdpa": sdpa_backend}
-LATER_BACKENDS = {"blockwise": "blockwise", "flex": "flex"}  # name -> the module that registers it when imported
+# name -> the module that registers it when imported
+LATER_BACKENDS = {"blockwise": "blockwise", "flex": "flex", "triton": "flash_triton"}
 
 
 def register(name: str, fn: Callable) -> None:
