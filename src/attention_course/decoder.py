@@ -72,6 +72,14 @@ class Decoder(nn.Module):
         if tie_embeddings:
             self.head.weight = self.embed.weight
 
+    @property
+    def vocab_size(self) -> int:
+        return self.embed.num_embeddings
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
     def forward(self, ids: Tensor, positions: Tensor | None = None, *, cache: Cache | None = None) -> Tensor:
         """ids (B, T) at positions (T,) -> next-token logits (B, T, V). Positions default to the cache's (the new
         tokens follow the cached ones), else 0..T-1; with a ``cache`` every layer adds its keys and values to it."""
