@@ -16,7 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attention_course.decoder import Decoder
-from attention_course.serving import Engine, PagedKVCache, Request, greedy_reference
+from attention_course.serving import (
+    Engine,
+    PagedKVCache,
+    Request,
+    early_exit_draft,
+    greedy_reference,
+    speculative_generate,
+)
 from test_decoder import tiny_llama
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -103,6 +110,29 @@ def test_the_real_model_served_equals_decoding_alone():
              "Attention is all you"]
     requests = [Request(i, tokenizer(t).input_ids, 6, eos_token_id=tokenizer.eos_token_id, arrival=i % 2)
                 for i, t in enumerate(texts)]
+    expected = solo(smol, requests)
     engine = Engine(smol, num_blocks=32, block_size=4, max_seqs=4, max_batch_tokens=32, prefix_sharing=True)
-    assert engine.run(requests) == solo(smol, requests)
+    assert engine.run(requests) == expected
     assert engine.prefix_tokens_reused >= 4
+    prompt, tokens = requests[1].prompt, expected[1][:4]  # speculative decoding: the same tokens
+    assert speculative_generate(smol, prompt, 4, 3)[0] == tokens  # by prompt lookup
+    assert speculative_generate(smol, prompt, 4, 3, early_exit_draft(smol, 4))[0] == tokens  # by an early exit
+
+
+@WORKLOADS
+@given(seed=st.integers(0, 2**31 - 1))
+def test_speculative_decoding_of_the_decoder_equals_plain_greedy(model, seed):
+    """Prompt lookup and an early-exit draft (the first layer, the same final norm and head) give Decoder.generate's
+    tokens; the draft shares the target's weights and is cut, not copied."""
+    draft = early_exit_draft(model, 1)
+    assert len(draft.blocks) == 1 and len(model.blocks) == 2 and draft.blocks[0] is model.blocks[0]
+    assert draft.head is model.head and draft.norm is model.norm
+    rng = random.Random(seed)
+    prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 10))] * 2  # repeats: prompt lookup finds some
+    expected = greedy_reference(model, prompt, 12)
+    for k, proposer in ((1, draft), (4, draft), (3, None)):
+        tokens, stats = speculative_generate(model, prompt, 12, k, proposer)
+        assert tokens == expected, f"seed={seed}, k={k}"
+        assert stats.target_passes + stats.accepted >= 12 >= stats.target_passes - 1 + stats.accepted
+    with pytest.raises(ValueError, match="must be < the target's 2 layers"):
+        early_exit_draft(model, 2)

@@ -14,6 +14,8 @@ at every step instead, the reference the cached decode must equal.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
@@ -96,9 +98,11 @@ class Decoder(nn.Module):
         return self.head(self.norm(x))  # (B, T, V)
 
     @torch.no_grad()
-    def generate(self, ids: Tensor, max_new_tokens: int, use_cache: bool = True) -> Tensor:
-        """Greedy decoding: ids (B, T) -> (B, T + max_new_tokens). With the cache, the prompt runs once (prefill)
-        and each step feeds only the newest token; without it, each step runs the whole sequence again."""
+    def iter_generate(self, ids: Tensor, max_new_tokens: int,
+                      use_cache: bool = True) -> Iterator[tuple[Tensor, Tensor]]:
+        """Greedy decoding one step at a time, as :meth:`GPT.iter_generate <attention_course.gpt.GPT.iter_generate>`:
+        yields (next_ids (B, 1), logits (B, V)) per new token. With the cache, the prompt runs once (prefill) and
+        each step feeds only the newest token; without it, each step runs the whole sequence again."""
         check_int(max_new_tokens, "max_new_tokens", minimum=0)
         cache = KVCache(len(self.blocks)) if use_cache else None
         new = ids
@@ -106,7 +110,13 @@ class Decoder(nn.Module):
             logits = self(new, cache=cache)[:, -1] if use_cache else self(ids)[:, -1]  # (B, V)
             new = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             ids = torch.cat([ids, new], dim=1)
-        return ids
+            yield new, logits
+
+    def generate(self, ids: Tensor, max_new_tokens: int, use_cache: bool = True) -> Tensor:
+        """Greedy decoding: ids (B, T) -> (B, T + max_new_tokens) (see :meth:`iter_generate`)."""
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)  # now, not at the first step
+        steps = [new for new, _ in self.iter_generate(ids, max_new_tokens, use_cache)]
+        return torch.cat([ids, *steps], dim=1)
 
     @classmethod
     def from_hf(cls, model: nn.Module) -> Decoder:

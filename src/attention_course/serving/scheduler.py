@@ -279,7 +279,11 @@ def position_limit(model) -> int | None:
 
 
 def greedy_reference(model, prompt: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
-    """The tokens of one request decoded alone with the model's own greedy ``generate`` (chapter 8's cache),
-    cut after the end-of-sequence token: what the engine must reproduce for every request."""
-    out = model.generate(torch.tensor([prompt]), max_new_tokens)[0, len(prompt):].tolist()
-    return out[: out.index(eos_token_id) + 1] if eos_token_id in out else out
+    """The tokens of one request decoded alone with the course's :meth:`GPT.iter_generate` (chapter 8's cache),
+    stopped after the end-of-sequence token: what the engine must reproduce for every request."""
+    out = []
+    for next_ids, _ in model.iter_generate(torch.tensor([prompt]), max_new_tokens):
+        out.append(int(next_ids))
+        if out[-1] == eos_token_id:
+            break
+    return out
