@@ -14,7 +14,12 @@ prompts of 64 new tokens, against plain greedy decoding.
 Targets: continuous >= 2x static batching throughput; paged waste < one block per sequence. Shared-prefix time
 saved and speculative speed-up (at the measured acceptance rate) are reported.
 
-Usage: python benchmarks/bench_serving.py [--repeats N]
+With --real: the real SmolLM2-135M (chapter 14's Decoder, float32, weights from the local cache) served by the
+course's engine against Hugging Face's continuous batching (``generate_batch``) on the same requests (greedy),
+tokens equal and tokens per second side by side; then speculative decoding by prompt lookup and by an early-exit
+draft (its first 8 of 30 layers), k = 3, with their acceptance rates.
+
+Usage: python benchmarks/bench_serving.py [--repeats N] [--real] [--requests N] [--new-tokens N]
 """
 
 from __future__ import annotations
@@ -150,7 +155,62 @@ def main(repeats: int = 2) -> dict:
     return {"continuous_over_static": continuous_over_static, "waste": waste, "saved": saved, "speedup": speedup}
 
 
+REAL_TEXTS = ["The capital of France is", "def fibonacci(n):\n    ", "Attention is all you", "Once upon a time",
+              "The three primary colours are", "import numpy as np\nimport", "The quick brown fox", "Water boils at"]
+
+
+def real_model(num_requests: int = 8, new_tokens: int = 32) -> dict:
+    """The real SmolLM2-135M: the course's engine vs HF generate_batch, then speculative decoding (docstring)."""
+    import time
+
+    import transformers
+
+    from attention_course.decoder import Decoder
+    from attention_course.pretrained import load_smollm2
+
+    tokenizer, hf = load_smollm2()
+    model = Decoder.from_hf(hf)
+    prompts = [tokenizer(t).input_ids for t in (REAL_TEXTS * num_requests)[:num_requests]]
+    config = transformers.GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    with torch.inference_mode():  # a warm-up request each first: HF sets up its paged cache and workers once
+        hf.generate_batch(inputs=prompts[:1], generation_config=config, progress_bar=False)
+        Engine(model, num_blocks=64, block_size=BLOCK).run([Request(0, prompts[0], new_tokens)])
+        start = time.perf_counter()
+        theirs = hf.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+        hf_s = time.perf_counter() - start
+        start = time.perf_counter()
+        engine = Engine(model, num_blocks=64 * num_requests, block_size=BLOCK, max_seqs=MAX_SEQS,
+                        max_batch_tokens=MAX_TOKENS)
+        ours = engine.run([Request(i, p, new_tokens) for i, p in enumerate(prompts)])
+        ours_s = time.perf_counter() - start
+    hf_tokens = [out.generated_tokens for out in theirs.values()]  # in request order
+    same = [ours[i] for i in range(len(prompts))] == hf_tokens
+    generated = num_requests * new_tokens
+    print(f"  real model: {num_requests} requests x {new_tokens} new tokens; course engine tokens == HF generate_batch "
+          f"tokens: {same}")
+    print(common.markdown_table(["SmolLM2-135M, float32", "seconds", "tokens / s"],
+                                [["HF generate_batch", f"{hf_s:.1f}", f"{generated / hf_s:.1f}"],
+                                 ["course Engine (paged, continuous)", f"{ours_s:.1f}", f"{generated / ours_s:.1f}"],
+                                 ["course / HF", "", f"{hf_s / ours_s:.2f}x"]]))
+    rates = {}
+    with torch.inference_mode():
+        for name, draft in (("prompt lookup", None), ("early exit, 8 of 30 layers", early_exit_draft(model, 8))):
+            runs = [speculative_generate(model, p, new_tokens, 3, draft) for p in prompts[:2]]
+            equal = all(toks == ours[i] for i, (toks, _) in enumerate(runs))
+            rates[name] = sum(s.accepted for _, s in runs) / max(1, sum(s.proposed for _, s in runs))
+            print(f"  speculative k=3 by {name}: tokens == plain greedy: {equal}; acceptance rate {rates[name]:.2f}")
+    return {"same": same, "ratio": hf_s / ours_s, "acceptance": rates}
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
-    main(parser.parse_args().repeats)
+    parser.add_argument("--real", action="store_true", help="only the real SmolLM2-135M against HF generate_batch")
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    args = parser.parse_args()
+    if args.real:
+        real_model(args.requests, args.new_tokens)
+    else:
+        main(args.repeats)

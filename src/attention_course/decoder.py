@@ -14,6 +14,8 @@ at every step instead, the reference the cached decode must equal.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
@@ -72,6 +74,14 @@ class Decoder(nn.Module):
         if tie_embeddings:
             self.head.weight = self.embed.weight
 
+    @property
+    def vocab_size(self) -> int:
+        return self.embed.num_embeddings
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
     def forward(self, ids: Tensor, positions: Tensor | None = None, *, cache: Cache | None = None) -> Tensor:
         """ids (B, T) at positions (T,) -> next-token logits (B, T, V). Positions default to the cache's (the new
         tokens follow the cached ones), else 0..T-1; with a ``cache`` every layer adds its keys and values to it."""
@@ -88,9 +98,11 @@ class Decoder(nn.Module):
         return self.head(self.norm(x))  # (B, T, V)
 
     @torch.no_grad()
-    def generate(self, ids: Tensor, max_new_tokens: int, use_cache: bool = True) -> Tensor:
-        """Greedy decoding: ids (B, T) -> (B, T + max_new_tokens). With the cache, the prompt runs once (prefill)
-        and each step feeds only the newest token; without it, each step runs the whole sequence again."""
+    def iter_generate(self, ids: Tensor, max_new_tokens: int,
+                      use_cache: bool = True) -> Iterator[tuple[Tensor, Tensor]]:
+        """Greedy decoding one step at a time, as :meth:`GPT.iter_generate <attention_course.gpt.GPT.iter_generate>`:
+        yields (next_ids (B, 1), logits (B, V)) per new token. With the cache, the prompt runs once (prefill) and
+        each step feeds only the newest token; without it, each step runs the whole sequence again."""
         check_int(max_new_tokens, "max_new_tokens", minimum=0)
         cache = KVCache(len(self.blocks)) if use_cache else None
         new = ids
@@ -98,7 +110,13 @@ class Decoder(nn.Module):
             logits = self(new, cache=cache)[:, -1] if use_cache else self(ids)[:, -1]  # (B, V)
             new = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             ids = torch.cat([ids, new], dim=1)
-        return ids
+            yield new, logits
+
+    def generate(self, ids: Tensor, max_new_tokens: int, use_cache: bool = True) -> Tensor:
+        """Greedy decoding: ids (B, T) -> (B, T + max_new_tokens) (see :meth:`iter_generate`)."""
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)  # now, not at the first step
+        steps = [new for new, _ in self.iter_generate(ids, max_new_tokens, use_cache)]
+        return torch.cat([ids, *steps], dim=1)
 
     @classmethod
     def from_hf(cls, model: nn.Module) -> Decoder:

@@ -141,12 +141,13 @@ class PagedKVCache(Cache):
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int) -> PagedKVCache:
-        """A pool shaped for a :class:`~attention_course.gpt.GPT` (its layers, what each position of its
-        attention caches, its dtype and device)."""
+        """A pool shaped for a model that speaks the cache protocol (:class:`~attention_course.gpt.GPT`,
+        :class:`~attention_course.decoder.Decoder`): ``model.blocks``, one per layer, each ``block.attn`` with a
+        ``cache_shape()`` (what one position caches) unless it keeps a recurrent state; its dtype and device."""
         attn = next(b.attn for b in model.blocks if hasattr(b.attn, "cache_shape"))  # recurrent layers keep states
         heads, key_dim, value_dim = attn.cache_shape()
         w = next(attn.parameters())
-        return cls(model.config.num_layers, num_blocks, block_size, heads, key_dim, w.dtype, w.device, value_dim)
+        return cls(len(model.blocks), num_blocks, block_size, heads, key_dim, w.dtype, w.device, value_dim)
 
     def seq_len(self, seq=0) -> int:
         """Positions cached for sequence ``seq`` (one of the ids given to :meth:`add_sequence`)."""

@@ -85,10 +85,12 @@ class StepReport:
 
 
 class Engine:
-    """Serve :class:`Request` s with a :class:`~attention_course.gpt.GPT` (any positions, any attention layer).
+    """Serve :class:`Request` s with any model that speaks the cache protocol: a :class:`~attention_course.gpt.GPT`
+    (any positions, any attention layer) or a :class:`~attention_course.decoder.Decoder` (SmolLM2).
 
     Args:
-        model: the model; its forward pass runs once per step.
+        model: the model: ``model(ids, cache=cache)`` -> logits (1, T, V), ``model.blocks`` (one per layer, see
+            :meth:`PagedKVCache.for_model`), ``model.vocab_size``; its forward pass runs once per step.
         num_blocks, block_size: the paged cache's pool.
         max_seqs: sequences in the batch at most.
         max_batch_tokens: new tokens per step at most (prefill chunks share it with decoding tokens).
@@ -133,10 +135,10 @@ class Engine:
                              f"[0, {self.model.vocab_size})")
         check_int(request.max_new_tokens, "max_new_tokens")
         check_int(request.arrival, "arrival", minimum=0)
-        longest, config = len(request.prompt) + request.max_new_tokens, self.model.config
-        if config.positions == "learned" and longest > config.max_len:
+        longest, limit = len(request.prompt) + request.max_new_tokens, position_limit(self.model)
+        if limit is not None and longest > limit:
             raise ValueError(f"request {request.id!r} may reach {longest} tokens, longer than max_len="
-                             f"{config.max_len} (learned positions have no vector beyond it)")
+                             f"{limit} (learned positions have no vector beyond it)")
         needed = blocks_for(longest, self.cache.block_size)
         if needed > self.cache.allocator.num_blocks:
             raise ValueError(f"request {request.id!r} may need {needed} blocks, the cache has only "
@@ -268,6 +270,12 @@ class Engine:
         """Forget the prefix index (after the last request every block is then free again)."""
         if self.index is not None:
             self.index.clear()
+
+
+def position_limit(model) -> int | None:
+    """The longest sequence a model can place: ``max_len`` for learned positions, else none (RoPE, ALiBi)."""
+    config = getattr(model, "config", None)
+    return config.max_len if getattr(config, "positions", None) == "learned" else None
 
 
 def greedy_reference(model, prompt: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:

@@ -19,10 +19,11 @@ target would have predicted after proposal i - 1.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..kv_cache import KVCache
 from ..validation import check_int
@@ -46,13 +47,13 @@ class ModelDraft:
     """Greedy proposals from a small model with its own KV cache, kept in step with the accepted tokens."""
 
     def __init__(self, model, max_len: int):
-        self.model, self.cache = model.eval(), KVCache(model.num_layers, max_len=max_len)
+        self.model, self.cache = model.eval(), KVCache(len(model.blocks), max_len=max_len)
 
     def propose(self, tokens: list[int], k: int, stats: SpeculativeStats) -> list[int]:
         """k greedy tokens after ``tokens``; the cache first catches up with the tokens it has not seen."""
         step_input, out = tokens[len(self.cache):], []
         for _ in range(k):
-            logits = self.model(torch.tensor([step_input]), cache=self.cache, last_only=True)  # (1, V)
+            logits = self.model(torch.tensor([step_input]), cache=self.cache)[:, -1]  # (1, V)
             stats.draft_passes += 1
             out.append(int(logits.argmax()))
             step_input = out[-1:]
@@ -65,10 +66,17 @@ class ModelDraft:
 
 def early_exit_draft(model, num_layers: int):
     """A draft that is the target's first ``num_layers`` blocks with its embeddings, final norm and head (a
-    self-speculative draft: no second model to train, about num_layers / L of a target pass)."""
+    self-speculative draft: no second model to train, about num_layers / L of a target pass). A GPT is rebuilt
+    from its config; any other model of the cache protocol (a Decoder) is the same object cut after its first
+    blocks, sharing every weight with the target."""
     check_int(num_layers, "num_layers")
-    if num_layers >= model.num_layers:
-        raise ValueError(f"num_layers={num_layers} must be < the target's {model.num_layers} layers")
+    if num_layers >= len(model.blocks):
+        raise ValueError(f"num_layers={num_layers} must be < the target's {len(model.blocks)} layers")
+    if not hasattr(model, "config"):
+        draft = copy.copy(model)  # a shallow copy: the same modules, in a module table of its own
+        draft._modules = dict(model._modules)
+        draft.blocks = nn.ModuleList(model.blocks[:num_layers])
+        return draft.eval()
     draft = type(model)(replace(model.config, num_layers=num_layers)).to(model.tok_emb.weight)
     draft.load_state_dict({k: v for k, v in model.state_dict().items() if k in draft.state_dict()})
     return draft.eval()
