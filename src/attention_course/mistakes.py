@@ -795,6 +795,18 @@ mistake("doc-ids-assumed-sorted", "a document mask that compares document ids by
         "rise (or fall) along the row. An id names a document, not its place: here the ids of a row are in no "
         "particular order (see the case's doc_ids).",
         chapter=15, topic="flex")
+mistake("chunk-not-causal", "a chunked mask that lets a query see the later keys of its chunk",
+        "Your mask_mod matches a chunked mask in which {detail}: inside its chunk a query may still see only the "
+        "keys that are not in its future.",
+        chapter=15, topic="flex")
+mistake("chunk-is-window", "a chunked mask written as a sliding window",
+        "Your mask_mod matches {detail}. A chunk's boundaries are fixed positions, the same for every query in it: "
+        "a window moves with the query, a chunk does not.",
+        chapter=15, topic="flex")
+mistake("chunk-boundary-off-by-one", "a chunked mask whose chunk boundaries sit one position off",
+        "Your mask_mod matches a chunked mask with {detail}. Chunk 0 holds positions 0 to chunk - 1: check which "
+        "chunk position 0, chunk - 1 and chunk fall in.",
+        chapter=15, topic="flex")
 mistake("mod-from-library", "an exercise's mod that calls the library's own mod, which the notebook forbids",
         "Your mod calls the library's {detail}: the notebook asks for your own mod, written with tensor operations "
         "on the index tensors (that is the exercise).",

@@ -1,4 +1,5 @@
-"""Checks of chapter 15: FlexAttention mods written by the student (a prefix-LM mask, a document mask, ALiBi).
+"""Checks of chapter 15: FlexAttention mods written by the student (a prefix-LM mask, a document mask, ALiBi,
+Llama 4's chunked attention).
 
 A mod is a function of index tensors. The checks call the student's mod the way :func:`attention_course.flex.
 dense_mask` does, on broadcasting index tensors b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, T, 1) and kv_idx
@@ -276,6 +277,65 @@ def check_alibi_score_mod(fn, *, timeout: float = DEFAULT_TIMEOUT):
                        "(each head its own slope, the distance either way).", case=case)
         return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (1 to 4 heads with their own slopes) match ALiBi "
                 "on every score")
+
+    warm_up()
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chunked attention (Llama 4's local layers)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def chunked_reference(chunk: int, b, h, q, kv, *, causal=True, width=None, shift=0):
+    """Causal attention inside fixed chunks of ``chunk`` positions; ``width`` chunks of another size, ``shift``
+    boundaries moved by one, ``causal=False`` the whole chunk either way."""
+    width = chunk if width is None else width
+    same = (kv + shift) // width == (q + shift) // width
+    return same & (kv <= q) if causal else same
+
+
+def _chunk_candidates(chunk: int, grid) -> list:
+    q, kv = grid[2], grid[3]
+    return [
+        ("chunk-not-causal", "every key of the query's chunk, also the later ones",
+         chunked_reference(chunk, *grid, causal=False)),
+        ("mod-roles-swapped", "a query attends the LATER keys of its chunk (kv_idx >= q_idx)",
+         chunked_reference(chunk, *grid, causal=False) & (kv >= q)),
+        ("chunk-is-window", f"a sliding window of {chunk} keys (q_idx - kv_idx < {chunk})",
+         (kv <= q) & (q - kv < chunk)),
+        ("chunk-boundary-off-by-one", f"chunks of {chunk + 1} positions", chunked_reference(chunk, *grid,
+                                                                                           width=chunk + 1)),
+        ("chunk-boundary-off-by-one", f"chunks of {chunk - 1} positions", chunked_reference(chunk, *grid,
+                                                                                           width=chunk - 1)),
+        ("chunk-boundary-off-by-one", "chunk boundaries one position early ((idx + 1) // chunk)",
+         chunked_reference(chunk, *grid, shift=1)),
+        ("chunk-boundary-off-by-one", "chunk boundaries one position late ((idx - 1) // chunk)",
+         chunked_reference(chunk, *grid, shift=-1)),
+    ]
+
+
+def check_chunked_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(chunk, b, h, q_idx, kv_idx)`` -> bool: Llama 4's chunked attention over T queries and the same
+    T keys, cut into chunks of ``chunk`` positions (0 .. chunk-1, chunk .. 2*chunk-1, ...): query q_idx may attend
+    key kv_idx when both lie in the same chunk and kv_idx <= q_idx. Diagnoses ``[chunk-not-causal]``,
+    ``[chunk-is-window]``, ``[chunk-boundary-off-by-one]``, ``[mod-roles-swapped]``, ``[mod-from-library]`` and
+    ``[mod-fails-in-flex]``."""
+    label = "chunked_mod"
+
+    def body():
+        rng = np.random.default_rng(18)
+        sizes = _sizes()
+        for n, (batch, heads, t) in enumerate(sizes, 1):
+            chunk = int(rng.integers(3, max(4, t // 2)))  # at least 2 chunks, the last one partial or whole
+            case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, T={t}, chunk={chunk}"
+            out = _student_mask(fn, {"chunk": chunk}, batch, heads, t, label, case)
+            grid = _grid(batch, heads, t)
+            ref = np.broadcast_to(chunked_reference(chunk, *grid), out.shape)
+            _judge_mask(out, ref, _chunk_candidates(chunk, grid), case)
+            _through_flex(fn, (chunk,), (batch, heads, t), case, allowed=ref)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (chunks of several sizes, the last one partial) "
+                "match causal attention inside each chunk")
 
     warm_up()
     run_check(body, timeout)
