@@ -58,6 +58,15 @@ def chunked_where(chunk, b, h, q_idx, kv_idx):
     return torch.where(kv_idx > q_idx, False, torch.div(kv_idx, chunk, rounding_mode="floor") == q_idx // chunk)
 
 
+def decode_mod(offset, window, b, h, q_idx, kv_idx):
+    position = offset + q_idx
+    return (kv_idx <= position) & (position - kv_idx < window)
+
+
+def decode_between(offset, window, b, h, q_idx, kv_idx):  # Tq = 1: the one query stands at offset
+    return (kv_idx > offset - window) & (kv_idx <= offset)
+
+
 # ---------------------------------------------------------------- wrong answers a student would write
 
 
@@ -116,6 +125,28 @@ def chunked_early(chunk, b, h, q_idx, kv_idx):  # 1-based positions
 def chunked_start_strict(chunk, b, h, q_idx, kv_idx):  # the chunk's first key left out
     start = q_idx - q_idx % chunk
     return (kv_idx > start) & (kv_idx <= q_idx)
+
+
+def decode_offset_ignored(offset, window, b, h, q_idx, kv_idx):
+    return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+
+def decode_one_late(offset, window, b, h, q_idx, kv_idx):  # "the new token comes after the offset cached keys"
+    position = offset + 1 + q_idx
+    return (kv_idx <= position) & (position - kv_idx < window)
+
+
+def decode_window_inclusive(offset, window, b, h, q_idx, kv_idx):
+    position = offset + q_idx
+    return (kv_idx <= position) & (position - kv_idx <= window)
+
+
+def decode_reads_empty(offset, window, b, h, q_idx, kv_idx):
+    return offset + q_idx - kv_idx < window
+
+
+def decode_no_window(offset, window, b, h, q_idx, kv_idx):
+    return kv_idx <= offset + q_idx
 
 
 def chunked_library(chunk, b, h, q_idx, kv_idx):
@@ -178,6 +209,8 @@ CORRECT = [
     (checks.check_chunked_mask, chunked_mod),
     (checks.check_chunked_mask, chunked_start),
     (checks.check_chunked_mask, chunked_where),
+    (checks.check_decode_mask, decode_mod),
+    (checks.check_decode_mask, decode_between),
 ]
 
 PLANTED = [
@@ -209,6 +242,12 @@ PLANTED = [
     (checks.check_chunked_mask, chunked_early, "chunk-boundary-off-by-one"),
     (checks.check_chunked_mask, chunked_start_strict, "wrong-output"),
     (checks.check_chunked_mask, chunked_library, "mod-from-library"),
+    # a decode step's mask with a captured offset (issue 43)
+    (checks.check_decode_mask, decode_offset_ignored, "decode-offset-ignored"),
+    (checks.check_decode_mask, decode_one_late, "decode-offset-off-by-one"),
+    (checks.check_decode_mask, decode_window_inclusive, "mod-window-off-by-one"),
+    (checks.check_decode_mask, decode_reads_empty, "decode-reads-empty-slots"),
+    (checks.check_decode_mask, decode_no_window, "wrong-output"),
 ]
 
 

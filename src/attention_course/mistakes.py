@@ -807,6 +807,18 @@ mistake("chunk-boundary-off-by-one", "a chunked mask whose chunk boundaries sit 
         "Your mask_mod matches a chunked mask with {detail}. Chunk 0 holds positions 0 to chunk - 1: check which "
         "chunk position 0, chunk - 1 and chunk fall in.",
         chapter=15, topic="flex")
+mistake("decode-offset-ignored", "a decode-time mask_mod that forgets the captured offset",
+        "Your mask_mod matches a mask in which {detail}. At decode time q_idx counts the new queries from 0; the "
+        "query's place in the sequence is q_idx plus the tokens already in the cache.",
+        chapter=15, topic="flex")
+mistake("decode-offset-off-by-one", "a decode-time mask_mod that places the query one position off",
+        "Your mask_mod matches a mask in which {detail}. Check where the new token stands: the cache holds the keys "
+        "before it, and its own key sits in slot offset.",
+        chapter=15, topic="flex")
+mistake("decode-reads-empty-slots", "a decode-time mask_mod that lets the query read the cache's unwritten slots",
+        "Your mask_mod matches a mask in which {detail}: a preallocated cache has slots not yet written, and "
+        "nothing after the query's own position may be read.",
+        chapter=15, topic="flex")
 mistake("mod-from-library", "an exercise's mod that calls the library's own mod, which the notebook forbids",
         "Your mod calls the library's {detail}: the notebook asks for your own mod, written with tensor operations "
         "on the index tensors (that is the exercise).",
