@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from attention_course import checks, flex, positions
+from attention_course import checks, flex, masks, positions
 from attention_course.checks import hidden
 from attention_course.checks.questions import QUESTIONS
 from attention_course.masks import causal_mask
@@ -45,6 +45,28 @@ def alibi_where(slopes, score, b, h, q_idx, kv_idx):
     return score + (-slopes[h]) * distance
 
 
+def chunked_mod(chunk, b, h, q_idx, kv_idx):
+    return (q_idx // chunk == kv_idx // chunk) & (kv_idx <= q_idx)
+
+
+def chunked_start(chunk, b, h, q_idx, kv_idx):  # the key lies between its query's chunk start and the query
+    start = q_idx - q_idx % chunk
+    return (kv_idx >= start) & (kv_idx <= q_idx)
+
+
+def chunked_where(chunk, b, h, q_idx, kv_idx):
+    return torch.where(kv_idx > q_idx, False, torch.div(kv_idx, chunk, rounding_mode="floor") == q_idx // chunk)
+
+
+def decode_mod(offset, window, b, h, q_idx, kv_idx):
+    position = offset + q_idx
+    return (kv_idx <= position) & (position - kv_idx < window)
+
+
+def decode_between(offset, window, b, h, q_idx, kv_idx):  # Tq = 1: the one query stands at offset
+    return (kv_idx > offset - window) & (kv_idx <= offset)
+
+
 # ---------------------------------------------------------------- wrong answers a student would write
 
 
@@ -78,6 +100,57 @@ def document_roles_swapped(doc_ids, b, h, q_idx, kv_idx):
 
 def document_not_causal(doc_ids, b, h, q_idx, kv_idx):
     return doc_ids[b, q_idx] == doc_ids[b, kv_idx]
+
+
+def chunked_not_causal(chunk, b, h, q_idx, kv_idx):
+    return q_idx // chunk == kv_idx // chunk
+
+
+def chunked_roles_swapped(chunk, b, h, q_idx, kv_idx):
+    return (q_idx // chunk == kv_idx // chunk) & (kv_idx >= q_idx)
+
+
+def chunked_as_window(chunk, b, h, q_idx, kv_idx):
+    return (kv_idx <= q_idx) & (q_idx - kv_idx < chunk)
+
+
+def chunked_wider(chunk, b, h, q_idx, kv_idx):  # "chunk = 3 means up to index 3"
+    return (q_idx // (chunk + 1) == kv_idx // (chunk + 1)) & (kv_idx <= q_idx)
+
+
+def chunked_early(chunk, b, h, q_idx, kv_idx):  # 1-based positions
+    return ((q_idx + 1) // chunk == (kv_idx + 1) // chunk) & (kv_idx <= q_idx)
+
+
+def chunked_start_strict(chunk, b, h, q_idx, kv_idx):  # the chunk's first key left out
+    start = q_idx - q_idx % chunk
+    return (kv_idx > start) & (kv_idx <= q_idx)
+
+
+def decode_offset_ignored(offset, window, b, h, q_idx, kv_idx):
+    return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+
+def decode_one_late(offset, window, b, h, q_idx, kv_idx):  # "the new token comes after the offset cached keys"
+    position = offset + 1 + q_idx
+    return (kv_idx <= position) & (position - kv_idx < window)
+
+
+def decode_window_inclusive(offset, window, b, h, q_idx, kv_idx):
+    position = offset + q_idx
+    return (kv_idx <= position) & (position - kv_idx <= window)
+
+
+def decode_reads_empty(offset, window, b, h, q_idx, kv_idx):
+    return offset + q_idx - kv_idx < window
+
+
+def decode_no_window(offset, window, b, h, q_idx, kv_idx):
+    return kv_idx <= offset + q_idx
+
+
+def chunked_library(chunk, b, h, q_idx, kv_idx):
+    return masks.chunked(chunk, 64)(b, h, q_idx, kv_idx)
 
 
 def prefix_lm_library(prefix, b, h, q_idx, kv_idx):  # the library's mod, which the notebook forbids
@@ -133,6 +206,11 @@ CORRECT = [
     (checks.check_document_mask, document_where),
     (checks.check_alibi_score_mod, alibi_mod),
     (checks.check_alibi_score_mod, alibi_where),
+    (checks.check_chunked_mask, chunked_mod),
+    (checks.check_chunked_mask, chunked_start),
+    (checks.check_chunked_mask, chunked_where),
+    (checks.check_decode_mask, decode_mod),
+    (checks.check_decode_mask, decode_between),
 ]
 
 PLANTED = [
@@ -156,6 +234,20 @@ PLANTED = [
     (checks.check_alibi_score_mod, alibi_heads_by_broadcast, "mod-fails-in-flex"),
     (checks.check_document_mask, document_ids_in_order, "doc-ids-assumed-sorted"),
     (checks.check_document_mask, document_ids_at_most, "doc-ids-assumed-sorted"),
+    # Llama 4's chunked attention (issue 43)
+    (checks.check_chunked_mask, chunked_not_causal, "chunk-not-causal"),
+    (checks.check_chunked_mask, chunked_roles_swapped, "mod-roles-swapped"),
+    (checks.check_chunked_mask, chunked_as_window, "chunk-is-window"),
+    (checks.check_chunked_mask, chunked_wider, "chunk-boundary-off-by-one"),
+    (checks.check_chunked_mask, chunked_early, "chunk-boundary-off-by-one"),
+    (checks.check_chunked_mask, chunked_start_strict, "wrong-output"),
+    (checks.check_chunked_mask, chunked_library, "mod-from-library"),
+    # a decode step's mask with a captured offset (issue 43)
+    (checks.check_decode_mask, decode_offset_ignored, "decode-offset-ignored"),
+    (checks.check_decode_mask, decode_one_late, "decode-offset-off-by-one"),
+    (checks.check_decode_mask, decode_window_inclusive, "mod-window-off-by-one"),
+    (checks.check_decode_mask, decode_reads_empty, "decode-reads-empty-slots"),
+    (checks.check_decode_mask, decode_no_window, "wrong-output"),
 ]
 
 
@@ -181,6 +273,12 @@ def test_hidden_cases_catch_a_mod_that_only_works_on_few_heads():
     with hidden.drawn_from(3):
         assert all(h >= 5 and b >= 5 for b, h, _ in hidden.flex_sizes())
         assert _code(checks.check_alibi_score_mod, few_heads_only) == "wrong-output"
+
+
+def test_the_chunked_mod_equals_the_librarys():
+    mine = flex.block_mask(functools.partial(chunked_mod, 4), 12, block_size=4)
+    library = flex.block_mask(masks.chunked(4, 12), 12, block_size=4)
+    assert torch.equal(flex.tile_states(mine), flex.tile_states(library))
 
 
 def test_the_mods_work_inside_flex_attention():

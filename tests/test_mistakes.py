@@ -60,7 +60,9 @@ def test_topics_and_chapters():
         "cache-window-off-by-one"]
     assert [m.code for m in mistakes.in_chapter(15)] == [
         "mod-roles-swapped", "mod-window-off-by-one", "bias-sign-flipped", "doc-id-wrong-index",
-        "doc-ids-assumed-sorted", "mod-from-library", "mod-fails-in-flex"]
+        "doc-ids-assumed-sorted", "chunk-not-causal", "chunk-is-window", "chunk-boundary-off-by-one",
+        "decode-offset-ignored", "decode-offset-off-by-one", "decode-reads-empty-slots", "mod-from-library",
+        "mod-fails-in-flex"]
     assert [m.code for m in mistakes.in_chapter(17)] == [
         "state-carried-over", "read-before-write", "beta-missing", "beta-on-key", "no-erase", "decay-after-write",
         "keys-not-normalized", "chunk-mask-diagonal", "chunk-start-state-ignored", "not-token-by-token",

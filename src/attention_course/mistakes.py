@@ -800,6 +800,30 @@ mistake("doc-ids-assumed-sorted", "a document mask that compares document ids by
         "rise (or fall) along the row. An id names a document, not its place: here the ids of a row are in no "
         "particular order (see the case's doc_ids).",
         chapter=15, topic="flex")
+mistake("chunk-not-causal", "a chunked mask that lets a query see the later keys of its chunk",
+        "Your mask_mod matches a chunked mask in which {detail}: inside its chunk a query may still see only the "
+        "keys that are not in its future.",
+        chapter=15, topic="flex")
+mistake("chunk-is-window", "a chunked mask written as a sliding window",
+        "Your mask_mod matches {detail}. A chunk's boundaries are fixed positions, the same for every query in it: "
+        "a window moves with the query, a chunk does not.",
+        chapter=15, topic="flex")
+mistake("chunk-boundary-off-by-one", "a chunked mask whose chunk boundaries sit one position off",
+        "Your mask_mod matches a chunked mask with {detail}. Chunk 0 holds positions 0 to chunk - 1: check which "
+        "chunk position 0, chunk - 1 and chunk fall in.",
+        chapter=15, topic="flex")
+mistake("decode-offset-ignored", "a decode-time mask_mod that forgets the captured offset",
+        "Your mask_mod matches a mask in which {detail}. At decode time q_idx counts the new queries from 0; the "
+        "query's place in the sequence is q_idx plus the tokens already in the cache.",
+        chapter=15, topic="flex")
+mistake("decode-offset-off-by-one", "a decode-time mask_mod that places the query one position off",
+        "Your mask_mod matches a mask in which {detail}. Check where the new token stands: the cache holds the keys "
+        "before it, and its own key sits in slot offset.",
+        chapter=15, topic="flex")
+mistake("decode-reads-empty-slots", "a decode-time mask_mod that lets the query read the cache's unwritten slots",
+        "Your mask_mod matches a mask in which {detail}: a preallocated cache has slots not yet written, and "
+        "nothing after the query's own position may be read.",
+        chapter=15, topic="flex")
 mistake("mod-from-library", "an exercise's mod that calls the library's own mod, which the notebook forbids",
         "Your mod calls the library's {detail}: the notebook asks for your own mod, written with tensor operations "
         "on the index tensors (that is the exercise).",

@@ -1,4 +1,5 @@
-"""Checks of chapter 15: FlexAttention mods written by the student (a prefix-LM mask, a document mask, ALiBi).
+"""Checks of chapter 15: FlexAttention mods written by the student (a prefix-LM mask, a document mask, ALiBi,
+Llama 4's chunked attention).
 
 A mod is a function of index tensors. The checks call the student's mod the way :func:`attention_course.flex.
 dense_mask` does, on broadcasting index tensors b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, T, 1) and kv_idx
@@ -32,14 +33,16 @@ from .tiles import tiles_needed
 _SIZES = [(1, 1, 7), (2, 3, 12), (3, 2, 9), (1, 4, 16)]
 
 
-def _grid_tensors(batch: int, heads: int, t: int) -> dict:
-    """The broadcasting index tensors of every (b, h, q_idx, kv_idx), int64 as FlexAttention passes them."""
+def _grid_tensors(batch: int, heads: int, t: int, t_k: int | None = None) -> dict:
+    """The broadcasting index tensors of every (b, h, q_idx, kv_idx), int64 as FlexAttention passes them; T
+    queries over ``t_k`` keys (T when None)."""
+    lengths = (batch, heads, t, t if t_k is None else t_k)
     return dict(zip(("b", "h", "q_idx", "kv_idx"), (torch.arange(n).view([n if a == axis else 1 for a in range(4)])
-                                                    for axis, n in enumerate((batch, heads, t, t))), strict=True))
+                                                    for axis, n in enumerate(lengths)), strict=True))
 
 
-def _grid(batch: int, heads: int, t: int) -> tuple[np.ndarray, ...]:
-    return tuple(x.numpy() for x in _grid_tensors(batch, heads, t).values())
+def _grid(batch: int, heads: int, t: int, t_k: int | None = None) -> tuple[np.ndarray, ...]:
+    return tuple(x.numpy() for x in _grid_tensors(batch, heads, t, t_k).values())
 
 
 def _sizes() -> list[tuple[int, int, int]]:
@@ -55,14 +58,15 @@ def _call_mod(fn, args: dict, label: str, case: str):
     return result
 
 
-def _student_mask(fn, data: dict, batch, heads, t, label, case) -> np.ndarray:
-    result = _call_mod(fn, {**data, **_grid_tensors(batch, heads, t)}, label, case)
+def _student_mask(fn, data: dict, batch, heads, t, label, case, t_k=None) -> np.ndarray:
+    t_k = t if t_k is None else t_k
+    result = _call_mod(fn, {**data, **_grid_tensors(batch, heads, t, t_k)}, label, case)
     out = as_array(result, "result", case, kind="bool")
     try:
-        return np.broadcast_to(out, (batch, heads, t, t))
+        return np.broadcast_to(out, (batch, heads, t, t_k))
     except ValueError:
         raise fail("wrong-shape", f"Your mask_mod returned shape {out.shape}, which does not broadcast to the "
-                   f"(B, H, T, T) = {(batch, heads, t, t)} of its index tensors: combine them elementwise "
+                   f"(B, H, Tq, Tk) = {(batch, heads, t, t_k)} of its index tensors: combine them elementwise "
                    "(&, |, comparisons), without reductions.", case=case) from None
 
 
@@ -116,16 +120,16 @@ def _through_flex(fn, data: tuple, shape, case: str, *, allowed=None, bias=None)
     if not observe.runs_here(fn):
         return
 
-    batch, heads, t = shape
+    batch, heads, t, t_k = (*shape, shape[-1])[:4]  # (B, H, T) or (B, H, Tq, Tk)
     gen = torch.Generator().manual_seed(t)
-    q, k, v = (torch.randn(batch, heads, t, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    q, k, v = (torch.randn(batch, heads, n, 8, generator=gen, dtype=torch.float64) for n in (t, t_k, t_k))
     mod = functools.partial(fn, *data)
     scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).numpy()
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"), _eager_flex():
             warnings.simplefilter("ignore")
             if allowed is not None:
-                out = flex_attention(q, k, v, block_mask=create_block_mask(mod, batch, heads, t, t, device="cpu"))
+                out = flex_attention(q, k, v, block_mask=create_block_mask(mod, batch, heads, t, t_k, device="cpu"))
                 scores = np.where(allowed, scores, -np.inf)
             else:
                 out = flex_attention(q, k, v, score_mod=mod)
@@ -294,6 +298,119 @@ def check_alibi_score_mod(fn, *, timeout: float = DEFAULT_TIMEOUT):
                        "(each head its own slope, the distance either way).", case=case)
         return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (1 to 4 heads with their own slopes) match ALiBi "
                 "on every score")
+
+    warm_up()
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Chunked attention (Llama 4's local layers)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def chunked_reference(chunk: int, b, h, q, kv, *, causal=True, width=None, shift=0):
+    """Causal attention inside fixed chunks of ``chunk`` positions; ``width`` chunks of another size, ``shift``
+    boundaries moved by one, ``causal=False`` the whole chunk either way."""
+    width = chunk if width is None else width
+    same = (kv + shift) // width == (q + shift) // width
+    return same & (kv <= q) if causal else same
+
+
+def _chunk_candidates(chunk: int, grid) -> list:
+    q, kv = grid[2], grid[3]
+    return [
+        ("chunk-not-causal", "every key of the query's chunk, also the later ones",
+         chunked_reference(chunk, *grid, causal=False)),
+        ("mod-roles-swapped", "a query attends the LATER keys of its chunk (kv_idx >= q_idx)",
+         chunked_reference(chunk, *grid, causal=False) & (kv >= q)),
+        ("chunk-is-window", f"a sliding window of {chunk} keys (q_idx - kv_idx < {chunk})",
+         (kv <= q) & (q - kv < chunk)),
+        ("chunk-boundary-off-by-one", f"chunks of {chunk + 1} positions", chunked_reference(chunk, *grid,
+                                                                                           width=chunk + 1)),
+        ("chunk-boundary-off-by-one", f"chunks of {chunk - 1} positions", chunked_reference(chunk, *grid,
+                                                                                           width=chunk - 1)),
+        ("chunk-boundary-off-by-one", "chunk boundaries one position early ((idx + 1) // chunk)",
+         chunked_reference(chunk, *grid, shift=1)),
+        ("chunk-boundary-off-by-one", "chunk boundaries one position late ((idx - 1) // chunk)",
+         chunked_reference(chunk, *grid, shift=-1)),
+    ]
+
+
+def check_chunked_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(chunk, b, h, q_idx, kv_idx)`` -> bool: Llama 4's chunked attention over T queries and the same
+    T keys, cut into chunks of ``chunk`` positions (0 .. chunk-1, chunk .. 2*chunk-1, ...): query q_idx may attend
+    key kv_idx when both lie in the same chunk and kv_idx <= q_idx. Diagnoses ``[chunk-not-causal]``,
+    ``[chunk-is-window]``, ``[chunk-boundary-off-by-one]``, ``[mod-roles-swapped]``, ``[mod-from-library]`` and
+    ``[mod-fails-in-flex]``."""
+    label = "chunked_mod"
+
+    def body():
+        rng = np.random.default_rng(18)
+        sizes = _sizes()
+        for n, (batch, heads, t) in enumerate(sizes, 1):
+            chunk = int(rng.integers(3, max(4, t // 2)))  # at least 2 chunks, the last one partial or whole
+            case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, T={t}, chunk={chunk}"
+            out = _student_mask(fn, {"chunk": chunk}, batch, heads, t, label, case)
+            grid = _grid(batch, heads, t)
+            ref = np.broadcast_to(chunked_reference(chunk, *grid), out.shape)
+            _judge_mask(out, ref, _chunk_candidates(chunk, grid), case)
+            _through_flex(fn, (chunk,), (batch, heads, t), case, allowed=ref)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (chunks of several sizes, the last one partial) "
+                "match causal attention inside each chunk")
+
+    warm_up()
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A decode-time mask with a captured offset
+# ----------------------------------------------------------------------------------------------------------
+
+
+def decode_reference(offset: int, window: int, b, h, q, kv, *, shift=0, reach=0, use_offset=True):
+    """The query at q_idx stands at position offset + q_idx of a cache of Tk slots (the slots after it are empty):
+    it sees the ``window`` keys up to itself; ``shift`` moves the query's position, ``reach`` the window's far end,
+    ``use_offset=False`` forgets the offset."""
+    position = q + (offset + shift if use_offset else 0)
+    return (kv <= position) & (kv > position - window - reach)
+
+
+def check_decode_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(offset, window, b, h, q_idx, kv_idx)`` -> bool: a decode step's mask_mod, one query (Tq = 1,
+    q_idx = 0) at position ``offset`` of a KV cache of Tk slots (slots after ``offset`` not yet written), a sliding
+    window of ``window`` keys: key kv_idx may be attended when offset - window < kv_idx <= offset. Diagnoses
+    ``[decode-offset-ignored]``, ``[decode-offset-off-by-one]``, ``[mod-window-off-by-one]``,
+    ``[mod-from-library]`` and ``[mod-fails-in-flex]``."""
+    label = "decode_mod"
+
+    def body():
+        rng = np.random.default_rng(19)
+        sizes = _sizes()
+        for n, (batch, heads, t_k) in enumerate(sizes, 1):
+            offset = int(rng.integers(t_k // 2, t_k - 1))  # empty slots after the query, a window inside the cache
+            window = int(rng.integers(2, offset))
+            case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, Tq=1, Tk={t_k}, offset={offset}, window={window}"
+            out = _student_mask(fn, {"offset": offset, "window": window}, batch, heads, 1, label, case, t_k)
+            grid = _grid(batch, heads, 1, t_k)
+            candidates = [
+                ("decode-offset-ignored", "the query stands at position q_idx = 0", decode_reference(
+                    offset, window, *grid, use_offset=False)),
+                ("decode-offset-off-by-one", f"the query stands at position {offset + 1}", decode_reference(
+                    offset, window, *grid, shift=1)),
+                ("decode-offset-off-by-one", f"the query stands at position {offset - 1}", decode_reference(
+                    offset, window, *grid, shift=-1)),
+                ("mod-window-off-by-one", f"the window holds {window + 1} keys", decode_reference(
+                    offset, window, *grid, reach=1)),
+                ("mod-window-off-by-one", f"the window holds {window - 1} keys", decode_reference(
+                    offset, window, *grid, reach=-1)),
+                ("decode-reads-empty-slots", "the query also sees the cache's empty slots after it",
+                 decode_reference(offset, window, *grid) | (grid[3] > offset)),
+            ]
+            ref = np.broadcast_to(decode_reference(offset, window, *grid), out.shape)
+            _judge_mask(out, ref, candidates, case)
+            _through_flex(fn, (offset, window), (batch, heads, 1, t_k), case, allowed=ref)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} decode steps (caches of several lengths, empty slots "
+                "after the query) match the window of keys up to the query's position")
 
     warm_up()
     run_check(body, timeout)
