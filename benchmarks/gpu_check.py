@@ -3,7 +3,7 @@
 1. **Checks.** ``flash_attention``'s output and its three gradients against float64 SDPA computed on the same GPU
    from the same (rounded) inputs, in float16, bfloat16 and float32, head sizes 64 and 128 (and 80, which the
    kernel pads to 128), causal and not, Tq == Tk and Tq != Tk; then GQA (8 query heads over 2 key/value heads), a
-   sliding window, padded key lengths, and inputs that are views (a fused QKV projection split without a copy, keys
+   sliding window, padded key lengths, packed documents (per-query key ranges), and inputs that are views (a fused QKV projection split without a copy, keys
    expanded over the heads). The error is measured relative to the reference's largest entry, against a tolerance
    per dtype (:data:`TOLERANCE`). A case that fails to compile (a tile too large for the GPU's shared memory, say)
    is a failure with its message, and the run goes on.
@@ -32,7 +32,7 @@ TOLERANCE = {"fp16": 5e-3, "bf16": 3e-2, "fp32": 1e-4}  # max |ours - ref| / max
 HEAD_SIZES = (64, 128, 80)
 
 
-def reference(q, k, v, is_causal=False, window=None, key_lengths=None):
+def reference(q, k, v, is_causal=False, window=None, key_lengths=None, key_ranges=None):
     """SDPA on keys and values repeated over each group of query heads, with the course's masks (rows that may
     attend nothing give 0), differentiable: called on float64 views of float64 leaves."""
     from attention_course.masks import causal_mask, padding_mask, sliding_window_mask
@@ -47,6 +47,10 @@ def reference(q, k, v, is_causal=False, window=None, key_lengths=None):
         mask = causal_mask(t_q, t_k, device=q.device)
     if key_lengths is not None:
         mask = mask & padding_mask(key_lengths, t_k)
+    if key_ranges is not None:  # packed documents: query i of row b sees keys [starts[b, i], ends[b, i])
+        keys = torch.arange(t_k, device=q.device)
+        starts, ends = (r[:, None, :, None] for r in key_ranges)  # (B, 1, Tq, 1)
+        mask = mask & (keys >= starts) & (keys < ends)  # (B, 1, Tq, Tk)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).nan_to_num(0.0)
 
 
@@ -85,6 +89,11 @@ def cases(dtype, device="cuda", t=300, head_sizes=HEAD_SIZES):
     yield f"GQA 8/2, window {window}", gqa, plain, {"is_causal": True, "window": window}
     yield f"GQA 8/2, key lengths {lengths.tolist()}", gqa, plain, {"key_lengths": lengths}
     yield "GQA 8/2, window and key lengths", gqa, plain, {"is_causal": True, "window": window, "key_lengths": lengths}
+    from attention_course.flash_triton import document_ranges
+
+    sizes = [[t // 5, 1, t // 2, t - t // 5 - 1 - t // 2], [t // 2, t - t // 2]]  # packed documents, one row each
+    doc_ids = torch.tensor([[doc for doc, n in enumerate(row) for _ in range(n)] for row in sizes], device=device)
+    yield "GQA 8/2, packed documents, causal", gqa, plain, {"is_causal": True, "key_ranges": document_ranges(doc_ids)}
 
     def fused(x):  # (B, T, 3 * H * Dh) -> three (B, H, T, Dh) views
         return x.unflatten(-1, (3, 4, 64)).permute(2, 0, 3, 1, 4).unbind(0)

@@ -430,7 +430,7 @@ def test_gpu_check_refuses_without_a_gpu_and_its_checks_run_here(monkeypatch, ca
     assert gpu_check.main([]) == 2
     assert "gpu_check needs a CUDA GPU" in capsys.readouterr().out
     rows, ok = gpu_check.run_checks(ft, dtypes=("fp32",), device="cpu", t=8, head_sizes=(80,))
-    assert ok and len(rows) == 10 and {row[-1] for row in rows} == {"PASS"}
+    assert ok and len(rows) == 11 and {row[-1] for row in rows} == {"PASS"}
 
 
 def test_memory_traffic_counts_each_matrix_it_moves():
