@@ -4,9 +4,9 @@
    from the same (rounded) inputs, in float16, bfloat16 and float32, head sizes 64 and 128 (and 80, which the
    kernel pads to 128), causal and not, Tq == Tk and Tq != Tk; then GQA (8 query heads over 2 key/value heads), a
    sliding window, padded key lengths, packed documents (per-query key ranges), and inputs that are views (a
-   fused QKV projection split without a copy, keys expanded over the heads). The error is measured relative to the reference's largest entry, against a tolerance
-   per dtype (:data:`TOLERANCE`). A case that fails to compile (a tile too large for the GPU's shared memory, say)
-   is a failure with its message, and the run goes on.
+   fused QKV projection split without a copy, keys expanded over the heads). The error is measured relative to
+   the reference's largest entry, against a tolerance per dtype (:data:`TOLERANCE`). A case that fails to compile
+   (a tile too large for the GPU's shared memory, say) is a failure with its message, and the run goes on.
 2. **Speed.** ``benchmarks/bench_triton.py`` (imported, same process): TFLOP/s of the kernels and of SDPA's flash
    backend, forward and forward + backward, and the targets (>= 0.7x SDPA forward, >= 0.5x forward + backward).
 
