@@ -7,12 +7,13 @@ import pytest
 
 from attention_course import bug_zoo, checks, mistakes
 from attention_course.checks import runner
+from attention_course.mistakes import catalogue
 
 
 @pytest.fixture
 def scratch_catalogue():
     """Lets a test add entries; the catalogue is restored afterwards (in place: CODES is a view of it)."""
-    saved = [(d, dict(d)) for d in (mistakes.MISTAKES, mistakes._DESCRIPTIONS, mistakes._EXAMPLES)]
+    saved = [(d, dict(d)) for d in (mistakes.MISTAKES, catalogue._DESCRIPTIONS, catalogue._EXAMPLES)]
     yield
     for live, copy in saved:
         live.clear()
