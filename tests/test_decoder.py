@@ -104,6 +104,60 @@ def test_cached_decode_equals_the_full_forward_and_hf_through_its_own_cache():
     assert relative_error(restarted, full[:, 5:6]) > 1e-3
 
 
+def tiny_model(family: str, dtype=torch.float64, seed: int = 0):
+    """A 2-layer random-weight Qwen3 (QK-norm, head_dim != D / H) or Mistral (a 4-token sliding window, so an
+    11-token sequence crosses it) causal LM."""
+    common = dict(vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, tie_word_embeddings=False, rms_norm_eps=1e-5, attn_implementation="eager",
+                  rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    if family == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=12, **common))
+    else:
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=4, **common))
+    return random_weights(model, seed=seed, dtype=dtype)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral"])
+def test_whole_qwen3_and_sliding_window_models_equal_transformers(family):
+    """Whole models, not one layer: the logits of the full forward, of prefill + cached decode through the course's
+    KVCache and of HF's decode through its own DynamicCache agree (float64), and greedy decoding gives HF's tokens.
+    The family's own attention is what makes it agree: rebuilt as a Llama (no QK-norm, no window), it does not."""
+    from attention_course.kv_cache import KVCache
+
+    hf = tiny_model(family)
+    ours = Decoder.from_hf(hf)
+    assert type(ours.blocks[0].attn).__name__ == {"qwen3": "Qwen3Attention", "mistral": "MistralAttention"}[family]
+    ids = torch.randint(0, 50, (2, 11), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        full = ours(ids)
+        cache = KVCache(len(ours.blocks))
+        steps = [ours(ids[:, :5], cache=cache)] + [ours(ids[:, t:t + 1], cache=cache) for t in range(5, 11)]
+        hf_cache = transformers.DynamicCache(config=hf.config)
+        hf_steps = [hf(ids[:, :5], cache=hf_cache, use_cache=True).logits]
+        hf_steps += [hf(ids[:, t:t + 1], cache=hf_cache, use_cache=True).logits for t in range(5, 11)]
+    assert relative_error(full, ref) < TOLERANCE[torch.float64]
+    assert relative_error(torch.cat(steps, dim=1), full) < 1e-12
+    assert relative_error(torch.cat(steps, dim=1), torch.cat(hf_steps, dim=1)) < TOLERANCE[torch.float64]
+    out = ours.generate(ids[:, :5], 6)
+    prompt = ids[:, :5]  # an explicit attention mask: token 0 in a prompt is a token here, not padding
+    assert torch.equal(out, hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                                        do_sample=False, min_new_tokens=6, pad_token_id=0))
+    as_llama = Decoder.from_hf(hf)
+    for block in as_llama.blocks:
+        block.attn.q_norm = block.attn.k_norm = None  # Qwen3 without its QK-norm
+        block.attn.window = None  # Mistral without its window
+    with torch.no_grad():
+        assert relative_error(as_llama(ids), ref) > 1e-3
+
+
+def test_a_family_not_rebuilt_is_refused_by_name():
+    config = transformers.Gemma2Config(vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    with pytest.raises(TypeError, match="Gemma2Attention"):
+        Decoder.from_hf(transformers.Gemma2ForCausalLM(config))
+
+
 def test_bad_inputs():
     ours = Decoder(50, 16, 1, 4, 2, 24)
     with pytest.raises(TypeError, match="integer tensor"):

@@ -1,10 +1,12 @@
-"""A whole decoder-only language model assembled from the course's parts (chapter 14): SmolLM2, a Llama.
+"""A whole decoder-only language model assembled from the course's parts (chapter 14): SmolLM2, a Llama; Qwen3 and
+Mistral as well (the same layer with another attention: QK-norm, a sliding window).
 
 Each layer is pre-norm (chapter 11's :func:`~attention_course.block.residual`): :class:`~attention_course.block.
 RMSNorm`, chapter 14's attention (:class:`~attention_course.modern.families.LlamaAttention`: grouped-query heads,
 RoPE), RMSNorm again and :class:`~attention_course.block.SwiGLU`. Token embedding in, a final RMSNorm and an output
 head (tied to the embedding, as in SmolLM2) out. :meth:`Decoder.from_hf` copies a ``transformers``
-``LlamaForCausalLM``'s sizes and weights, so the course's model and Hugging Face's can be compared logit by logit.
+``LlamaForCausalLM``'s (or ``Qwen3ForCausalLM``'s, ``MistralForCausalLM``'s) sizes and weights, so the course's model
+and Hugging Face's can be compared logit by logit.
 
 :meth:`Decoder.generate` decodes greedily with a KV cache (chapter 8's :class:`~attention_course.kv_cache.KVCache`,
 the cache protocol every attention layer of the course speaks): the model asks the cache once per forward where the
@@ -22,7 +24,7 @@ from torch import Tensor, nn
 from .block import RMSNorm, SwiGLU, residual
 from .interop.hf import copy_linear
 from .kv_cache import Cache, KVCache
-from .modern.families import LlamaAttention
+from .modern.families import LlamaAttention, MistralAttention, Qwen3Attention
 from .validation import INTEGER_DTYPES, check_int, check_rank
 
 NO_DROPOUT = nn.Identity()  # the residual sub-layers of a pretrained model in inference
@@ -55,7 +57,9 @@ class Decoder(nn.Module):
         tie_embeddings: the output head shares the token embedding's matrix.
     """
 
-    attention_class = LlamaAttention  # a family with another attention (Qwen3's QK-norm) sets its own
+    attention_class = LlamaAttention  # what __init__ builds; from_hf takes the family of the model it copies
+    #: The decoder families whose whole model is this one with another attention (the HF class names its twin).
+    families = (LlamaAttention, Qwen3Attention, MistralAttention)
 
     def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int, num_kv_heads: int,
                  d_ff: int, *, head_dim: int | None = None, rope_base: float = 10000.0, norm_eps: float = 1e-6,
@@ -120,22 +124,25 @@ class Decoder(nn.Module):
 
     @classmethod
     def from_hf(cls, model: nn.Module) -> Decoder:
-        """The course's model with the sizes and weights of a ``transformers`` ``LlamaForCausalLM`` (eager).
+        """The course's model with the sizes and weights of a ``transformers`` ``LlamaForCausalLM``,
+        ``Qwen3ForCausalLM`` or ``MistralForCausalLM`` (eager).
 
-        Each attention layer is :meth:`attention_class.from_hf <attention_course.modern.attention.ModernAttention
-        .from_hf>` of the HF layer (its RoPE read from the config); norms, SwiGLU and embeddings are copied.
+        Each attention layer is :meth:`from_hf <attention_course.modern.attention.ModernAttention.from_hf>` of the
+        course class that mirrors the HF layer (its RoPE, QK-norm and window read from the config); norms, SwiGLU
+        and embeddings are copied.
         """
         layers = getattr(getattr(model, "model", None), "layers", None)
         if layers is None or not hasattr(model, "lm_head"):
             raise TypeError(f"Decoder.from_hf needs a transformers causal LM (model.model.layers, model.lm_head), "
                             f"got {type(model).__name__}")
+        attention = cls.family_of(layers[0].self_attn)
         config = model.config
         ours = cls(config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
                    config.num_key_value_heads, config.intermediate_size, head_dim=layers[0].self_attn.head_dim,
                    norm_eps=config.rms_norm_eps, tie_embeddings=config.tie_word_embeddings)
         ours.embed.weight.data.copy_(model.model.embed_tokens.weight.data)
         for block, layer in zip(ours.blocks, layers, strict=True):
-            block.attn = cls.attention_class.from_hf(layer.self_attn)
+            block.attn = attention.from_hf(layer.self_attn)
             block.norm1.weight.data.copy_(layer.input_layernorm.weight.data)
             block.norm2.weight.data.copy_(layer.post_attention_layernorm.weight.data)
             for mine, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
@@ -144,3 +151,13 @@ class Decoder(nn.Module):
         if not config.tie_word_embeddings:
             ours.head.weight.data.copy_(model.lm_head.weight.data)
         return ours.to(model.lm_head.weight.dtype).eval()
+
+    @classmethod
+    def family_of(cls, hf_attention: nn.Module) -> type[nn.Module]:
+        """The course attention class whose HF twin ``hf_attention`` is (TypeError for a family not rebuilt here)."""
+        name = type(hf_attention).__name__
+        for family in cls.families:
+            if family.hf_twin.name == name:
+                return family
+        twins = ", ".join(f.hf_twin.name for f in cls.families)
+        raise TypeError(f"Decoder.from_hf rebuilds models whose attention is one of {twins}, got {name}")
