@@ -431,8 +431,8 @@ def check_verify_sampled(fn, *, timeout: float = DEFAULT_TIMEOUT):
             got.append(((int(as_number(result[0])), dist), text))
         return _judge(got, lambda variant: (_sampled_variant(p, q, x, u, variant) for x, u in _SAMPLED_CASES),
                       _SAMPLED_MISTAKES,
-                      f"✓ {label}: {len(_SAMPLED_CASES)} verify passes of k = 3 (rejections at each place, all kept "
-                      "and the bonus token) keep the target's distribution",
+                      f"✓ {label}: {len(_SAMPLED_CASES)} verify passes of k = 3 (the first or second proposal "
+                      "rejected, or none and the bonus token) keep the target's distribution",
                       "That pass does not keep the target's distribution, and it matches none of the mistakes this "
                       "checker knows. Which proposals count, and which row of p does the last token come from?",
                       same=_sampled_matches)
