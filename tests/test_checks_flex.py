@@ -3,11 +3,14 @@
 CORRECT and PLANTED are run by tests/test_checks_planted.py."""
 
 import functools
+import math
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 from attention_course import checks, flex, masks, positions
+from attention_course.checks import flex as flex_checks
 from attention_course.checks import hidden
 from attention_course.checks.questions import QUESTIONS
 from attention_course.masks import causal_mask
@@ -65,6 +68,41 @@ def decode_mod(offset, window, b, h, q_idx, kv_idx):
 
 def decode_between(offset, window, b, h, q_idx, kv_idx):  # Tq = 1: the one query stands at offset
     return (kv_idx > offset - window) & (kv_idx <= offset)
+
+
+def doc_window_mod(doc_ids, window, b, h, q_idx, kv_idx):
+    same_document = doc_ids[b, q_idx] == doc_ids[b, kv_idx]
+    return same_document & (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+
+def doc_window_where(doc_ids, window, b, h, q_idx, kv_idx):  # the window first, then the documents
+    near = (q_idx - kv_idx >= 0) & (q_idx - kv_idx <= window - 1)
+    return torch.where(near, doc_ids[b, kv_idx] == doc_ids[b, q_idx], False)
+
+
+def _flex_lse(q, k, v, window):
+    """FlexAttention's output and natural-log lse, bottom-right causal within ``window`` keys (None: causal)."""
+    t_q, t_k = q.size(-2), k.size(-2)
+    reach = t_k if window is None else window
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        distance = q_idx + (t_k - t_q) - kv_idx
+        return (distance >= 0) & (distance < reach)
+
+    blocks = create_block_mask(mask_mod, None, None, t_q, t_k, device="cpu")
+    out, aux = flex_attention(q, k, v, block_mask=blocks, return_aux=AuxRequest(lse=True))
+    return out, aux.lse  # (B, H, Tq, D), (B, H, Tq)
+
+
+def sinks_sigmoid(q, k, v, sinks, window):
+    out, lse = _flex_lse(q, k, v, window)
+    return out * torch.sigmoid(lse - sinks[:, None])[..., None]
+
+
+def sinks_logaddexp(q, k, v, sinks, window):  # rescale by exp(lse - lse_with_sink)
+    out, lse = _flex_lse(q, k, v, window)
+    with_sink = torch.logaddexp(lse, sinks.view(1, -1, 1).to(lse.dtype))
+    return out * torch.exp(lse - with_sink).unsqueeze(-1)
 
 
 # ---------------------------------------------------------------- wrong answers a student would write
@@ -149,6 +187,52 @@ def decode_no_window(offset, window, b, h, q_idx, kv_idx):
     return kv_idx <= offset + q_idx
 
 
+def doc_window_or(doc_ids, window, b, h, q_idx, kv_idx):
+    return document_mod(doc_ids, b, h, q_idx, kv_idx) | ((kv_idx <= q_idx) & (q_idx - kv_idx < window))
+
+
+def doc_window_inclusive(doc_ids, window, b, h, q_idx, kv_idx):
+    return document_mod(doc_ids, b, h, q_idx, kv_idx) & (q_idx - kv_idx <= window)
+
+
+def doc_window_sorted(doc_ids, window, b, h, q_idx, kv_idx):
+    later_doc = doc_ids[b, kv_idx] >= doc_ids[b, q_idx]
+    return later_doc & (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+
+def doc_window_no_window(doc_ids, window, b, h, q_idx, kv_idx):
+    return document_mod(doc_ids, b, h, q_idx, kv_idx)
+
+
+def doc_window_library(doc_ids, window, b, h, q_idx, kv_idx):
+    return masks.document(doc_ids)(b, h, q_idx, kv_idx) & (q_idx - kv_idx < window)
+
+
+def sinks_in_numerator(q, k, v, sinks, window):
+    out, lse = _flex_lse(q, k, v, window)
+    return out * (1 + torch.exp(sinks[:, None] - lse))[..., None]
+
+
+def sinks_base_2(q, k, v, sinks, window):  # "the kernel works in base 2": lse converted to natural log again
+    out, lse = _flex_lse(q, k, v, window)
+    return out * torch.sigmoid(lse * math.log(2) - sinks[:, None])[..., None]
+
+
+def sinks_per_query(q, k, v, sinks, window):
+    out, lse = _flex_lse(q, k, v, window)
+    return out * torch.sigmoid(lse - sinks)[..., None]  # (H,) against (B, H, Tq): the last axis, the queries
+
+
+def sinks_twice(q, k, v, sinks, window):
+    out, lse = _flex_lse(q, k, v, window)
+    keep = torch.sigmoid(lse - sinks[:, None])[..., None]
+    return out * keep * keep
+
+
+def sinks_ignored(q, k, v, sinks, window):
+    return _flex_lse(q, k, v, window)[0]
+
+
 def chunked_library(chunk, b, h, q_idx, kv_idx):
     return masks.chunked(chunk, 64)(b, h, q_idx, kv_idx)
 
@@ -211,6 +295,10 @@ CORRECT = [
     (checks.check_chunked_mask, chunked_where),
     (checks.check_decode_mask, decode_mod),
     (checks.check_decode_mask, decode_between),
+    (checks.check_doc_window_mask, doc_window_mod),
+    (checks.check_doc_window_mask, doc_window_where),
+    (checks.check_sinks_from_lse, sinks_sigmoid),
+    (checks.check_sinks_from_lse, sinks_logaddexp),
 ]
 
 PLANTED = [
@@ -248,6 +336,18 @@ PLANTED = [
     (checks.check_decode_mask, decode_window_inclusive, "mod-window-off-by-one"),
     (checks.check_decode_mask, decode_reads_empty, "decode-reads-empty-slots"),
     (checks.check_decode_mask, decode_no_window, "wrong-output"),
+    # documents and a window (issue 43)
+    (checks.check_doc_window_mask, doc_window_or, "masks-or-not-and"),
+    (checks.check_doc_window_mask, doc_window_inclusive, "mod-window-off-by-one"),
+    (checks.check_doc_window_mask, doc_window_sorted, "doc-ids-assumed-sorted"),
+    (checks.check_doc_window_mask, doc_window_no_window, "mask-term-missing"),
+    (checks.check_doc_window_mask, doc_window_library, "mod-from-library"),
+    # sinks from FlexAttention's log-sum-exp (issue 43)
+    (checks.check_sinks_from_lse, sinks_in_numerator, "sink-in-numerator"),
+    (checks.check_sinks_from_lse, sinks_base_2, "lse-wrong-base"),
+    (checks.check_sinks_from_lse, sinks_per_query, "sinks-per-query"),
+    (checks.check_sinks_from_lse, sinks_twice, "sink-renormalised-twice"),
+    (checks.check_sinks_from_lse, sinks_ignored, "wrong-output"),
 ]
 
 
@@ -326,3 +426,37 @@ def test_questions_match_the_library():
     assert QUESTIONS["15.sparsity"].answer() == pytest.approx(bm.sparsity()) == pytest.approx(100 * 49 / 64)
     assert flex.tiles_computed(bm) == 15
     assert QUESTIONS["15.recompile"].answer == "B"
+
+
+def test_the_tile_question_matches_create_block_mask():
+    """The answer of 15.doc-window-tiles (chapter 9's count on the reference mask) is what the real
+    create_block_mask computes for the right mod; its known wrong counts all differ from it and from each other."""
+    case = flex_checks.DOC_WINDOW_CASE
+    ids = flex_checks.doc_window_ids()
+    bm = flex.block_mask(functools.partial(doc_window_mod, ids, case["window"]), ids.size(-1),
+                         block_size=case["block"], batch=1)
+    assert flex.tiles_computed(bm) == QUESTIONS["15.doc-window-tiles"].answer() == 19
+    known = QUESTIONS["15.doc-window-tiles"].known()
+    assert len(known) == 7 and 19 not in known
+    assert int((flex.tile_states(bm) == 2).sum()) in known  # the partial tiles counted as skipped
+
+
+def test_a_mod_whose_block_mask_differs_fails_in_flex(monkeypatch):
+    monkeypatch.setattr(flex_checks, "doc_window_tiles", lambda: 18)
+    assert _code(checks.check_doc_window_mask, doc_window_mod) == "mod-fails-in-flex"
+
+
+def test_the_sink_reference_is_the_librarys_add_sinks():
+    """The check's float64 NumPy (a sink column in the softmax) equals functional.add_sinks on the output and lse of
+    attention without the sink, with a window and Tq != Tk."""
+    import numpy as np
+
+    from attention_course import functional
+
+    rng = np.random.default_rng(0)
+    q, k, v, sinks = rng.standard_normal((2, 3, 4, 8)), rng.standard_normal((2, 3, 9, 8)), \
+        rng.standard_normal((2, 3, 9, 8)), rng.standard_normal(3)
+    out, lse = _flex_lse(*(torch.from_numpy(x) for x in (q, k, v)), 3)
+    ours = functional.add_sinks(torch.from_numpy(sinks), out, None, lse)[0]
+    ref = flex_checks.sink_reference(q, k, v, sinks, 3)
+    assert np.allclose(ours.numpy(), ref, atol=1e-12)

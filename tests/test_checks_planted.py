@@ -81,6 +81,7 @@ def test_every_code_is_produced_somewhere():
     zoo = bug_zoo.ZOO + bug_zoo.SINGLE_HEAD_ZOO + bug_zoo.WEIGHT_LAYOUT_ZOO + bug_zoo.KV_CACHE_ZOO + bug_zoo.SEED_ZOO
     planted_elsewhere = {"timeout", "wrong-value"} | {"wrong-answer", "invalid-answer"}  # the latter: test_questions
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(12)}  # its questions' codes
+    planted_elsewhere |= {"tiles-dense-count", "partial-tiles-skipped"}  # question 15.doc-window-tiles
     planted_elsewhere |= {m.code for m in mistakes.in_chapter(14)}  # bug_zoo.MODERN_ZOO, tests/test_checks_modern.py
     planted_elsewhere |= {"kernel-heads-interleaved", "qkv-chunks-swapped"}  # tests/test_checks_porting.py
     planted_elsewhere |= {"window-off-by-one", "window-ignored", "tiles-not-skipped"}  # tests/test_checks_tiles.py

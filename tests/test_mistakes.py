@@ -62,8 +62,9 @@ def test_topics_and_chapters():
     assert [m.code for m in mistakes.in_chapter(15)] == [
         "mod-roles-swapped", "mod-window-off-by-one", "bias-sign-flipped", "doc-id-wrong-index",
         "doc-ids-assumed-sorted", "chunk-not-causal", "chunk-is-window", "chunk-boundary-off-by-one",
-        "decode-offset-ignored", "decode-offset-off-by-one", "decode-reads-empty-slots", "mod-from-library",
-        "mod-fails-in-flex"]
+        "decode-offset-ignored", "decode-offset-off-by-one", "decode-reads-empty-slots", "masks-or-not-and",
+        "mask-term-missing", "tiles-dense-count", "partial-tiles-skipped", "sink-in-numerator", "lse-wrong-base",
+        "sinks-per-query", "sink-renormalised-twice", "mod-from-library", "mod-fails-in-flex"]
     assert [m.code for m in mistakes.in_chapter(17)] == [
         "state-carried-over", "read-before-write", "beta-missing", "beta-on-key", "no-erase", "decay-after-write",
         "keys-not-normalized", "chunk-mask-diagonal", "chunk-start-state-ignored", "not-token-by-token",
@@ -72,7 +73,10 @@ def test_topics_and_chapters():
         "block-index-off-by-one", "slot-ignores-table", "slot-block-not-scaled", "shared-block-freed", "cow-no-copy",
         "cow-refs-not-moved", "verify-mask-top-left", "verify-mask-sees-future", "verify-mask-drops-cache",
         "rejection-not-residual", "rejection-ratio-inverted", "rejection-always-accepts", "finished-left-in-batch",
-        "retired-too-early", "eos-zero-ignored"]
+        "retired-too-early", "eos-zero-ignored", "decode-not-first", "prefill-not-chunked", "block-room-ignored",
+        "preempt-frees-ignored", "preempt-wrong-victim", "accepts-after-rejection", "bonus-token-missing",
+        "bonus-row-off-by-one", "spec-cost-ignored", "spec-acceptance-not-compounded", "spec-bonus-forgotten",
+        "spec-target-pass-forgotten", "spec-from-library"]
     assert [m.code for m in mistakes.in_chapter(19)] == [
         "rope-not-applied", "cache-keys-unrotated", "final-norm-missing", "generate-wrong-position",
         "cache-not-passed-back", "cache-fed-whole-sequence", "targets-not-shifted", "induction-not-learned",

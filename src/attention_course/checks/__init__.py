@@ -49,6 +49,7 @@ _LAZY = {
     "check_zigzag_layout": "distributed",
     "check_additive_mask": "field_guide", "check_layers_created_once": "field_guide",
     "check_alibi_score_mod": "flex", "check_chunked_mask": "flex", "check_decode_mask": "flex",
+    "check_doc_window_mask": "flex", "check_sinks_from_lse": "flex",
     "check_document_mask": "flex", "check_prefix_lm_mask": "flex",
     "check_merge_heads": "heads", "check_split_heads": "heads",
     "check_key_path_ablation": "interpret", "check_prefix_matching_score": "interpret",
@@ -68,7 +69,8 @@ _LAZY = {
     "check_choice": "questions", "check_number": "questions",
     "CheckFailed": "runner", "DEFAULT_TIMEOUT": "runner",
     "check_block_slot": "serving", "check_copy_on_write": "serving", "check_rejection_rule": "serving",
-    "check_retire": "serving", "check_verify_mask": "serving",
+    "check_retire": "serving", "check_verify_mask": "serving", "check_schedule": "serving",
+    "check_verify_sampled": "serving", "check_best_k": "serving",
     "check_sliding_window_attention": "tiles",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -1,5 +1,6 @@
 """Checks of chapter 15: FlexAttention mods written by the student (a prefix-LM mask, a document mask, ALiBi,
-Llama 4's chunked attention).
+Llama 4's chunked attention, a decode step's mask, documents and a window with their tile count), and attention
+sinks added from FlexAttention's log-sum-exp.
 
 A mod is a function of index tensors. The checks call the student's mod the way :func:`attention_course.flex.
 dense_mask` does, on broadcasting index tensors b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, T, 1) and kv_idx
@@ -417,6 +418,199 @@ def check_decode_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Documents AND a sliding window, and the tiles FlexAttention computes for them
+# ----------------------------------------------------------------------------------------------------------
+
+# (B, H, T): rows long enough for documents longer than the window
+_DOC_WINDOW_SIZES = [(1, 2, 16), (2, 1, 12), (3, 3, 20), (1, 4, 9)]
+#: the exercise's packed row (documents of these lengths, ids 0, 1, 2), window and block size: the tile question
+DOC_WINDOW_CASE = {"lengths": (20, 80, 28), "window": 32, "block": 16}
+
+
+def doc_window_reference(doc_ids: np.ndarray, window: int, b, h, q, kv, *, reach=0, reads="right", combine="and"):
+    """Causal attention inside each document, to the ``window`` keys up to the query; ``reach`` moves the
+    window's far end, ``reads`` is :func:`document_reference`'s, ``combine`` "or" joins the two masks by or,
+    "document" or "window" keeps one of them."""
+    in_document = document_reference(doc_ids, b, h, q, kv, reads=reads)
+    in_window = (kv <= q) & (q - kv < window + reach)
+    return {"and": in_document & in_window, "or": in_document | in_window, "document": in_document,
+            "window": in_window}[combine]
+
+
+def _doc_window_candidates(ids, window, grid) -> list:
+    return [
+        ("mod-window-off-by-one", f"the window holds {window + 1} keys", doc_window_reference(ids, window, *grid,
+                                                                                            reach=1)),
+        ("mod-window-off-by-one", f"the window holds {window - 1} keys", doc_window_reference(ids, window, *grid,
+                                                                                            reach=-1)),
+        ("masks-or-not-and", "a pair allowed by the documents OR by the window",
+         doc_window_reference(ids, window, *grid, combine="or")),
+        ("mask-term-missing", "the documents without the window", doc_window_reference(ids, window, *grid,
+                                                                                       combine="document")),
+        ("mask-term-missing", "the window across documents", doc_window_reference(ids, window, *grid,
+                                                                                  combine="window")),
+        ("doc-ids-assumed-sorted", "doc_ids[b, kv_idx] >= doc_ids[b, q_idx]",
+         doc_window_reference(ids, window, *grid, reads="ordered")),
+        ("doc-ids-assumed-sorted", "doc_ids[b, kv_idx] <= doc_ids[b, q_idx]",
+         doc_window_reference(ids, window, *grid, reads="ordered-down")),
+    ]
+
+
+def doc_window_ids() -> torch.Tensor:
+    """(1, T) int64 document ids of :data:`DOC_WINDOW_CASE`'s packed row."""
+    lengths = DOC_WINDOW_CASE["lengths"]
+    return torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])[None]
+
+
+def doc_window_tiles() -> int:
+    """Tiles computed (partial or full) for :data:`DOC_WINDOW_CASE`, by chapter 9's ``tiles.tile_states`` on the
+    reference mask (no FlexAttention: fast under a check's time limit)."""
+    from .. import tiles
+
+    ids, window, block = doc_window_ids().numpy(), DOC_WINDOW_CASE["window"], DOC_WINDOW_CASE["block"]
+    t = ids.shape[-1]
+    allowed = torch.from_numpy(doc_window_reference(ids, window, *_grid(1, 1, t))[0, 0])
+    return tiles.tiles_computed(tiles.tile_states(allowed, t, t, block))
+
+
+def _flex_tiles(fn) -> None:
+    """The student's mod on the exercise's row through the real ``create_block_mask``: its tile count must be the
+    reference's (chapter 9's count on the reference mask)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from .. import flex
+
+    if not observe.runs_here(fn):
+        return
+    ids, window, block = doc_window_ids(), DOC_WINDOW_CASE["window"], DOC_WINDOW_CASE["block"]
+    t = ids.size(-1)
+    case = f"the exercise's row: documents of {list(DOC_WINDOW_CASE['lengths'])} tokens, window {window}"
+    try:
+        with warnings.catch_warnings(), _eager_flex():
+            warnings.simplefilter("ignore")
+            mask = create_block_mask(functools.partial(fn, ids, window), 1, 1, t, t, device="cpu", BLOCK_SIZE=block)
+    except Exception as err:  # noqa: BLE001 - any failure inside FlexAttention is the student's mod's
+        raise fail("mod-fails-in-flex", detail=f"it raised {type(err).__name__}: {first_line(err)[:160]}",
+                   case=case) from None
+    if flex.tiles_computed(mask) != doc_window_tiles():
+        raise fail("mod-fails-in-flex", detail=f"its block mask computes {flex.tiles_computed(mask)} tiles, not the "
+                   f"{doc_window_tiles()} of the mask it gave on the grid", case=case)
+
+
+def check_doc_window_mask(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(doc_ids, window, b, h, q_idx, kv_idx)`` -> bool: documents packed into each row of ``doc_ids``
+    (B, T) int64 AND a causal sliding window of ``window`` keys: query q_idx may attend key kv_idx when both lie in
+    the same document of row b and 0 <= q_idx - kv_idx < window. The ids of a row are in no particular order.
+    Diagnoses ``[masks-or-not-and]``, ``[mask-term-missing]``, ``[mod-window-off-by-one]``,
+    ``[doc-ids-assumed-sorted]``, ``[mod-from-library]`` and ``[mod-fails-in-flex]``; the mod also runs through
+    ``create_block_mask`` on the exercise's row, where its tile count must be the reference's."""
+    label = "doc_window_mod"
+
+    def body():
+        rng = np.random.default_rng(22)  # the first case's ids neither rise nor fall: each mistake its own mask
+        sizes = _DOC_WINDOW_SIZES + hidden.flex_sizes()
+        for n, (batch, heads, t) in enumerate(sizes, 1):
+            ids, window = _doc_ids(rng, batch, t), int(rng.integers(2, max(3, t // 3)))
+            shown = ids.tolist() if ids.size <= 40 else f"(B, T) = {ids.shape}, row 0 {ids[0].tolist()}"
+            case = f"case {n} of {len(sizes)}: B={batch}, H={heads}, T={t}, window={window}, doc_ids {shown}"
+            data = {"doc_ids": torch.from_numpy(ids), "window": window}
+            out = _student_mask(fn, data, batch, heads, t, label, case)
+            grid = _grid(batch, heads, t)
+            ref = np.broadcast_to(doc_window_reference(ids, window, *grid), out.shape)
+            _judge_mask(out, ref, _doc_window_candidates(ids, window, grid), case)
+            _through_flex(fn, (torch.from_numpy(ids), window), (batch, heads, t), case, allowed=ref)
+        _flex_tiles(fn)
+        return (f"✓ {display_name(fn, label)}: {len(sizes)} cases (2 to 4 documents per row, windows shorter and "
+                "longer than a document) match the window inside each document; its block mask computes "
+                f"{doc_window_tiles()} tiles on the exercise's row")
+
+    warm_up()
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Attention sinks from the log-sum-exp (GPT-OSS)
+# ----------------------------------------------------------------------------------------------------------
+
+# (B, H, Tq, Tk, D, window): the first case has Tq == H, where sinks indexed by query still broadcast
+_SINK_CASES = [(1, 3, 3, 5, 8, None), (2, 2, 4, 9, 8, 3), (1, 4, 6, 6, 16, None), (2, 1, 5, 12, 8, 4)]
+
+
+def sink_reference(q, k, v, sinks, window, *, variant="right"):
+    """Float64 NumPy: bottom-right causal (and windowed) attention whose softmax has one more column per head,
+    the sink's logit, with no value (GPT-OSS; HF's ``eager_attention_forward`` of ``gpt_oss``); a ``variant``
+    rescales the sink-free output from its log-sum-exp the way a known mistake does."""
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    position = np.arange(t_q)[:, None] + t_k - t_q  # (Tq, 1): the queries are the last positions
+    distance = position - np.arange(t_k)[None, :]  # (Tq, Tk)
+    allowed = (distance >= 0) & (distance < (t_k if window is None else window))
+    scores = np.where(allowed, q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1]), -np.inf)  # (B, H, Tq, Tk)
+    sink = sinks[:, None]  # (H, 1): one logit per head, every query
+    if variant == "right":
+        top = np.maximum(scores.max(-1), sink)[..., None]
+        weights = np.exp(scores - top) / (np.exp(scores - top).sum(-1, keepdims=True) + np.exp(sink[..., None] - top))
+        return weights @ v
+    lse = np.log(np.exp(scores - scores.max(-1, keepdims=True)).sum(-1)) + scores.max(-1)  # (B, H, Tq)
+    out = np.exp(scores - lse[..., None]) @ v  # attention without the sink
+    if variant == "per-query":
+        sink = sinks[None, :]  # (1, Tq) = (1, H): the sink of query i is sinks[i]
+    keep = {"numerator": 1 + np.exp(sink - lse), "base-2": 1 / (1 + np.exp(sink - lse * math.log(2))),
+            "base-2-inverse": 1 / (1 + np.exp(sink - lse / math.log(2))), "twice": 1 / (1 + np.exp(sink - lse)) ** 2,
+            "per-query": 1 / (1 + np.exp(sink - lse))}[variant]
+    return out * keep[..., None]
+
+
+def _sink_inputs(case, rng):
+    batch, heads, t_q, t_k, d, window = case
+    q, k, v = (rng.standard_normal((batch, heads, n, d)) for n in (t_q, t_k, t_k))
+    sinks = rng.uniform(-1.0, 2.0, size=heads)
+    return q, k, v, sinks, window
+
+
+def check_sinks_from_lse(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(q, k, v, sinks, window)`` -> (B, H, Tq, D): GPT-OSS's attention with one learned sink logit per
+    head (``sinks`` (H,)) in the softmax's denominator and no value, for queries that are the last Tq of Tk
+    positions, causal (bottom-right), within ``window`` keys unless ``window`` is None; float64 tensors. Compared
+    with float64 NumPy that appends the sink's column to the scores (the notebook asks for FlexAttention's output
+    and log-sum-exp instead). Diagnoses ``[sink-in-numerator]``, ``[lse-wrong-base]``, ``[sinks-per-query]`` and
+    ``[sink-renormalised-twice]``."""
+    label = display_name(fn, "sink_attention")
+    candidates = [("sink-in-numerator", "numerator"), ("lse-wrong-base", "base-2"),
+                  ("lse-wrong-base", "base-2-inverse"), ("sinks-per-query", "per-query"),
+                  ("sink-renormalised-twice", "twice")]
+
+    def body():
+        rng = np.random.default_rng(21)
+        for n, case in enumerate(_SINK_CASES, 1):
+            q, k, v, sinks, window = _sink_inputs(case, rng)
+            text = (f"case {n} of {len(_SINK_CASES)}: B={case[0]}, H={case[1]}, Tq={case[2]}, Tk={case[3]}, "
+                    f"window={window}")
+            args = {"q": torch.from_numpy(q), "k": torch.from_numpy(k), "v": torch.from_numpy(v),
+                    "sinks": torch.from_numpy(sinks), "window": window}
+            with warnings.catch_warnings(), _eager_flex():
+                warnings.simplefilter("ignore")
+                out = as_array(call(fn, args, label, call_text=text), "result", text)
+            ref = sink_reference(q, k, v, sinks, window)
+            if out.shape != ref.shape:
+                raise fail("wrong-shape", f"Your output has shape {out.shape}; it should be (B, H, Tq, D) = "
+                           f"{ref.shape}.", case=text)
+            if np.allclose(out, ref, atol=1e-8, rtol=1e-8):
+                continue
+            for code, variant in candidates:
+                if variant == "per-query" and case[1] != case[2]:
+                    continue  # sinks indexed by query only broadcast where Tq == H
+                if np.allclose(out, sink_reference(q, k, v, sinks, window, variant=variant), atol=1e-8, rtol=1e-8):
+                    raise fail(code, case=text)
+            raise fail("wrong-output", "Your output differs from attention with one sink logit per head in the "
+                       "softmax's denominator (float64, tolerance 1e-8).", case=text)
+        return (f"✓ {label}: {len(_SINK_CASES)} cases (1 to 4 heads, Tq != Tk, causal and windowed) match "
+                "attention with a sink per head")
+
+    warm_up()
+    run_check(body, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Questions
 # ----------------------------------------------------------------------------------------------------------
 
@@ -449,3 +643,49 @@ choice_question(
         "reuses it. Capturing a tensor instead would have compiled once.",
     wrong={"A": "a captured Python number is a constant of the kernel, not an input: a new value cannot reuse it.",
            "C": "compiled kernels stay in the cache with their guards: 20.0 again matches the first one."})
+
+
+def _doc_window_known() -> dict:
+    """The counts of the known wrong predictions for :data:`DOC_WINDOW_CASE` (chapter 9's tile states of the wrong
+    masks; the right count is :func:`doc_window_tiles`)."""
+    from .. import tiles
+
+    ids, window, block = doc_window_ids().numpy(), DOC_WINDOW_CASE["window"], DOC_WINDOW_CASE["block"]
+    t = ids.shape[-1]
+    grid = _grid(1, 1, t)
+
+    def states(combine):
+        allowed = torch.from_numpy(doc_window_reference(ids, window, *grid, combine=combine)[0, 0])
+        return tiles.tile_states(allowed, t, t, block)
+
+    right, n = states("and"), math.ceil(t / block)
+    causal = torch.from_numpy((grid[3] <= grid[2])[0, 0])
+    return {
+        n * n: ("tiles-dense-count", f"{n * n} is every tile of the {n} x {n} grid: the count of a dense mask. "
+                "A tile is computed only if it holds an allowed pair."),
+        int((right == tiles.FULL).sum()): ("partial-tiles-skipped", "that counts only the FULL tiles; a partial "
+                                           "tile holds allowed pairs too and is computed, with the mask applied "
+                                           "inside it."),
+        n * n - doc_window_tiles(): ("wrong-answer", "that is the number of tiles SKIPPED; the question asks "
+                                     "for those computed."),
+        tiles.tiles_computed(tiles.tile_states(causal, t, t, block)): ("wrong-answer", "that is plain causal "
+                                                                       "attention's count: the documents and the "
+                                                                       "window skip more."),
+        tiles.tiles_computed(states("document")): ("mask-term-missing", "that is the documents' count without the "
+                                                   "window: the long middle document reaches back further than "
+                                                   f"{window} keys."),
+        tiles.tiles_computed(states("window")): ("mask-term-missing", "that is the window's count across "
+                                                 "documents: the document boundaries cut tiles away too."),
+        tiles.tiles_computed(states("or")): ("masks-or-not-and", "that is the count of the documents OR the "
+                                             "window: a pair must satisfy both."),
+    }
+
+
+number_question(
+    "15.doc-window-tiles", answer=doc_window_tiles, known=_doc_window_known,
+    why="per query block, the key blocks holding a key of the query's document at most 31 positions back: block "
+        "0 needs 1 tile, block 1 2 (document 0 reaches back into block 0), blocks 2 to 6 need 2, 3, 3, 3, 3 "
+        "(document 1 starts at 20; a window of 32 spans up to three blocks of 16), block 7 2 (document 2 starts "
+        "at 100): 1 + 2 + 2 + 3 + 3 + 3 + 3 + 2 = 19 of 64 computed (3 of them full, 16 partial), 45 skipped.",
+    hint="Draw the 8 x 8 grid of tiles of 16: mark where each document starts (0, 20, 100), then for each query "
+         "block the key blocks that hold a key of its document within the window.")

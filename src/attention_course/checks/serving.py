@@ -1,5 +1,6 @@
 """Checks of chapter 18 (serving): block-table arithmetic, copy-on-write, the verify step's mask, the speculative
-rejection rule, and retiring finished sequences. Each known mistake is the right answer with one deviation; a wrong
+rejection rule, retiring finished sequences, a scheduling policy, a sampled verify pass with its bonus token and
+the best number of proposals. Each known mistake is the right answer with one deviation; a wrong
 answer is named by the first deviation that reproduces every case."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 
 from ..serving.speculative import accept_probability, residual_distribution
-from . import hidden
+from . import hidden, observe
 from .questions import number_question
 from .runner import DEFAULT_TIMEOUT, as_array, as_number, call, display_name, fail, run_check, type_name
 
@@ -292,6 +293,204 @@ def check_retire(fn, *, timeout: float = DEFAULT_TIMEOUT):
     run_check(body, timeout)
 
 
+# ---------------------------------------------------------------- a scheduling policy
+
+# (computed, pending, free_blocks, block_size, token_budget): sequences in admission order, oldest first
+_SCHEDULE_CASES = [([30, 0, 17], [1, 40, 1], 1, 16, 24), ([15, 31, 47, 8], [1, 1, 1, 20], 1, 16, 16),
+                   ([5, 9, 16, 0], [1, 3, 1, 12], 0, 4, 10), ([12, 7, 3], [1, 1, 1], 0, 4, 8),
+                   ([10, 0, 20], [6, 1, 1], 2, 8, 6)]
+
+
+def _ceil_div(n: int, size: int) -> int:
+    return -(-n // size)
+
+
+def _plan_tokens(alive, pending, budget, variant) -> list[int]:
+    """Tokens per sequence this step: decodes (one pending token) first, then prefills in chunks, oldest first."""
+    decodes = [i for i in alive if pending[i] == 1]
+    order = alive if variant == "arrival" else decodes + [i for i in alive if pending[i] != 1]
+    left, tokens = budget, [0] * len(pending)
+    for i in order:
+        take = min(pending[i], left)
+        tokens[i] = 0 if variant == "no-chunk" and take < pending[i] else take
+        left -= tokens[i]
+    return tokens
+
+
+def _schedule_variant(computed, pending, free, size, budget, variant):
+    """(tokens, preempted) of the policy, or of one known mistake: plan, and while the new blocks the plan needs
+    exceed the free ones (with those of the preempted), preempt the youngest sequence left and plan again."""
+    alive, preempted = list(range(len(computed))), []
+    while True:
+        tokens = _plan_tokens(alive, pending, budget, variant)
+        if variant == "partial":  # a new block for every started block_size tokens, as if no block had room
+            need = sum(_ceil_div(tokens[i], size) for i in alive)
+        else:
+            need = sum(_ceil_div(computed[i] + tokens[i], size) - _ceil_div(computed[i], size) for i in alive)
+        freed = 0 if variant == "freed-ignored" else sum(_ceil_div(computed[j], size) for j in preempted)
+        if need <= free + freed or len(alive) == 1:
+            return tokens, preempted
+        victim = alive[0] if variant == "oldest" else alive[-1]
+        alive.remove(victim)
+        preempted.append(victim)
+
+
+_SCHEDULE_MISTAKES = [("decode-not-first", "arrival"), ("prefill-not-chunked", "no-chunk"),
+                      ("block-room-ignored", "partial"), ("preempt-frees-ignored", "freed-ignored"),
+                      ("preempt-wrong-victim", "oldest")]
+
+
+def check_schedule(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(computed, pending, free_blocks, block_size, token_budget)`` -> ``(tokens, preempted)``: one step's
+    plan for the running sequences, listed oldest first; ``computed[i]`` positions of sequence i are in its blocks
+    (it holds ceil(computed[i] / block_size) of them), ``pending[i]`` tokens wait to run (1: it is decoding).
+    Decodes first, one token each, oldest first; then prefills, oldest first, each taking what is left of the
+    ``token_budget`` (a chunk when its whole prompt does not fit). The new blocks the plan needs (a sequence fills
+    its last block before it takes a new one) must fit in ``free_blocks``: otherwise preempt the youngest
+    sequence still running (its blocks become free) and plan again. ``tokens[i]``: sequence i's tokens this step
+    (0 if preempted or left out); ``preempted``: the indices preempted, in order."""
+    label = display_name(fn, "schedule")
+
+    def body():
+        got = []
+        for computed, pending, free, size, budget in _SCHEDULE_CASES:
+            text = f"{label}({computed}, {pending}, {free}, {size}, {budget})"
+            result = call(fn, {"computed": list(computed), "pending": list(pending), "free_blocks": free,
+                               "block_size": size, "token_budget": budget}, label, call_text=text)
+            if not isinstance(result, (tuple, list)) or len(result) != 2:
+                raise fail("wrong-type", f"Your function must return (tokens, preempted), two lists; it returned "
+                           f"{type_name(result)}.", case=text)
+            got.append((tuple(_int_list(x, f"Your {name}", text) for x, name in zip(
+                result, ("tokens", "preempted"), strict=True)), text))
+        return _judge(got, lambda variant: (_schedule_variant(*c, variant) for c in _SCHEDULE_CASES),
+                      _SCHEDULE_MISTAKES,
+                      f"✓ {label}: {len(_SCHEDULE_CASES)} steps (decodes and chunked prefills, blocks with room "
+                      "left, preemptions) are planned right",
+                      "That is not the policy's plan, and it matches none of the mistakes this checker knows. Who "
+                      "runs first, how many new blocks does each sequence need, and whom does a shortage preempt?",
+                      same=lambda g, want: g == tuple(want))
+
+    run_check(body, timeout)
+
+
+# ---------------------------------------------------------------- the verify step with sampling: k proposals, bonus
+
+_SAMPLED_P = [[0.4, 0.3, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25], [0.05, 0.15, 0.3, 0.5]]
+_SAMPLED_Q = [[0.2, 0.5, 0.2, 0.1], [0.3, 0.3, 0.3, 0.1], [0.1, 0.2, 0.6, 0.1]]
+# (proposals, u): every proposal kept (the bonus token), the first rejected, the second rejected and the third
+# one that would pass, u between min(1, p/q) and min(1, q/p) so that an inverted ratio decides otherwise
+_SAMPLED_CASES = [([0, 1, 0], [0.5, 0.3, 0.9]), ([1, 1, 3], [0.7, 0.2, 0.3]), ([2, 0, 1], [0.9, 0.5, 0.1]),
+                 ([0, 2, 2], [0.1, 0.8, 0.3]), ([3, 1, 2], [0.95, 0.95, 0.2])]
+
+
+def _sampled_variant(p, q, proposals, u, variant):
+    """(accepted, distribution of the pass's last token) of the rule, or of a known mistake."""
+    k = len(proposals)
+    top, bottom = (q, p) if variant == "inverted" else (p, q)
+    kept = [u[i] < float(accept_probability(top[i], bottom[i])[x]) for i, x in enumerate(proposals)]
+    n = kept.index(False) if False in kept else k  # the first rejection ends the pass
+    if n == k:
+        return k, {"no-bonus": None, "bonus-row": p[k - 1]}.get(variant, p[k])
+    count = sum(kept) if variant == "continues" else n
+    return count, p[n] if variant == "target" else residual_distribution(p[n], q[n])
+
+
+_SAMPLED_MISTAKES = [("rejection-not-residual", "target"), ("rejection-ratio-inverted", "inverted"),
+                            ("accepts-after-rejection", "continues"), ("bonus-token-missing", "no-bonus"),
+                            ("bonus-row-off-by-one", "bonus-row")]
+
+
+def _sampled_matches(got, want) -> bool:
+    (n, dist), (n_want, dist_want) = got, want
+    if n != n_want or (dist is None) != (dist_want is None):
+        return False
+    return dist is None or (dist.shape == tuple(dist_want.shape) and bool(np.allclose(dist, dist_want.numpy(),
+                                                                                       atol=1e-9)))
+
+
+def check_verify_sampled(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(p, q, proposals, u)`` -> ``(accepted, distribution)``: one verify pass of sampled speculative
+    decoding. ``p`` (k + 1, V): the target's distributions after the last accepted token and after each proposal;
+    ``q`` (k, V): the draft's, from which proposal i was drawn; ``u`` k uniform numbers. Proposals are kept in
+    order while u[i] < min(1, p[i][x] / q[i][x]); the first rejection ends the pass. Return how many were kept
+    and the (V,) distribution of the pass's last token: the residual max(0, p[n] - q[n]) normalised after a
+    rejection at n, p[k] (the bonus token) when all k were kept."""
+    label = display_name(fn, "verify")
+    p, q = torch.tensor(_SAMPLED_P, dtype=torch.float64), torch.tensor(_SAMPLED_Q, dtype=torch.float64)
+
+    def body():
+        got = []
+        for proposals, u in _SAMPLED_CASES:
+            text = f"{label}(p, q, proposals={proposals}, u={u})"
+            result = call(fn, {"p": p.clone(), "q": q.clone(), "proposals": list(proposals), "u": list(u)}, label,
+                          call_text=text)
+            if not isinstance(result, (tuple, list)) or len(result) != 2 or as_number(result[0]) is None:
+                raise fail("wrong-type", "Your function must return (accepted, distribution): an int and a (V,) "
+                           f"tensor; it returned {type_name(result)}.", case=text)
+            dist = None if result[1] is None else as_array(result[1], "distribution", text)
+            got.append(((int(as_number(result[0])), dist), text))
+        return _judge(got, lambda variant: (_sampled_variant(p, q, x, u, variant) for x, u in _SAMPLED_CASES),
+                      _SAMPLED_MISTAKES,
+                      f"✓ {label}: {len(_SAMPLED_CASES)} verify passes of k = 3 (the first or second proposal "
+                      "rejected, or none and the bonus token) keep the target's distribution",
+                      "That pass does not keep the target's distribution, and it matches none of the mistakes this "
+                      "checker knows. Which proposals count, and which row of p does the last token come from?",
+                      same=_sampled_matches)
+
+    run_check(body, timeout)
+
+
+# ---------------------------------------------------------------- the best k from alpha and the draft's cost
+
+# (alpha, draft_cost, max_k): the chapter's measured alpha and cost, cheap and dear drafts, good and poor ones
+_BEST_K_CASES = [(0.68, 1 / 3, 10), (0.9, 0.05, 16), (0.8, 0.1, 12), (0.5, 0.3, 8), (0.3, 0.4, 8), (0.6, 0.02, 16)]
+
+
+def _best_k_variant(alpha, cost, max_k, variant) -> int:
+    def tokens(k):  # expected tokens of one verify pass, or a known mistake's
+        if variant == "linear":
+            return 1 + k * alpha
+        first = 1 if variant == "no-bonus" else 0
+        return sum(alpha**i for i in range(first, k + 1))
+
+    def speedup(k):
+        return tokens(k) / {"cost-ignored": 1, "target-forgotten": k * cost}.get(variant, 1 + k * cost)
+
+    return max(range(1, max_k + 1), key=lambda k: (speedup(k), -k))  # the smallest of equal k
+
+
+_BEST_K_MISTAKES = [("spec-cost-ignored", "cost-ignored"), ("spec-acceptance-not-compounded", "linear"),
+                    ("spec-bonus-forgotten", "no-bonus"), ("spec-target-pass-forgotten", "target-forgotten")]
+
+
+def check_best_k(fn, *, timeout: float = DEFAULT_TIMEOUT):
+    """Check ``fn(alpha, draft_cost, max_k)`` -> the k in 1 .. max_k with the highest expected speed-up of
+    speculative decoding: each proposal accepted with probability ``alpha`` independently, a draft pass costing
+    ``draft_cost`` target passes (the smallest k of equal speed-ups). Without the library's
+    ``serving.speculative`` (``[spec-from-library]``)."""
+    label = display_name(fn, "best_k")
+
+    def body():
+        got = []
+        for alpha, cost, max_k in _BEST_K_CASES:
+            text = f"{label}(alpha={alpha}, draft_cost={cost:.4g}, max_k={max_k})"
+            with observe.LibraryCalls("serving") as library:
+                value = as_number(call(fn, {"alpha": alpha, "draft_cost": cost, "max_k": max_k}, label,
+                                       call_text=text))
+            if library.called:
+                raise fail("spec-from-library", detail=library.called[0], case=text)
+            if value is None or not float(value).is_integer():
+                raise fail("wrong-type", "Your function must return k, a whole number.", case=text)
+            got.append((int(value), text))
+        return _judge(got, lambda variant: (_best_k_variant(*c, variant) for c in _BEST_K_CASES), _BEST_K_MISTAKES,
+                      f"✓ {label}: {len(_BEST_K_CASES)} pairs of alpha and draft cost give the k of the highest "
+                      "expected speed-up",
+                      "That k does not give the highest expected speed-up, and it matches none of the mistakes this "
+                      "checker knows. How many tokens does a pass bring on average, and what does it cost?")
+
+    run_check(body, timeout)
+
+
 # ---------------------------------------------------------------- questions
 
 
@@ -303,11 +502,17 @@ def _perfect_draft_passes() -> int:
     return speculative_generate(model, [1, 2, 3], 12, 4, draft=model)[1].target_passes
 
 
-number_question("18.blocks-wasted", answer=8,
-                why="1000 tokens need ceil(1000 / 16) = 63 blocks = 1008 slots: 8 are reserved but unused.",
-                known={1048: ("wrong-answer", "that is the number of slots of 63 blocks + 1; count the UNUSED ones."),
-                       7: ("block-index-off-by-one", "62 blocks hold only 992 tokens: the last block is needed.")},
-                hint="How many blocks of 16 does a sequence of 1000 tokens need, and how many slots do they have?")
+number_question("18.blocks-wasted", answer=14,
+                why="1010 tokens need ceil(1010 / 16) = 64 blocks = 1024 slots: 14 are reserved but unused.",
+                known={8: ("wrong-answer", "that is half a block, the AVERAGE waste over many lengths; this "
+                           "sequence has a length of its own."),
+                       2: ("wrong-answer", "1010 % 16 = 2 is how many tokens the last block holds; the unused slots "
+                           "are the rest of that block."),
+                       1024: ("wrong-answer", "that is the number of slots of 64 blocks; count the UNUSED ones."),
+                       -2: ("block-index-off-by-one", "1010 // 16 = 63 blocks hold only 1008 tokens: the last "
+                            "2 tokens need one more block."),
+                       64: ("wrong-answer", "that is the number of blocks; the question asks for unused slots.")},
+                hint="How many blocks of 16 does a sequence of 1010 tokens need, and how many slots do they have?")
 number_question("18.perfect-draft-passes", answer=_perfect_draft_passes,
                 why="the prefill gives the first token; then each pass accepts all 4 proposals and adds the target's "
                     "own token: 5 tokens per pass, 1 + 5 + 5 = 11, and one last pass for the 12th.",

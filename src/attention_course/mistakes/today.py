@@ -110,6 +110,41 @@ mistake("decode-reads-empty-slots", "a decode-time mask_mod that lets the query 
         "Your mask_mod matches a mask in which {detail}: a preallocated cache has slots not yet written, and "
         "nothing after the query's own position may be read.",
         chapter=15, topic="flex")
+mistake("masks-or-not-and", "two masks joined by or where both must hold",
+        "Your answer matches {detail}. Documents AND a window: a pair is allowed only when BOTH allow it (&, "
+        "and_masks); with | a query would also see the window's keys of the previous document.",
+        chapter=15, topic="flex")
+mistake("mask-term-missing", "a combined mask with one of its two parts left out",
+        "Your answer matches {detail}: one of the two conditions is missing. Each pair must lie in the same "
+        "document AND within the window.",
+        chapter=15, topic="flex")
+mistake("tiles-dense-count", "a block mask's computed tiles counted as every tile of the grid",
+        "Your count is every tile of the grid: what a dense mask computes. A tile is computed only if it holds at "
+        "least one allowed pair; the others are skipped.",
+        chapter=15, topic="flex")
+mistake("partial-tiles-skipped", "a block mask's partial tiles counted as skipped",
+        "Your count leaves out the partial tiles: a tile holding some allowed pairs is computed too, with the mask "
+        "applied inside it. Only a tile without any allowed pair is skipped.",
+        chapter=15, topic="flex")
+mistake("sink-in-numerator", "a sink's exp added to the numerator of the rescaling instead of the denominator",
+        "Your output is the sink-free output times (Z + e^sink) / Z, with Z = e^lse: it grows where it must "
+        "shrink. The sink adds e^sink to the softmax's DENOMINATOR only (it has no value): every weight becomes "
+        "e^s / (Z + e^sink), so the output is scaled by Z / (Z + e^sink).",
+        chapter=15, topic="flex")
+mistake("lse-wrong-base", "FlexAttention's log-sum-exp read in base 2 (or converted as if it were)",
+        "Your output rescales with the log-sum-exp converted between bases (a factor ln 2). FlexAttention's kernel "
+        "works in base 2 inside, but the lse it returns is the natural log of the row's sum of e^score, the same "
+        "base as the sink logit: compare them directly.",
+        chapter=15, topic="flex")
+mistake("sinks-per-query", "the sinks (H,) broadcast along the queries instead of the heads",
+        "Your output uses sinks[i] for query i: the (H,) sinks met the lse (B, H, Tq) on its LAST axis, which "
+        "only broadcasts here because Tq == H. One sink per head: index it as sinks[:, None] against (B, H, Tq).",
+        chapter=15, topic="flex")
+mistake("sink-renormalised-twice", "the sink's rescaling applied twice",
+        "Your output is the sink-free output times sigmoid(lse - sink) squared: the sink's share was taken out "
+        "twice (for example the weights rescaled and the output rescaled again). FlexAttention's output is "
+        "already normalised over the keys; one factor Z / (Z + e^sink) adds the sink.",
+        chapter=15, topic="flex")
 mistake("mod-from-library", "an exercise's mod that calls the library's own mod, which the notebook forbids",
         "Your mod calls the library's {detail}: the notebook asks for your own mod, written with tensor operations "
         "on the index tensors (that is the exercise).",
@@ -314,4 +349,61 @@ mistake("retired-too-early", "a sequence retired one token before its limit",
 mistake("eos-zero-ignored", "an end-of-sequence id of 0 taken for 'no end-of-sequence id'",
         "Your batch keeps a sequence whose last token is the end-of-sequence id when that id is 0: 0 is a token id "
         "like any other, and only None means 'no such token'. Look at how your code tests eos_token_id.",
+        chapter=18, topic="serving")
+mistake("decode-not-first", "a step planned in arrival order: an older prefill takes the budget a decode needs",
+        "Your plan serves the sequences in arrival order, so a long prefill of an older sequence eats the token "
+        "budget and a decoding sequence waits a step (its user sees a stall). The policy runs every decode first, "
+        "one token each, and gives prefills what is left.",
+        chapter=18, topic="serving")
+mistake("prefill-not-chunked", "a prefill that does not fit the budget left out instead of chunked",
+        "Your plan skips a prefill whose whole prompt does not fit in what is left of the token budget. Chunked "
+        "prefill runs the part that fits now and the rest in later steps: no budget is left unused.",
+        chapter=18, topic="serving")
+mistake("block-room-ignored", "new blocks counted as if a sequence's last block had no room left",
+        "Your plan counts ceil(tokens / block_size) new blocks per sequence, so it preempts when nothing needs to "
+        "go. A sequence first fills the free slots of its last block: it needs ceil((computed + tokens) / "
+        "block_size) - ceil(computed / block_size) new ones.",
+        chapter=18, topic="serving")
+mistake("preempt-frees-ignored", "a preempted sequence's blocks not counted as free again",
+        "Your plan preempts more sequences than the shortage needs: the blocks of a preempted sequence go back to "
+        "the free list, and the next plan may use them.",
+        chapter=18, topic="serving")
+mistake("preempt-wrong-victim", "the oldest sequence preempted instead of the youngest",
+        "Your plan preempts the OLDEST running sequence: it has waited longest and holds the most work, which is "
+        "recomputed from scratch. The policy preempts the youngest (the last admitted), which loses least.",
+        chapter=18, topic="serving")
+mistake("accepts-after-rejection", "proposals after the first rejection counted as accepted",
+        "Your count includes proposals kept AFTER a rejected one. Proposal i + 1 was drawn after proposal i: once "
+        "i is rejected and replaced, everything the draft proposed after it is conditioned on a token that is not "
+        "in the sequence, and is thrown away.",
+        chapter=18, topic="serving")
+mistake("bonus-token-missing", "no distribution for the extra token when every proposal is kept",
+        "When all k proposals are kept your pass returns no distribution: it wastes the target's last row. Row k "
+        "of p is the target's prediction after the k-th proposal; the pass draws one more token from it (the bonus "
+        "token), so a pass yields between 1 and k + 1 tokens.",
+        chapter=18, topic="serving")
+mistake("bonus-row-off-by-one", "the bonus token drawn from the last proposal's row instead of the row after it",
+        "When all k proposals are kept you return p[k - 1]: the target's distribution for the k-th proposal "
+        "itself, which is already in the sequence. The bonus token follows it: p[k], the last of the k + 1 rows.",
+        chapter=18, topic="serving")
+mistake("spec-cost-ignored", "the best k chosen without the draft's cost",
+        "Your k is the largest allowed: more proposals always bring more expected tokens, but each costs a draft "
+        "pass. Divide the expected tokens by the pass's cost, 1 + k * draft_cost, before you compare.",
+        chapter=18, topic="serving")
+mistake("spec-acceptance-not-compounded", "expected tokens per pass taken as 1 + k * alpha",
+        "Your k follows from 1 + k * alpha tokens per pass: it counts proposal i as kept with probability alpha "
+        "whatever happened before it. Proposal i counts only if all the ones before it were kept too: "
+        "probability alpha^i, so the pass brings 1 + alpha + ... + alpha^k tokens.",
+        chapter=18, topic="serving")
+mistake("spec-bonus-forgotten", "expected tokens per pass without the target's own token",
+        "Your k follows from alpha + ... + alpha^k tokens per pass: the accepted proposals only. Every pass also "
+        "yields the target's own token (the replacement after a rejection, the bonus token otherwise): add 1.",
+        chapter=18, topic="serving")
+mistake("spec-target-pass-forgotten", "the cost of a speculative pass counted without the target's pass",
+        "Your k follows from a cost of k * draft_cost per pass: the target's verify pass costs 1 on top of the k "
+        "draft passes, so one pass costs 1 + k * draft_cost.",
+        chapter=18, topic="serving")
+mistake("spec-from-library", "the best k computed with the library's speculative formulas",
+        "Your function calls the library's {detail}: the exercise asks you to write the expected speed-up "
+        "yourself (that is the exercise).",
         chapter=18, topic="serving")
