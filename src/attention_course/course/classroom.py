@@ -20,7 +20,8 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
   ``seed.txt``, so that a resumed run (and a regrade) draws the same cases for everyone;
 * ``feedback/STUDENT/NOTEBOOK.md`` and ``.html``: what the student gets back (:mod:`.exports`);
 * ``review/STUDENT/NOTEBOOK.ipynb``: the submission annotated with the grader's verdicts after each check cell and
-  the errors after each cell that raised, for a manual review (its outputs are the ones the student saved);
+  the errors after each cell that raised, for a manual review; its outputs are the grading run's (prints, displays,
+  figures, errors with tracebacks, cut at the grader's limits), never the ones the student saved;
 * ``gradebook.csv``: one row per person (a group submission: one per member) with the LMS's id and e-mail where its
   download gives them (Canvas's user id from its file names, Gradescope's student id and e-mail from
   ``submission_metadata.yml``), one column per notebook (its points; a late notebook, marked by Canvas's ``_LATE_``, or

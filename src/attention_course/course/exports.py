@@ -310,11 +310,19 @@ def feedback_html(r: NotebookResult, student: str | None = None) -> str:
     return "\n".join(parts) + "\n"
 
 
+REVIEW_OUTPUTS = ("Outputs: the grading run's (what each cell printed, displayed and raised in the sandbox); "
+                  "the outputs the student saved are removed. A check cell graded by the grader shows its verdict "
+                  "below it instead.")
+
+
 def review_notebook(nb, result: NotebookResult, check_indices: dict[int, list[int]]):
     """The submitted notebook ``nb`` (an nbformat node, changed in place and returned) annotated for an instructor's
-    manual review: after each exercise's check cell (``check_indices``: ``{exercise: its cells' indices}``) a
-    markdown cell with the grader's verdict, after each cell that raised one with its error, and a first cell with
-    the notebook's points and notes. Its outputs are what the student saved (the sandbox keeps none)."""
+    manual review: each code cell's outputs are the grading run's (``result.outputs``, see
+    :func:`.wire.clean_outputs`; none for a cell the run did not reach or a check the grader ran itself), never the
+    ones the student saved; after each exercise's check cell (``check_indices``: ``{exercise: its cells'
+    indices}``) a markdown cell with the grader's verdict, after each cell that raised one with its error, and a
+    first cell with the notebook's points and notes."""
+    from nbformat import from_dict
     from nbformat.v4 import new_markdown_cell
 
     after: dict[int, list[str]] = {}
@@ -327,11 +335,13 @@ def review_notebook(nb, result: NotebookResult, check_indices: dict[int, list[in
         after.setdefault(number - 1, []).append(f"Grader: this cell raised {etype}: {message}")
     cells = []
     for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            cell.outputs = [from_dict(output) for output in result.outputs.get(str(index), [])]
+            cell.execution_count = None
         cells.append(cell)
         cells += [new_markdown_cell(md(line)) for line in after.get(index, [])]
     head = [f"Grader: {points_text(result.score)}/{points_text(result.max_score)} points, {result.passed} of "
             f"{result.total} exercises passed. Isolation: {result.isolation or 'unknown'}.",
-            *(f"Note: {note}" for note in result.notes)]
+            *(f"Note: {note}" for note in result.notes), REVIEW_OUTPUTS]
     nb.cells = [new_markdown_cell("\n\n".join(md(line) for line in head)), *cells]
     return nb
-
