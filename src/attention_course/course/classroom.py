@@ -29,8 +29,9 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
   submitted late and Gradescope's submission times; ``exercises.csv``: one row per person, one column per exercise, and
   each exercise's mean points and share passed; ``canvas.csv``, ``moodle.csv`` and ``gradescope_NOTEBOOK.csv``: the same
   points in each LMS's own import format (:func:`.exports.canvas_csv`, :func:`.exports.moodle_csv`,
-  :func:`.exports.gradescope_csv`); ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table
-  printed at the end).
+  :func:`.exports.gradescope_csv`; Canvas's columns titled ``NOTEBOOK (ID)``, which its import matches to assignment
+  ``ID``, where the points file's ``[canvas_assignments]`` or ``--canvas-id NOTEBOOK=ID`` gives the id);
+  ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table printed at the end).
 
 Progress goes to stderr, one line per submission with the time it took and an estimate of the time left.
 
@@ -77,7 +78,7 @@ from .exports import (
     review_notebook,
 )
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
-from .points import Points
+from .points import Points, PointsError, canvas_id
 from .results import NotebookResult, points_text, printable
 from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works
 
@@ -384,8 +385,29 @@ def _parser() -> argparse.ArgumentParser:
                         "in the output folder, else a random one)")
     parser.add_argument("--solutions", "--reference", dest="reference", metavar="PATH", default=AUTO,
                         help="folder of solution notebooks (default: the course's solutions/)")
+    parser.add_argument("--canvas-id", metavar="NOTEBOOK=ID", action="append", default=[],
+                        help="Canvas's assignment id of a notebook (repeatable; over the points file's "
+                        "[canvas_assignments]): canvas.csv titles its column 'NOTEBOOK (ID)', which Canvas's import "
+                        "matches to that assignment")
     add_points_argument(parser)
     return parser
+
+
+def canvas_ids(asked: list[str], points: Points, reference: Path) -> dict[str, str]:
+    """``{notebook stem: Canvas's assignment id}``: the points file's, then ``--canvas-id NOTEBOOK=ID``'s; a
+    :class:`ClassError` for a malformed one or a notebook that is no reference notebook."""
+    ids = dict(points.canvas_ids)
+    known = sorted(p.stem for p in reference.glob("*.ipynb"))
+    for item in asked:
+        notebook, _, number = item.partition("=")
+        notebook = Path(notebook.strip()).stem
+        if notebook not in known:
+            raise ClassError(f"--canvas-id {item}: no reference notebook {notebook!r} (known: {', '.join(known)})")
+        try:
+            ids[notebook] = canvas_id(number.strip(), f"--canvas-id {item}")
+        except PointsError as err:
+            raise ClassError(str(err)) from None
+    return ids
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                      "(apt-get install bubblewrap), or ask for the weaker isolation with --isolation=rlimit")
     points = load_points(parser, args)
     try:
+        points.canvas_ids = canvas_ids(args.canvas_id, points, args.reference)
         submissions, skipped = find_submissions(Path(args.submissions), args.reference)
         for s in submissions:
             s.late = s.late or submitted_after(s.submitted_at, points.due)
@@ -508,7 +531,8 @@ def _write_outputs(store: Store, submissions: list[Submission], skipped: list[Sk
     rows = gradebook_rows(submissions, skipped, results)
     _write_atomic(store.out / "gradebook.csv", gradebook_csv(rows, notebooks, max_points, points.late_penalty))
     _write_atomic(store.out / "exercises.csv", exercises_csv(rows, notebooks))
-    _write_atomic(store.out / "canvas.csv", canvas_csv(rows, notebooks, max_points, points.late_penalty))
+    _write_atomic(store.out / "canvas.csv", canvas_csv(rows, notebooks, max_points, points.late_penalty,
+                                                       points.canvas_ids))
     _write_atomic(store.out / "moodle.csv", moodle_csv(rows, notebooks, points.late_penalty))
     for notebook in notebooks:
         _write_atomic(store.out / f"gradescope_{notebook}.csv", gradescope_csv(rows, notebook, points.late_penalty))

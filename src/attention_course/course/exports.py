@@ -167,15 +167,17 @@ def _points_cells(cells: list) -> list[str]:
 
 
 def canvas_csv(rows: list[GradebookRow], notebooks: list[str], max_points: dict[str, float],
-               late_penalty: float = 0.0) -> str:
+               late_penalty: float = 0.0, assignment_ids: dict[str, str] | None = None) -> str:
     """Canvas's gradebook import: ``Student``, ``ID`` (Canvas's user id, from its download's file names),
-    ``SIS User ID``, ``SIS Login ID``, ``Section``, then one column per notebook titled with its name (Canvas
-    creates an assignment of that name on the first import; its own export then titles it ``NAME (assignment id)``)
-    and a ``Points Possible`` row second. An empty cell leaves Canvas's grade as it is (not submitted)."""
+    ``SIS User ID``, ``SIS Login ID``, ``Section``, then one column per notebook and a ``Points Possible`` row
+    second. A notebook's column is titled ``NOTEBOOK (ID)`` when ``assignment_ids`` gives its Canvas assignment id:
+    Canvas matches such a column to that assignment, as in its own export; without an id, ``NOTEBOOK`` alone, and
+    Canvas creates a new assignment of that name. An empty cell leaves Canvas's grade as it is (not submitted)."""
+    ids = assignment_ids or {}
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
-                     *notebooks])
+                     *(f"{n} ({ids[n]})" if n in ids else n for n in notebooks)])
     writer.writerow(["Points Possible", "", "", "", "", *(points_text(max_points.get(n)) for n in notebooks)])
     for row, cells in _person_rows(rows, notebooks, late_penalty):
         writer.writerow([_csv_cell(row.name), _csv_cell(row.id), "", "", "", *_points_cells(cells)])
