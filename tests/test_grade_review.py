@@ -14,7 +14,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_output
 
 from attention_course.course import exports, grade, sandbox, wire
-from attention_course.course.results import NotebookResult
+from attention_course.course.results import ExerciseResult, NotebookResult
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "grader"
@@ -124,3 +124,49 @@ def test_what_the_sandbox_sends_as_outputs_is_bounded_and_checked():
     assert len(found) < len(flood)
     assert wire.outputs_of({wire.OUTPUTS: np.frombuffer(b"{not json", dtype=np.uint8)}) == {}
     assert wire.outputs_of(_report({"1": []})) == {} and wire.outputs_of(_report([{"key": "../1"}])) == {}
+
+
+def test_the_guide_states_the_limits_the_wire_keeps():
+    guide = (ROOT / "book" / "instructor_guide.md").read_text(encoding="utf-8")
+    assert f"cut at {wire.MAX_CELL_TEXT:,} characters" in guide and f"at most {wire.MAX_IMAGES} images" in guide
+    assert f"{wire.MAX_OUTPUT_CHARS // 10**6} million characters per notebook" in guide
+    assert f"about {wire.MAX_IMAGE_CHARS * 3 // 4 // 1000} kB" in guide
+
+
+def _class(tmp: Path) -> tuple[Path, list[str]]:
+    folder = tmp / "submissions" / "alice"
+    folder.mkdir(parents=True)
+    nb = nbformat.read(DATA / "solutions" / NAME, as_version=4)
+    nb.cells[0].source += "\n\n<img src='http://127.0.0.1:9/tracker.png'><script>document.title = 'ran'</script>"
+    nbformat.write(nb, folder / NAME)
+    return tmp / "out", [str(folder.parent), "--out", str(tmp / "out"), "--solutions", str(DATA / "solutions")]
+
+
+def test_review_pdfs_are_printed_offline_with_scripts_off(tmp_path, monkeypatch, capsys):
+    """``--review-pdf``: each review notebook printed by the system's Chromium, every request the student's page
+    makes refused (here its tracking image); the graded run's outputs come from a stand-in for the grader."""
+    from attention_course.course import classroom, review_pdf
+
+    if review_pdf.converter_problem():
+        pytest.skip(f"no PDF converter here: {review_pdf.converter_problem()}")
+    out, argv = _class(tmp_path)
+    outputs = {"2": [{"output_type": "stream", "name": "stdout", "text": "from the run\n"}]}
+    monkeypatch.setattr(classroom, "_grade_in_child", lambda path, args: NotebookResult(
+        path, [ExerciseResult(1, "Softmax", "warm-up", True)], reference=str(args.reference), outputs=outputs))
+    refused = []
+    monkeypatch.setattr(review_pdf, "_refuse", lambda route: (refused.append(route.request.url), route.abort()))
+    assert classroom.main([*argv, "--review-pdf"]) == 0, capsys.readouterr().err
+    pdf = out / "review" / "alice" / NAME.replace(".ipynb", ".pdf")
+    assert pdf.read_bytes().startswith(b"%PDF-") and "review PDF not written" not in capsys.readouterr().err
+    assert "http://127.0.0.1:9/tracker.png" in refused
+
+
+def test_without_a_converter_review_pdfs_are_refused_before_grading(tmp_path, monkeypatch, capsys):
+    from attention_course.course import classroom, review_pdf
+
+    _, argv = _class(tmp_path)
+    monkeypatch.setattr(review_pdf.shutil, "which", lambda name: None)
+    monkeypatch.setattr(classroom, "_grade_in_child", lambda *a: pytest.fail("graded without a converter"))
+    with pytest.raises(SystemExit) as info:
+        classroom.main([*argv, "--review-pdf"])
+    assert info.value.code == 2 and "--review-pdf: no chromium on PATH" in capsys.readouterr().err
