@@ -27,6 +27,7 @@ CELLS = {  # a source per cell added after the imports, and what the review must
              "display('shown')",
     "raises": "[1, 2][5]",
     "floods": "print('x' * 100_000)",
+    "descriptors": "import os\nos.write(sys.stdout.fileno(), b'to the descriptor')\nprint(sys.stdout.encoding)",
 }
 
 
@@ -68,6 +69,7 @@ def test_the_review_shows_what_each_cell_did_in_the_grading_run(reviewed):
     (error,) = cells["raises"].outputs
     assert (error.output_type, error.ename, error.evalue) == ("error", "IndexError", "list index out of range")
     assert "[1, 2][5]" in re.sub(r"\x1b\[[0-9;]*m", "", "".join(error.traceback))  # its colours taken off
+    assert cells["descriptors"].outputs == [{"output_type": "stream", "name": "stdout", "text": "utf-8\n"}]
     text, marker = cells["floods"].outputs
     assert text.text == "x" * wire.MAX_CELL_TEXT and marker.text == wire.TRUNCATED.format(limit=wire.MAX_CELL_TEXT)
 

@@ -129,8 +129,16 @@ class _Writer(io.TextIOBase):
     def __init__(self, recorder: Recorder, name: str):
         self.recorder, self.name = recorder, name
 
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
     def writable(self) -> bool:
         return True
+
+    def fileno(self) -> int:
+        """The process's own descriptor (``/dev/null``), for code that hands ``sys.stdout`` to a subprocess."""
+        return 1 if self.name == "stdout" else 2
 
     def write(self, text) -> int:
         self.recorder.stream(self.name, str(text))
@@ -168,16 +176,20 @@ def recording_shell(recorder: Recorder):
 
 
 def _show_figures(recorder: Recorder) -> None:
-    """Each matplotlib figure the cell left open as an image, then closed: what Jupyter's inline backend shows."""
+    """Each matplotlib figure the cell left open as an image, then closed: what Jupyter's inline backend shows (a
+    figure that cannot be drawn is shown as its error)."""
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is None:
         return
-    for number in pyplot.get_fignums():
-        figure = pyplot.figure(number)
-        buf = io.BytesIO()
-        figure.savefig(buf, format="png", dpi=72, bbox_inches="tight")
-        recorder.display({"text/plain": f"<Figure {number}>", "image/png": base64.b64encode(buf.getvalue()).decode()})
-    pyplot.close("all")
+    try:
+        for number in pyplot.get_fignums():
+            buf = io.BytesIO()
+            pyplot.figure(number).savefig(buf, format="png", dpi=72, bbox_inches="tight")
+            recorder.display({"text/plain": f"<Figure {number}>",
+                              "image/png": base64.b64encode(buf.getvalue()).decode()})
+        pyplot.close("all")
+    except Exception as err:  # noqa: BLE001 - the student's figure: shown, and the cell is not failed for it
+        recorder.error(type(err).__name__, f"the figure could not be drawn: {err}", [])
 
 
 def _run_cell(shell, source: str, seconds: tuple[float, float], recorder: Recorder | None = None):
