@@ -25,8 +25,10 @@ submission no longer has (deleted, or its tags removed and its text changed) fai
 ``check-missing``; it still counts in the total. What an honest student needs to act on is reported too: the errors
 of the cells that are not checks (``cell_errors``; a ``NameError`` names the cell that raised before it, e.g. an
 import that failed) and a notebook from an older version of the course (``notes``: its exercises are not the
-reference's). Without a reference the notebook's own check cells are graded,
-and the result says so. The command line is :mod:`.cli`; the results and their formats are :mod:`.results`.
+reference's). The outputs of every cell that ran (``outputs``: what it printed, displayed, drew and raised, cleaned
+and bounded by :func:`.wire.clean_outputs`) are kept for the instructor's review notebook, never the ones the
+student saved. Without a reference the notebook's own check cells are graded, and the result says so. The command
+line is :mod:`.cli`; the results and their formats are :mod:`.results`.
 """
 
 from __future__ import annotations

@@ -56,7 +56,6 @@ MAX_IMAGES = 8  # images kept per cell
 MAX_CELL_OUTPUTS = 200  # outputs kept per cell (a loop of displays)
 MAX_OUTPUT_CHARS = 4_000_000  # every output of one notebook together
 TRUNCATED = "\n[... cut by the grader: this cell's output is longer than {limit} characters ...]\n"
-OUTPUT_KINDS = ("stream", "display_data", "execute_result", "error")
 
 
 class WireError(Exception):

@@ -192,26 +192,21 @@ def _show_figures(recorder: Recorder) -> None:
         recorder.error(type(err).__name__, f"the figure could not be drawn: {err}", [])
 
 
-def _run_cell(shell, source: str, seconds: tuple[float, float], recorder: Recorder | None = None):
-    """Run one cell under its time limits; None when it was stopped outside IPython's own handling (its time
-    limit). With ``recorder``, what it shows is recorded there."""
-    streams = (_Writer(recorder, "stdout"), _Writer(recorder, "stderr")) if recorder is not None else None
+def _run_cell(shell, source: str, seconds: tuple[float, float], recorder: Recorder):
+    """Run one cell under its time limits, what it shows recorded in ``recorder``; None when it was stopped
+    outside IPython's own handling (its time limit)."""
     try:
-        with _time_limit(seconds):
-            if streams is None:
-                return shell.run_cell(source, store_history=False, silent=False)
-            with contextlib.redirect_stdout(streams[0]), contextlib.redirect_stderr(streams[1]):
-                result = shell.run_cell(source, store_history=False, silent=False)
-                _show_figures(recorder)
-                return result
+        with _time_limit(seconds), contextlib.redirect_stdout(_Writer(recorder, "stdout")), \
+                contextlib.redirect_stderr(_Writer(recorder, "stderr")):
+            result = shell.run_cell(source, store_history=False, silent=False)
+            _show_figures(recorder)
+            return result
     except BaseException:  # noqa: BLE001 - the submission's cell failed in any way: go on with the next
-        if recorder is not None:
-            recorder.error("timeout", "the cell was interrupted by its time limit", [])
+        recorder.error("timeout", "the cell was interrupted by its time limit", [])
         return None
 
 
-def _check_point(shell, check: dict, source: str, seconds: tuple[float, float],
-                 recorder: Recorder | None = None) -> dict:
+def _check_point(shell, check: dict, source: str, seconds: tuple[float, float], recorder: Recorder) -> dict:
     """At a check cell: describe the objects its check is given; run the check cell itself only when it is not
     a plain ``checks.check_*(...)`` call (graded without a reference: the notebook's own check cells)."""
     objects, report = {}, {}
