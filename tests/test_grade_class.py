@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "grader"
 NAME = "01_soft_lookup_exercises.ipynb"
 POINTS = "[notebooks.01_soft_lookup_exercises]\n1 = { points = 4, hidden_share = 0.25 }\n"
+SAVED_CLAIM = "All 5 exercises passed: 12/12 points\n"  # what alice's notebook saved, and the grader never printed
 HIDDEN_INPUT = "2000"  # the hidden softmax case that the planted softmax fails: [[0, 1], [2000, 2001]]
 
 # Gradescope's results.json, as its autograder specification documents the fields
@@ -51,6 +52,9 @@ def _planted(path: Path) -> None:
     nb = nbformat.read(DATA / "solutions" / NAME, as_version=4)
     cell = next(c for c in nb.cells if c.source.startswith("def softmax"))
     cell.source = cell.source.replace("x.max(axis=-1, keepdims=True)", "x.max()")
+    # a last cell whose saved output says what the grading run does not print (the review shows the run's)
+    nb.cells.append(nbformat.v4.new_code_cell("print('graded run:', 6 * 7)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text=SAVED_CLAIM)]))
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
 
@@ -143,6 +147,23 @@ def test_feedback_names_points_codes_hints_and_times_never_the_hidden_input(grad
     assert HIDDEN_INPUT in stored["result"]["exercises"][0]["message"]  # the instructor's record has it
     assert HIDDEN_INPUT not in md and HIDDEN_INPUT not in page  # the student's feedback does not
     assert " s |" in md.splitlines()[8]  # the time the check took
+
+
+def test_the_review_notebook_holds_the_grading_runs_outputs_not_the_saved_ones(graded):
+    """Alice's review notebook (through the class run's child process): her last cell shows what it printed in the
+    sandbox, not the claim she saved; her check cells, run by the grader, show no saved "✓ ... match the
+    reference" (exercise 1 failed a hidden case) but the grader's verdict under them."""
+    review = nbformat.read(graded["out"] / "review" / "alice" / NAME, as_version=4)
+    nbformat.validate(review)
+    shown = json.dumps([c.get("outputs", []) for c in review.cells])
+    assert SAVED_CLAIM.strip() not in shown and "match the reference" not in shown
+    assert review.cells[-1].outputs == [{"output_type": "stream", "name": "stdout", "text": "graded run: 42\n"}]
+    check = next(i for i, c in enumerate(review.cells) if "exercise-1" in c.metadata.get("tags", []))
+    assert review.cells[check].outputs == []
+    assert review.cells[check + 1].source.startswith("Grader, exercise 1: 3/4 points, PART \\[softmax-global-max\\]")
+    assert "the outputs the student saved are removed" in review.cells[0].source
+    stored = (graded["out"] / "results" / "alice" / NAME.replace(".ipynb", ".json")).read_text(encoding="utf-8")
+    assert "graded run" not in stored  # the outputs travel to the review, never into the stored results
 
 
 def test_a_second_run_grades_nothing_again(graded):

@@ -272,3 +272,33 @@ def test_a_gradescope_submission_after_the_points_files_due_time_is_late(tmp_pat
         [["1", "1", ""], ["0.5", "0.5", Path(NAME).stem], ["1", "1", ""]]
     with pytest.raises(ValueError, match="due: expected a date-time with its offset"):
         Points.from_dict({"due": datetime.datetime(2026, 11, 20, 18)})  # a naive time: which zone?
+
+
+def test_canvas_columns_carry_the_assignment_id_its_import_matches(tmp_path, monkeypatch, capsys):
+    """Canvas's gradebook import matches a column titled ``Assignment Name (ID)`` to that assignment (its own
+    export's titles); a bare name creates a new assignment. The id comes from the points file's
+    ``[canvas_assignments]`` or ``--canvas-id NOTEBOOK=ID`` (which wins); a malformed one or an unknown notebook
+    stops the run before anything is graded."""
+    folder, out, refs = _submissions(tmp_path), tmp_path / "out", _references(tmp_path)
+    shutil.copy(DATA / "exercises" / NAME, folder / "bob" / OTHER)
+    (tmp_path / "points.toml").write_text("[canvas_assignments]\n01_soft_lookup_exercises = 111\n"
+                                          "07_copy_exercises = '222'\n", encoding="utf-8")
+    _fake_grader(monkeypatch, failing=set())
+    argv = [str(folder), "--out", str(out), "--solutions", str(refs), "--points", str(tmp_path / "points.toml")]
+    assert classroom.main([*argv, "--canvas-id", "07_copy_exercises.ipynb=98765"]) == 0
+    lines = (out / "canvas.csv").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == ("Student,ID,SIS User ID,SIS Login ID,Section,01_soft_lookup_exercises (111),"
+                        "07_copy_exercises (98765)")
+    assert lines[1:] == ["Points Possible,,,,,1,1", "alice,,,,,1,", "bob,,,,,1,1"]
+    for bad, message in [("07_copy_exercises=12a", "expected Canvas's assignment id"),
+                         ("08_none=5", "no reference notebook '08_none'"), ("07_copy_exercises", "got ''")]:
+        with pytest.raises(SystemExit) as info:
+            classroom.main([*argv, "--canvas-id", bad])
+        assert info.value.code == 2 and message in capsys.readouterr().err
+    for table, message in [("01_soft_lookup_exercises = 0", "a positive whole number"),
+                           ("01_soft_lookup_exercises = true", "got True"),
+                           ("09_missing = 3", "[canvas_assignments] 09_missing: no reference notebook")]:
+        (tmp_path / "points.toml").write_text(f"[canvas_assignments]\n{table}\n", encoding="utf-8")
+        with pytest.raises(SystemExit):
+            classroom.main(argv)
+        assert message in capsys.readouterr().err

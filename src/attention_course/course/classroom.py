@@ -20,7 +20,9 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
   ``seed.txt``, so that a resumed run (and a regrade) draws the same cases for everyone;
 * ``feedback/STUDENT/NOTEBOOK.md`` and ``.html``: what the student gets back (:mod:`.exports`);
 * ``review/STUDENT/NOTEBOOK.ipynb``: the submission annotated with the grader's verdicts after each check cell and
-  the errors after each cell that raised, for a manual review (its outputs are the ones the student saved);
+  the errors after each cell that raised, for a manual review; its outputs are the grading run's (prints, displays,
+  figures, errors with tracebacks, cut at the grader's limits), never the ones the student saved; with
+  ``--review-pdf`` also ``NOTEBOOK.pdf``, printed by Chromium (:mod:`.review_pdf`);
 * ``gradebook.csv``: one row per person (a group submission: one per member) with the LMS's id and e-mail where its
   download gives them (Canvas's user id from its file names, Gradescope's student id and e-mail from
   ``submission_metadata.yml``), one column per notebook (its points; a late notebook, marked by Canvas's ``_LATE_``, or
@@ -28,8 +30,9 @@ and graded in a child process of its own, exactly as ``python -P -m attention_co
   submitted late and Gradescope's submission times; ``exercises.csv``: one row per person, one column per exercise, and
   each exercise's mean points and share passed; ``canvas.csv``, ``moodle.csv`` and ``gradescope_NOTEBOOK.csv``: the same
   points in each LMS's own import format (:func:`.exports.canvas_csv`, :func:`.exports.moodle_csv`,
-  :func:`.exports.gradescope_csv`); ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table
-  printed at the end).
+  :func:`.exports.gradescope_csv`; Canvas's columns titled ``NOTEBOOK (ID)``, which its import matches to assignment
+  ``ID``, where the points file's ``[canvas_assignments]`` or ``--canvas-id NOTEBOOK=ID`` gives the id);
+  ``results.jsonl`` (every result, one JSON line each); ``summary.txt`` (the table printed at the end).
 
 Progress goes to stderr, one line per submission with the time it took and an estimate of the time left.
 
@@ -62,6 +65,7 @@ from pathlib import Path
 
 import nbformat
 
+from . import review_pdf
 from .canonical import AUTO, MAX_NOTEBOOK_BYTES, Reference, default_reference, find_reference, plan, read_notebook
 from .cli import ISOLATION_HELP, _grade_in_child, _without_current_folder, add_points_argument, load_points
 from .exports import (
@@ -76,7 +80,7 @@ from .exports import (
     review_notebook,
 )
 from .grade import DEFAULT_NOTEBOOK_TIMEOUT_S, DEFAULT_TIMEOUT_S, score_result
-from .points import Points
+from .points import Points, PointsError, canvas_id
 from .results import NotebookResult, points_text, printable
 from .sandbox import ISOLATIONS, Limits, adopt_orphans, bwrap_works
 
@@ -297,6 +301,7 @@ class Store:
 
     def __init__(self, out: Path):
         self.out = out
+        self.reviews: list[Path] = []  # the review notebooks written by this run
         try:
             out.mkdir(parents=True, exist_ok=True)
             probe = out / f".write-probe-{os.getpid()}"
@@ -330,7 +335,9 @@ class Store:
         _write_atomic(folder / f"{s.notebook}.html", feedback_html(result, s.student))
         review = _review(s, result)
         if review is not None:
-            _write_atomic(self.out / "review" / safe_name(s.student) / f"{s.notebook}.ipynb", review)
+            path = self.out / "review" / safe_name(s.student) / f"{s.notebook}.ipynb"
+            _write_atomic(path, review)
+            self.reviews.append(path)
 
     def seed(self, asked: int | None, regrade: bool) -> int:
         """The class's hidden-case seed: the stored one (a resumed run draws the same cases), unless asked for."""
@@ -383,8 +390,31 @@ def _parser() -> argparse.ArgumentParser:
                         "in the output folder, else a random one)")
     parser.add_argument("--solutions", "--reference", dest="reference", metavar="PATH", default=AUTO,
                         help="folder of solution notebooks (default: the course's solutions/)")
+    parser.add_argument("--review-pdf", action="store_true", help="also print each review notebook to "
+                        "review/STUDENT/NOTEBOOK.pdf (needs chromium on PATH and playwright; offline, JavaScript off)")
+    parser.add_argument("--canvas-id", metavar="NOTEBOOK=ID", action="append", default=[],
+                        help="Canvas's assignment id of a notebook (repeatable; over the points file's "
+                        "[canvas_assignments]): canvas.csv titles its column 'NOTEBOOK (ID)', which Canvas's import "
+                        "matches to that assignment")
     add_points_argument(parser)
     return parser
+
+
+def canvas_ids(asked: list[str], points: Points, reference: Path) -> dict[str, str]:
+    """``{notebook stem: Canvas's assignment id}``: the points file's, then ``--canvas-id NOTEBOOK=ID``'s; a
+    :class:`ClassError` for a malformed one or a notebook that is no reference notebook."""
+    ids = dict(points.canvas_ids)
+    known = sorted(p.stem for p in reference.glob("*.ipynb"))
+    for item in asked:
+        notebook, _, number = item.partition("=")
+        notebook = Path(notebook.strip()).stem
+        if notebook not in known:
+            raise ClassError(f"--canvas-id {item}: no reference notebook {notebook!r} (known: {', '.join(known)})")
+        try:
+            ids[notebook] = canvas_id(number.strip(), f"--canvas-id {item}")
+        except PointsError as err:
+            raise ClassError(str(err)) from None
+    return ids
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,8 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.isolation == "bwrap" and not bwrap_works():
         parser.error("bubblewrap is not available here (not installed, or no user namespaces): install it "
                      "(apt-get install bubblewrap), or ask for the weaker isolation with --isolation=rlimit")
+    if args.review_pdf and review_pdf.converter_problem():
+        parser.error(f"--review-pdf: {review_pdf.converter_problem()}")
     points = load_points(parser, args)
     try:
+        points.canvas_ids = canvas_ids(args.canvas_id, points, args.reference)
         submissions, skipped = find_submissions(Path(args.submissions), args.reference)
         for s in submissions:
             s.late = s.late or submitted_after(s.submitted_at, points.due)
@@ -473,6 +506,10 @@ def _run(submissions: list[Submission], skipped: list[Skipped], store: Store, ar
                   f"{printable(verdict)} ({seconds:.1f} s; about {left / 60:.1f} min left)", file=sys.stderr,
                   flush=True)
     _write_outputs(store, submissions, skipped, results, points)
+    if args.review_pdf and store.reviews:
+        print(f"printing {len(store.reviews)} review notebooks to PDF", file=sys.stderr, flush=True)
+        for problem in review_pdf.write_pdfs(store.reviews):
+            print(f"review PDF not written: {printable(problem)}", file=sys.stderr, flush=True)
     return 1 if skipped or any(r.error for r in results.values()) else 0
 
 
@@ -507,7 +544,8 @@ def _write_outputs(store: Store, submissions: list[Submission], skipped: list[Sk
     rows = gradebook_rows(submissions, skipped, results)
     _write_atomic(store.out / "gradebook.csv", gradebook_csv(rows, notebooks, max_points, points.late_penalty))
     _write_atomic(store.out / "exercises.csv", exercises_csv(rows, notebooks))
-    _write_atomic(store.out / "canvas.csv", canvas_csv(rows, notebooks, max_points, points.late_penalty))
+    _write_atomic(store.out / "canvas.csv", canvas_csv(rows, notebooks, max_points, points.late_penalty,
+                                                       points.canvas_ids))
     _write_atomic(store.out / "moodle.csv", moodle_csv(rows, notebooks, points.late_penalty))
     for notebook in notebooks:
         _write_atomic(store.out / f"gradescope_{notebook}.csv", gradescope_csv(rows, notebook, points.late_penalty))

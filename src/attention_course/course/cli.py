@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         result = grade_notebook(args.one, args.timeout, args.reference, limits, args.seed, points)
         kill_adopted()
-        sys.stdout.write(RESULT_PREFIX + format_jsonl(result) + "\n")
+        sys.stdout.write(RESULT_PREFIX + format_jsonl(result, outputs=True) + "\n")  # outputs: the review's
         return 0
     if not args.notebooks:
         parser.error("give at least one notebook")

@@ -167,15 +167,17 @@ def _points_cells(cells: list) -> list[str]:
 
 
 def canvas_csv(rows: list[GradebookRow], notebooks: list[str], max_points: dict[str, float],
-               late_penalty: float = 0.0) -> str:
+               late_penalty: float = 0.0, assignment_ids: dict[str, str] | None = None) -> str:
     """Canvas's gradebook import: ``Student``, ``ID`` (Canvas's user id, from its download's file names),
-    ``SIS User ID``, ``SIS Login ID``, ``Section``, then one column per notebook titled with its name (Canvas
-    creates an assignment of that name on the first import; its own export then titles it ``NAME (assignment id)``)
-    and a ``Points Possible`` row second. An empty cell leaves Canvas's grade as it is (not submitted)."""
+    ``SIS User ID``, ``SIS Login ID``, ``Section``, then one column per notebook and a ``Points Possible`` row
+    second. A notebook's column is titled ``NOTEBOOK (ID)`` when ``assignment_ids`` gives its Canvas assignment id:
+    Canvas matches such a column to that assignment, as in its own export; without an id, ``NOTEBOOK`` alone, and
+    Canvas creates a new assignment of that name. An empty cell leaves Canvas's grade as it is (not submitted)."""
+    ids = assignment_ids or {}
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
-                     *notebooks])
+                     *(f"{n} ({ids[n]})" if n in ids else n for n in notebooks)])
     writer.writerow(["Points Possible", "", "", "", "", *(points_text(max_points.get(n)) for n in notebooks)])
     for row, cells in _person_rows(rows, notebooks, late_penalty):
         writer.writerow([_csv_cell(row.name), _csv_cell(row.id), "", "", "", *_points_cells(cells)])
@@ -310,11 +312,19 @@ def feedback_html(r: NotebookResult, student: str | None = None) -> str:
     return "\n".join(parts) + "\n"
 
 
+REVIEW_OUTPUTS = ("Outputs: the grading run's (what each cell printed, displayed and raised in the sandbox); "
+                  "the outputs the student saved are removed. A check cell graded by the grader shows its verdict "
+                  "below it instead.")
+
+
 def review_notebook(nb, result: NotebookResult, check_indices: dict[int, list[int]]):
     """The submitted notebook ``nb`` (an nbformat node, changed in place and returned) annotated for an instructor's
-    manual review: after each exercise's check cell (``check_indices``: ``{exercise: its cells' indices}``) a
-    markdown cell with the grader's verdict, after each cell that raised one with its error, and a first cell with
-    the notebook's points and notes. Its outputs are what the student saved (the sandbox keeps none)."""
+    manual review: each code cell's outputs are the grading run's (``result.outputs``, see
+    :func:`.wire.clean_outputs`; none for a cell the run did not reach or a check the grader ran itself), never the
+    ones the student saved; after each exercise's check cell (``check_indices``: ``{exercise: its cells'
+    indices}``) a markdown cell with the grader's verdict, after each cell that raised one with its error, and a
+    first cell with the notebook's points and notes."""
+    from nbformat import from_dict
     from nbformat.v4 import new_markdown_cell
 
     after: dict[int, list[str]] = {}
@@ -327,11 +337,13 @@ def review_notebook(nb, result: NotebookResult, check_indices: dict[int, list[in
         after.setdefault(number - 1, []).append(f"Grader: this cell raised {etype}: {message}")
     cells = []
     for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            cell.outputs = [from_dict(output) for output in result.outputs.get(str(index), [])]
+            cell.execution_count = None
         cells.append(cell)
         cells += [new_markdown_cell(md(line)) for line in after.get(index, [])]
     head = [f"Grader: {points_text(result.score)}/{points_text(result.max_score)} points, {result.passed} of "
             f"{result.total} exercises passed. Isolation: {result.isolation or 'unknown'}.",
-            *(f"Note: {note}" for note in result.notes)]
+            *(f"Note: {note}" for note in result.notes), REVIEW_OUTPUTS]
     nb.cells = [new_markdown_cell("\n\n".join(md(line) for line in head)), *cells]
     return nb
-

@@ -25,8 +25,10 @@ submission no longer has (deleted, or its tags removed and its text changed) fai
 ``check-missing``; it still counts in the total. What an honest student needs to act on is reported too: the errors
 of the cells that are not checks (``cell_errors``; a ``NameError`` names the cell that raised before it, e.g. an
 import that failed) and a notebook from an older version of the course (``notes``: its exercises are not the
-reference's). Without a reference the notebook's own check cells are graded,
-and the result says so. The command line is :mod:`.cli`; the results and their formats are :mod:`.results`.
+reference's). The outputs of every cell that ran (``outputs``: what it printed, displayed, drew and raised, cleaned
+and bounded by :func:`.wire.clean_outputs`) are kept for the instructor's review notebook, never the ones the
+student saved. Without a reference the notebook's own check cells are graded, and the result says so. The command
+line is :mod:`.cli`; the results and their formats are :mod:`.results`.
 """
 
 from __future__ import annotations
@@ -139,12 +141,25 @@ def _collect_errors(event: dict, errors: dict) -> None:
             errors.setdefault(int(key), (str(item.get("etype"))[:100], str(item.get("message"))[:300]))
 
 
+def _collect_outputs(event: dict, outputs: dict) -> None:
+    """Add the cells' outputs reported with ``event`` (cleaned by :func:`.wire.outputs_of`) to ``outputs``,
+    ``{cell index: outputs}``, the first run's where the sandbox was started again, within the notebook's
+    :data:`.wire.MAX_OUTPUT_CHARS`."""
+    room = wire.MAX_OUTPUT_CHARS - sum(wire.output_chars(o) for o in outputs.values())
+    for key, cell in (event.get(wire.OUTPUTS) or {}).items():
+        if int(key) not in outputs and room > 0:
+            outputs[int(key)] = wire.clean_outputs(cell, room)
+            room -= wire.output_chars(outputs[int(key)])
+
+
 def run_in_sandbox(nb, exercises: list[Exercise], limits: Limits, reference: Reference | None = None,
-                   errors: dict | None = None) -> dict:
+                   errors: dict | None = None, outputs: dict | None = None) -> dict:
     """``{cell index: (passed, code, message, public_passed, seconds)}`` for the check cells that were reached;
     ``reference``: see :func:`_judge_point` (None: calls to the reference are not looked for); ``errors``, if given,
-    gets the errors of the cells that are not checks (see :func:`_collect_errors`)."""
+    gets the errors of the cells that are not checks (see :func:`_collect_errors`), ``outputs`` the outputs of the
+    cells that ran (see :func:`_collect_outputs`)."""
     errors = {} if errors is None else errors
+    outputs = {} if outputs is None else outputs
     sandbox_cells, points = _sandbox_cells(nb, exercises)
     cells = references.parse_cells(nb) if reference is not None else []
     deadline = time.monotonic() + limits.notebook_s
@@ -158,6 +173,7 @@ def run_in_sandbox(nb, exercises: list[Exercise], limits: Limits, reference: Ref
                 while True:
                     event = sandbox.next_event()
                     _collect_errors(event, errors)
+                    _collect_outputs(event, outputs)
                     if event["op"] == wire.DONE:
                         break
                     key = str(event.get("key"))
@@ -267,7 +283,10 @@ def _grade_notebook(path, reference, limits) -> NotebookResult:
         result.error = "no check cells (cells tagged 'check') found"
         return result
     errors: dict[int, tuple[str, str]] = {}
-    outcomes = run_in_sandbox(nb, exercises, limits, ref, errors) if any(e.indices for e in exercises) else {}
+    outputs: dict[int, list[dict]] = {}
+    outcomes = run_in_sandbox(nb, exercises, limits, ref, errors, outputs) if any(e.indices for e in exercises) \
+        else {}
+    result.outputs = {str(index): cell for index, cell in sorted(outputs.items())}
     result.cell_errors = [[index + 1, etype, message] for index, (etype, message) in sorted(errors.items())
                           if "raises-exception" not in nb.cells[index].get("metadata", {}).get("tags", [])]
     for e in exercises:

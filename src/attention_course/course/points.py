@@ -22,6 +22,9 @@ An instructor overrides points without editing a notebook in one TOML file (``--
     1 = 2                           # exercise 1 is worth 2 points
     3 = { points = 4, hidden_share = 0.25 }
 
+    [canvas_assignments]            # optional: Canvas's assignment id of each notebook (canvas.csv's column titles)
+    02_single_head_exercises = 123456
+
 Every key is validated (:class:`PointsError`, naming the file, the table and the key): unknown keys, levels and
 exercises, negative points, shares outside [0, 1]; notebooks and exercise numbers are checked against the
 reference notebooks when the reference folder is known (:meth:`Points.validate`).
@@ -69,6 +72,7 @@ class Points:
     late_penalty: float = 0.0  # the share of a late notebook's points taken off in the gradebook
     hidden_visibility: str = "after_published"  # when Gradescope shows a student their hidden cases' tests
     due: datetime | None = None  # a submission time after it is late (Canvas marks its late files itself)
+    canvas_ids: dict[str, str] = field(default_factory=dict)  # {notebook stem: Canvas's assignment id}
 
     @classmethod
     def load(cls, path: str | Path) -> Points:
@@ -84,10 +88,13 @@ class Points:
     @classmethod
     def from_dict(cls, data: dict, source: str = "points") -> Points:
         points = cls(source=source)
-        unknown = set(data) - {"levels", "hidden_share", "notebooks", "late_penalty", "hidden_visibility", "due"}
+        unknown = set(data) - {"levels", "hidden_share", "notebooks", "late_penalty", "hidden_visibility", "due",
+                               "canvas_assignments"}
         if unknown:
             raise PointsError(f"{source}: unknown key(s) {', '.join(sorted(unknown))} (expected levels, "
-                              "hidden_share, late_penalty, hidden_visibility, due, notebooks)")
+                              "hidden_share, late_penalty, hidden_visibility, due, notebooks, canvas_assignments)")
+        for notebook, value in _table(data.get("canvas_assignments", {}), f"{source} [canvas_assignments]").items():
+            points.canvas_ids[Path(notebook).stem] = canvas_id(value, f"{source} [canvas_assignments] {notebook}")
         if "due" in data:
             points.due = _due(data["due"], f"{source} due")
         if "late_penalty" in data:
@@ -117,6 +124,10 @@ class Points:
         ``complete=False``: ``exercises`` holds only some of the course's notebooks (one submission's reference, a
         bundle's chapters), so a notebook not among them is another chapter's, not a typo; its own numbers are
         still checked."""
+        for notebook in self.canvas_ids:
+            if notebook not in exercises and complete:
+                raise PointsError(f"{self.source} [canvas_assignments] {notebook}: no reference notebook of that name "
+                                  f"(known: {', '.join(sorted(exercises)) or 'none'})")
         for notebook, entries in self.notebooks.items():
             if notebook not in exercises and not complete:
                 continue
@@ -142,6 +153,15 @@ class Points:
         stem = Path(notebook).stem
         names = [n for n in self.notebooks if stem == n or (stem.endswith(n) and stem[-len(n) - 1] in "_-. ")]
         return self.notebooks[max(names, key=len)] if names else {}
+
+
+def canvas_id(value, where: str) -> str:
+    """Canvas's assignment id (the number in its assignment's address, ``/assignments/123456``) as text."""
+    text = str(value) if not isinstance(value, bool) and isinstance(value, (int, str)) else ""
+    if not (text.isascii() and text.isdigit() and int(text) > 0):
+        raise PointsError(f"{where}: expected Canvas's assignment id, a positive whole number (the number in the "
+                          f"assignment's address, .../assignments/123456), got {value!r}")
+    return str(int(text))
 
 
 def _table(value, where: str) -> dict:

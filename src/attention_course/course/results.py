@@ -61,6 +61,8 @@ class NotebookResult:
     cell_errors: list = field(default_factory=list)  # [cell number (1-based), exception name, message] of the
     # cells that are not checks and raised (the student's code: shown in the feedback)
     notes: list = field(default_factory=list)  # what the student should know about the whole notebook
+    outputs: dict = field(default_factory=dict)  # {cell index (str): its nbformat outputs} of the grading run, for
+    # the review notebook; carried from the grader's child process (as_dict(outputs=True)), never stored or reported
 
     @property
     def passed(self) -> int:
@@ -78,17 +80,19 @@ class NotebookResult:
     def max_score(self) -> float:
         return round(sum(e.max_points or 0.0 for e in self.exercises), 4)
 
-    def as_dict(self) -> dict:
-        return {"notebook": self.notebook, "passed": self.passed, "total": self.total, "score": self.score,
+    def as_dict(self, outputs: bool = False) -> dict:
+        data = {"notebook": self.notebook, "passed": self.passed, "total": self.total, "score": self.score,
                 "max_score": self.max_score, "error": self.error, "reference": self.reference,
                 "isolation": self.isolation, "grader_failed": self.grader_failed, "notes": list(self.notes),
                 "cell_errors": list(self.cell_errors), "exercises": [asdict(e) for e in self.exercises]}
+        return {**data, "outputs": dict(self.outputs)} if outputs else data
 
     @classmethod
     def from_dict(cls, data: dict) -> NotebookResult:
         result = cls(str(data["notebook"]), error=data.get("error"), reference=data.get("reference"),
                      isolation=data.get("isolation"), grader_failed=bool(data.get("grader_failed")),
-                     cell_errors=list(data.get("cell_errors") or []), notes=list(data.get("notes") or []))
+                     cell_errors=list(data.get("cell_errors") or []), notes=list(data.get("notes") or []),
+                     outputs=dict(data.get("outputs") or {}))
         fields = set(ExerciseResult.__dataclass_fields__)
         result.exercises = [ExerciseResult(**{k: v for k, v in e.items() if k in fields})
                             for e in data.get("exercises", [])]
@@ -157,8 +161,8 @@ def format_json(results: list[NotebookResult]) -> str:
     return json.dumps({"notebooks": [r.as_dict() for r in results]}, indent=2)
 
 
-def format_jsonl(result: NotebookResult) -> str:
-    return json.dumps(result.as_dict())
+def format_jsonl(result: NotebookResult, outputs: bool = False) -> str:
+    return json.dumps(result.as_dict(outputs))
 
 
 def csv_rows(result: NotebookResult) -> list[list]:

@@ -561,11 +561,13 @@ class Sandbox:
     def next_event(self) -> dict:
         """The worker's next report: ``{"op": wire.CHECK, "key": cell index, "objects": {expr: info}, "verdict":
         ...}`` at a check cell (answer its calls, then :meth:`resume`), or ``{"op": wire.DONE}``; SandboxError
-        when the worker died or ran out of time."""
-        header, _ = self._read()
+        when the worker died or ran out of time. Its ``wire.OUTPUTS``: ``{cell key: outputs}`` of the cells run
+        since the last report, cleaned (:func:`.wire.outputs_of`)."""
+        header, arrays = self._read()
         if header.get("op") not in (wire.CHECK, wire.DONE) or not isinstance(header.get("objects", {}), dict):
             self.close()
             raise SandboxError("the submission's process sent an invalid report")
+        header[wire.OUTPUTS] = wire.outputs_of(arrays)
         return header
 
     def resume(self) -> None:

@@ -46,6 +46,16 @@ CHECK, DONE = "check", "done"
 JOB, CALL, GETATTR, CONTINUE = "job", "call", "getattr", "continue"
 # what an object given to a check is
 FUNCTION, CLASS, VALUE, ERROR = "function", "class", "value", "error"
+# the array of a CHECK or DONE report that holds the outputs of the cells run since the last report (JSON bytes of
+# ``[{"key": cell, "outputs": [nbformat v4 outputs]}]``): an instructor reviews the grading run's outputs, never
+# the ones the student saved. Bounded on both sides (see :func:`clean_outputs`).
+OUTPUTS = "outputs"
+MAX_CELL_TEXT = 20_000  # characters of one cell's text (streams, text/plain, tracebacks), then TRUNCATED
+MAX_IMAGE_CHARS = 400_000  # one image/png, base64 (about 300 kB); a larger one is left out, with a marker
+MAX_IMAGES = 8  # images kept per cell
+MAX_CELL_OUTPUTS = 200  # outputs kept per cell (a loop of displays)
+MAX_OUTPUT_CHARS = 4_000_000  # every output of one notebook together
+TRUNCATED = "\n[... cut by the grader: this cell's output is longer than {limit} characters ...]\n"
 
 
 class WireError(Exception):
@@ -299,3 +309,96 @@ def read_message(fd: int, deadline: float | None = None, limit: int = MAX_MESSAG
     if size > limit:
         raise WireError(f"a reply of {size} bytes is over the output limit of {limit} bytes")
     return unpack(_read_exactly(fd, size, deadline))
+
+
+def clean_outputs(raw, room: int = MAX_OUTPUT_CHARS) -> list[dict]:
+    """One cell's outputs as nbformat v4 outputs a notebook may hold, whatever ``raw`` is (it comes from the
+    sandbox): streams ``stdout``/``stderr``, display data and results as ``text/plain`` and ``image/png`` only,
+    errors with their traceback; at most :data:`MAX_CELL_TEXT` characters of text (then :data:`TRUNCATED`),
+    :data:`MAX_IMAGES` images of at most :data:`MAX_IMAGE_CHARS` each, and ``room`` characters in all."""
+    budget = {"text": min(MAX_CELL_TEXT, room), "images": MAX_IMAGES, "room": room, "cut": False}
+    cleaned, marked = [], False
+    for item in raw[:MAX_CELL_OUTPUTS] if isinstance(raw, list) else []:
+        marker = isinstance(item, dict) and str(item.get("text", "")).startswith(TRUNCATED[:20])
+        output = _clean_output(item, budget) if isinstance(item, dict) and not marker else None
+        if output is not None and (output["output_type"] != "stream" or output["text"]):
+            cleaned.append(output)
+        if (budget["cut"] or marker) and not marked:  # once, where the text was cut (cleaned again: kept)
+            cleaned.append({"output_type": "stream", "name": "stderr",
+                            "text": TRUNCATED.format(limit=min(MAX_CELL_TEXT, room))})
+            marked = True
+    return cleaned
+
+
+def _text(value, budget: dict, most: int | None = None) -> str:
+    """``value`` as text within the cell's budget (a list of lines is joined, as nbformat stores them), at most
+    ``most`` characters."""
+    if isinstance(value, list):
+        value = "".join(v for v in value if isinstance(v, str))
+    text = value[:most] if isinstance(value, str) else ""
+    if len(text) > budget["text"]:
+        text, budget["cut"] = text[:budget["text"]], True
+    budget["text"] -= len(text)
+    budget["room"] -= len(text)
+    return text
+
+
+def _image(value, budget: dict) -> str | None:
+    ok = isinstance(value, str) and len(value) <= min(MAX_IMAGE_CHARS, budget["room"]) and budget["images"] > 0
+    if not ok or value.strip("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=\n"):
+        return None  # not base64, too large, or one image too many
+    budget["images"] -= 1
+    budget["room"] -= len(value)
+    return value
+
+
+def _clean_output(item: dict, budget: dict) -> dict | None:
+    kind = item.get("output_type")
+    if kind == "stream":
+        name = item.get("name") if item.get("name") in ("stdout", "stderr") else "stdout"
+        return {"output_type": kind, "name": name, "text": _text(item.get("text"), budget)}
+    if kind == "error":
+        lines = item.get("traceback") if isinstance(item.get("traceback"), list) else []
+        return {"output_type": kind, "ename": _text(item.get("ename"), budget, 200),
+                "evalue": _text(item.get("evalue"), budget, 2000),
+                "traceback": [_text(line, budget) for line in lines[:200]]}
+    if kind in ("display_data", "execute_result"):
+        data = item.get("data") if isinstance(item.get("data"), dict) else {}
+        kept = {"text/plain": _text(data.get("text/plain", ""), budget)}
+        image = _image(data.get("image/png"), budget) if "image/png" in data else None
+        if image is not None:
+            kept["image/png"] = image
+        elif "image/png" in data:
+            kept["text/plain"] += _text("\n[an image left out by the grader: over its size limit]", budget)
+        output = {"output_type": kind, "data": kept, "metadata": {}}
+        return {**output, "execution_count": None} if kind == "execute_result" else output
+    return None
+
+
+def outputs_message(cells: list[dict]) -> dict:
+    """The :data:`OUTPUTS` array of a report: ``cells`` as JSON bytes."""
+    return {OUTPUTS: np.frombuffer(json.dumps(cells).encode(), dtype=np.uint8)} if cells else {}
+
+
+def outputs_of(arrays: dict, room: int = MAX_OUTPUT_CHARS) -> dict[str, list[dict]]:
+    """``{cell key: its cleaned outputs}`` of a report's :data:`OUTPUTS` array (nothing when it is missing,
+    malformed or over twice :data:`MAX_OUTPUT_CHARS` bytes), at most ``room`` characters in all."""
+    raw = arrays.get(OUTPUTS)
+    if raw is None or raw.dtype != np.uint8 or raw.ndim != 1 or raw.size > 2 * MAX_OUTPUT_CHARS:
+        return {}
+    try:
+        cells = json.loads(raw.tobytes().decode())
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return {}
+    found: dict[str, list[dict]] = {}
+    for cell in cells if isinstance(cells, list) else []:
+        key = cell.get("key") if isinstance(cell, dict) else None
+        if isinstance(key, str) and key.isdigit() and key not in found and room > 0:
+            found[key] = clean_outputs(cell.get("outputs"), room)
+            room -= output_chars(found[key])
+    return found
+
+
+def output_chars(outputs: list[dict]) -> int:
+    """The characters an output list holds (its texts and images), as :func:`clean_outputs` counts them."""
+    return len(json.dumps(outputs))

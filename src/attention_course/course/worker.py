@@ -4,15 +4,20 @@ Started by :class:`.sandbox.Sandbox` as ``python -m attention_course.course.work
 that folder its only writable place; the grader first sends it the job (the notebook's code cells). It runs the
 code cells top to bottom in IPython, a time limit per cell; at each check cell it does NOT run the check: it
 reports what the objects the check would be given are (:mod:`.wire`'s descriptions), then answers the grader's
-calls to them until the grader says continue. Its stdout and stderr go to ``/dev/null``; its replies go through the
-pipes it was started with. The submission can change anything in this process, this module included: the grader
-judges only the outputs it receives, for inputs it drew.
+calls to them until the grader says continue. What a cell shows (its prints, displays, result, error with its
+traceback, and the figures it leaves open) is recorded as the cell's outputs and sent with the next report, bounded
+(:func:`.wire.clean_outputs`), for the instructor's review notebook. Its stdout and stderr go to ``/dev/null``; its
+replies go through the pipes it was started with. The submission can change anything in this process, this
+module included: the grader judges only the outputs it receives, for inputs it drew, and the outputs it keeps for the
+review are cleaned and bounded again on its side.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import inspect
+import io
 import json
 import os
 import signal
@@ -73,15 +78,135 @@ def _time_limit(seconds: tuple[float, float]):
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _run_cell(shell, source: str, seconds: tuple[float, float]):
+class Recorder:
+    """The outputs of the cell running now, as Jupyter would store them (nbformat v4), its text cut at the wire's
+    limit while it is recorded (a cell printing in a loop does not fill the sandbox's memory)."""
+
+    def __init__(self):
+        self.outputs: list[dict] = []
+        self.text = 0  # characters of text recorded for this cell
+
+    def take(self) -> list[dict]:
+        outputs, self.outputs, self.text = self.outputs, [], 0
+        return wire.clean_outputs(outputs)
+
+    def _room(self, text: str) -> str:
+        text = text[:max(0, wire.MAX_CELL_TEXT + 1 - self.text)]  # one over the limit: the wire marks the cut
+        self.text += len(text)
+        return text
+
+    def stream(self, name: str, text: str) -> None:
+        text = self._room(str(text))
+        last = self.outputs[-1] if self.outputs else {}
+        if last.get("output_type") == "stream" and last.get("name") == name:
+            last["text"] += text  # consecutive writes are one output, as in Jupyter
+        elif text:
+            self._add({"output_type": "stream", "name": name, "text": text})
+
+    def display(self, data: dict, kind: str = "display_data") -> None:
+        kept = {"text/plain": self._room(str(data.get("text/plain", "")))}
+        png = data.get("image/png")
+        images = sum("image/png" in o.get("data", {}) for o in self.outputs)
+        if isinstance(png, (str, bytes)) and len(png) <= wire.MAX_IMAGE_CHARS and images < wire.MAX_IMAGES:
+            kept["image/png"] = png if isinstance(png, str) else base64.b64encode(png).decode()
+        self._add({"output_type": kind, "data": kept, "metadata": {}})
+
+    def error(self, ename: str, evalue: str, traceback: list) -> None:
+        self._add({"output_type": "error", "ename": ename, "evalue": self._room(evalue),
+                   "traceback": [self._room(str(line)) for line in traceback[:200]]})
+
+    def _add(self, output: dict) -> None:
+        if len(self.outputs) < wire.MAX_CELL_OUTPUTS:
+            self.outputs.append(output)
+
+    def clear(self) -> None:
+        self.outputs, self.text = [], 0
+
+
+class _Writer(io.TextIOBase):
+    """``sys.stdout`` or ``sys.stderr`` while a cell runs: what it writes becomes the cell's stream output."""
+
+    def __init__(self, recorder: Recorder, name: str):
+        self.recorder, self.name = recorder, name
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        """The process's own descriptor (``/dev/null``), for code that hands ``sys.stdout`` to a subprocess."""
+        return 1 if self.name == "stdout" else 2
+
+    def write(self, text) -> int:
+        self.recorder.stream(self.name, str(text))
+        return len(str(text))
+
+
+def recording_shell(recorder: Recorder):
+    """An IPython shell whose results, displays and tracebacks go to ``recorder`` instead of the terminal."""
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+
+    class Hook(DisplayHook):
+        def write_output_prompt(self):
+            pass
+
+        def write_format_data(self, format_dict, md_dict=None):
+            recorder.display(format_dict, "execute_result")
+
+    class Publisher(DisplayPublisher):
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+            recorder.display(data)
+
+        def clear_output(self, wait=False):
+            recorder.clear()
+
+    class Shell(InteractiveShell):
+        displayhook_class = Hook
+        display_pub_class = Publisher
+
+        def _showtraceback(self, etype, evalue, stb):
+            recorder.error(getattr(etype, "__name__", str(etype)), str(evalue), list(stb))
+
+    return Shell.instance()
+
+
+def _show_figures(recorder: Recorder) -> None:
+    """Each matplotlib figure the cell left open as an image, then closed: what Jupyter's inline backend shows (a
+    figure that cannot be drawn is shown as its error)."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
     try:
-        with _time_limit(seconds):
-            return shell.run_cell(source, store_history=False, silent=False)
+        for number in pyplot.get_fignums():
+            buf = io.BytesIO()
+            pyplot.figure(number).savefig(buf, format="png", dpi=72, bbox_inches="tight")
+            recorder.display({"text/plain": f"<Figure {number}>",
+                              "image/png": base64.b64encode(buf.getvalue()).decode()})
+        pyplot.close("all")
+    except Exception as err:  # noqa: BLE001 - the student's figure: shown, and the cell is not failed for it
+        recorder.error(type(err).__name__, f"the figure could not be drawn: {err}", [])
+
+
+def _run_cell(shell, source: str, seconds: tuple[float, float], recorder: Recorder):
+    """Run one cell under its time limits, what it shows recorded in ``recorder``; None when it was stopped
+    outside IPython's own handling (its time limit)."""
+    try:
+        with _time_limit(seconds), contextlib.redirect_stdout(_Writer(recorder, "stdout")), \
+                contextlib.redirect_stderr(_Writer(recorder, "stderr")):
+            result = shell.run_cell(source, store_history=False, silent=False)
+            _show_figures(recorder)
+            return result
     except BaseException:  # noqa: BLE001 - the submission's cell failed in any way: go on with the next
+        recorder.error("timeout", "the cell was interrupted by its time limit", [])
         return None
 
 
-def _check_point(shell, check: dict, source: str, seconds: tuple[float, float]) -> dict:
+def _check_point(shell, check: dict, source: str, seconds: tuple[float, float], recorder: Recorder) -> dict:
     """At a check cell: describe the objects its check is given; run the check cell itself only when it is not
     a plain ``checks.check_*(...)`` call (graded without a reference: the notebook's own check cells)."""
     objects, report = {}, {}
@@ -93,7 +218,7 @@ def _check_point(shell, check: dict, source: str, seconds: tuple[float, float]) 
             report[expr] = {"kind": wire.ERROR, "etype": type(err).__name__, "message": str(err)[:500]}
     verdict = None
     if check.get("run_in_sandbox"):
-        result = _run_cell(shell, source, seconds)
+        result = _run_cell(shell, source, seconds, recorder)
         error = getattr(result, "error_in_exec", None) if result is not None else _CellTimeout()
         verdict = {"passed": result is not None and error is None and getattr(result, "success", False),
                    "etype": type(error).__name__ if error is not None else None,
@@ -207,26 +332,47 @@ def worker(folder: str) -> int:  # pragma: no cover - runs in the sandbox (tests
     if header.get("op") != wire.JOB:
         return 1
     job = json.loads(arrays["job"].tobytes().decode())
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
+    recorder = Recorder()
+    shell = recording_shell(recorder)
     seconds = (float(job.get("cell_s", 60)), float(job.get("cell_wall_s", 270)))  # CPU, wall
     errors: list[dict] = []  # the errors of the cells that are not checks, sent with the next report
+    outputs = Outputs()  # the outputs of the cells run since the last report, sent with it
     for index, cell in enumerate(job["cells"]):
         key = str(cell.get("key", index))
         if not cell.get("check"):
-            error = cell_error(_run_cell(shell, cell["source"], seconds))
+            error = cell_error(_run_cell(shell, cell["source"], seconds, recorder))
+            outputs.add(key, recorder.take())
             if error is not None:
                 errors.append({"key": key, **error})
             continue
-        point = _check_point(shell, cell["check"], cell["source"], seconds)
+        point = _check_point(shell, cell["check"], cell["source"], seconds, recorder)
+        outputs.add(key, recorder.take())
         table = Objects(point.pop("_objects"))
-        wire.write_message(reply_fd, {"op": wire.CHECK, "key": key, **point, "errors": errors})
+        wire.write_message(reply_fd, {"op": wire.CHECK, "key": key, **point, "errors": errors}, outputs.send())
         errors = []
         if not _serve(reply_fd, request_fd, table, seconds):
             return 0
-    wire.write_message(reply_fd, {"op": wire.DONE, "errors": errors})
+    wire.write_message(reply_fd, {"op": wire.DONE, "errors": errors}, outputs.send())
     return 0
+
+
+class Outputs:
+    """The cells' outputs waiting for the next report, within the notebook's :data:`.wire.MAX_OUTPUT_CHARS`."""
+
+    def __init__(self):
+        self.cells: list[dict] = []
+        self.room = wire.MAX_OUTPUT_CHARS
+
+    def add(self, key: str, outputs: list[dict]) -> None:
+        if outputs and self.room > 0:
+            outputs = wire.clean_outputs(outputs, self.room)
+            self.room -= wire.output_chars(outputs)
+            self.cells.append({"key": key, "outputs": outputs})
+
+    def send(self) -> dict:
+        """The report's arrays; the cells are then sent."""
+        arrays, self.cells = wire.outputs_message(self.cells), []
+        return arrays
 
 
 def cell_error(result) -> dict | None:
