@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,7 +111,8 @@ def _forward(Q, K, V, O, LSE, T_Q, T_K, scale, D: tl.constexpr, BLOCK: tl.conste
         lse = tl.log(l * tl.exp(m))
     else:
         lse = tl.where(seen, m + tl.log(tl.where(seen, l, 1.0)), float("-inf"))
-    tl.store(LSE + rows, lse, mask=rows < T_Q)
+    if MISTAKE != "lse-not-stored":
+        tl.store(LSE + rows, lse, mask=rows < T_Q)
 
 
 def triton_forward(q, k, v, causal=False, mistake="", block=16, with_lse=False, guard=False):
@@ -209,6 +211,35 @@ def library_forward_with_lse(q, k, v):
     return out[0, 0], lse[0, 0]
 
 
+def numpy_lse(q, k, is_causal=False):
+    """The log-sum-exp of each row, by NumPy (out of PyTorch's sight), causal bottom-right: what a launcher can
+    compute besides its kernel."""
+    s = q.numpy().astype(np.float64) @ k.numpy().T.astype(np.float64) / q.shape[-1] ** 0.5
+    if is_causal:
+        s = np.where(np.arange(len(k))[None, :] <= np.arange(len(q))[:, None] + len(k) - len(q), s, -np.inf)
+    with np.errstate(divide="ignore"):
+        return torch.from_numpy(np.logaddexp.reduce(s, axis=1).astype(np.float32))
+
+
+def kernel_then_numpy_lse(q, k, v):
+    """The kernel's output; the log-sum-exp computed after the launch, in NumPy."""
+    return triton_forward(q, k, v), numpy_lse(q, k)
+
+
+def kernel_lse_overwritten(q, k, v):
+    """The kernel stores a wrong log-sum-exp (its m), which the launcher overwrites in place after the launch."""
+    out, lse = triton_forward(q, k, v, mistake="lse-without-sum", with_lse=True)
+    return out, lse.copy_(numpy_lse(q, k))
+
+
+def lse_before_launch(q, k, v, is_causal=False):
+    """The log-sum-exp computed before the launch into the buffer the kernel is given, which never stores it."""
+    out, lse = torch.empty_like(q), numpy_lse(q, k, is_causal)
+    _forward[(triton.cdiv(len(q), 16),)](q, k, v, out, lse, len(q), len(k), q.shape[1] ** -0.5, D=q.shape[1],
+                                         BLOCK=16, CAUSAL=is_causal, GUARD=True, MISTAKE="lse-not-stored")
+    return out, lse
+
+
 def kernel_then_torch_lse(q, k, v):
     """The kernel's output, but the log-sum-exp computed outside the kernel, by PyTorch."""
     return triton_forward(q, k, v), torch.logsumexp(q @ k.T / q.shape[-1] ** 0.5, -1)
@@ -227,6 +258,7 @@ CORRECT = [
     (checks.check_causal_tiles, causal_forward),
     (checks.check_causal_tiles, causal_forward_32),
     (checks.check_lse, forward_with_lse),
+    (checks.check_lse, named(lambda q, k, v: [x.clone().double() for x in forward_with_lse(q, k, v)], "as_copies")),
     (checks.check_dk, attention_dk),
     (checks.check_flash_forward, named(triton_flash, "flash_forward")),
     (checks.check_flash_forward, named(triton_flash, "flash_forward_32", block=32)),
@@ -268,6 +300,9 @@ PLANTED = [
     (checks.check_lse, torch_forward_with_lse, "kernel-not-written"),
     (checks.check_lse, kernel_then_torch_lse, "kernel-not-written"),
     (checks.check_lse, named(library_forward_with_lse, "library_with_lse"), "kernel-not-written"),
+    (checks.check_lse, kernel_then_numpy_lse, "lse-not-stored"),
+    (checks.check_lse, kernel_lse_overwritten, "lse-not-stored"),
+    (checks.check_lse, lse_before_launch, "lse-not-stored"),
     (checks.check_dk, wrong(triton_dk, "ds-without-d"), "ds-without-d"),
     (checks.check_dk, wrong(triton_dk, "dk-missing-scale"), "dk-missing-scale"),
     (checks.check_dk, wrong(triton_dk, "ds-sign"), "wrong-output"),
@@ -279,6 +314,10 @@ PLANTED = [
      "kernel-not-written"),
     (checks.check_flash_forward, named(lambda q, k, v, is_causal: library_forward_with_lse(q, k, v), "library"),
      "kernel-not-written"),
+    (checks.check_flash_forward, named(lambda q, k, v, is_causal: (triton_flash(q, k, v, is_causal)[0],
+                                                                   numpy_lse(q, k, is_causal)), "numpy_lse"),
+     "lse-not-stored"),
+    (checks.check_flash_forward, named(lse_before_launch, "lse_before_launch"), "lse-not-stored"),
 ]
 
 

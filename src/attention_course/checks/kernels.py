@@ -167,12 +167,15 @@ def _library_kernels_disarmed():
             setattr(library, name, kernel)
 
 
-def _call_kernel(fn, args: dict, label: str, positional: int, case: str, dk: int):
+def _call_kernel(fn, args: dict, label: str, positional: int, case: str, dk: int, stores=None):
     """The student's launcher called as the exercise's kernel must be: no query-key score computed by PyTorch
-    (counted where the call can be observed) and no kernel of the library launched."""
+    (counted where the call can be observed) and no kernel of the library launched. ``stores``: a
+    :class:`.observe.KernelStores` that records what the kernels launched store, where the call can be observed."""
     counter = observe.ScoreCounter(dk)
+    watched = observe.observable(fn)
     try:
-        with _library_kernels_disarmed(), counter if observe.observable(fn) else contextlib.nullcontext():
+        with _library_kernels_disarmed(), counter if watched else contextlib.nullcontext(), \
+                stores if watched and stores is not None else contextlib.nullcontext():
             result = call(fn, args, label, positional=positional)
     except Exception as err:  # noqa: BLE001 - call() wraps the student's exceptions; find ours inside
         if isinstance(err, _LibraryKernelCalled) or "_LibraryKernelCalled" in str(err):
@@ -183,6 +186,23 @@ def _call_kernel(fn, args: dict, label: str, positional: int, case: str, dk: int
         raise fail("kernel-not-written", detail=f"computes {counter.scores} query-key scores with PyTorch "
                    "(a matrix product, SDPA or autograd), which a Triton kernel never does", case=case)
     return result
+
+
+def _kernel_stores(fn):
+    """A fresh :class:`.observe.KernelStores` for one call, or None where the call cannot be observed."""
+    return observe.KernelStores() if observe.observable(fn) else None
+
+
+def _require_lse_stored(lse, stores, case):
+    """The log-sum-exp returned must be numbers a kernel stored (every entry, -inf included, among the numbers one
+    launch wrote into one tensor): not computed by the launcher before or after the launch, nor stored by the kernel
+    and changed afterwards."""
+    if stores is None:
+        return
+    values = np.asarray(lse, dtype=np.float64).ravel()
+    if any(np.isin(values, np.asarray(written)).all() for written in stores.written):
+        return
+    raise fail("lse-not-stored", case=case)
 
 
 def _overflow_failure(out, ref, q, k, case, what):
@@ -271,7 +291,8 @@ def _lse_body(fn, label):
     for n, (t, d, spread) in enumerate(sizes, 1):
         q, k, v = _inputs(rng, t, d, spread)
         case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}, scores of std {spread**2:.0f}"
-        result = _call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d)
+        stores = _kernel_stores(fn)
+        result = _call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d, stores)
         out, lse = split_result(result, case, ("out", "lse"))
         if lse is None:
             raise fail("wrong-type", "Return the output AND the log-sum-exp of each row: (out, lse).", case=case)
@@ -283,6 +304,7 @@ def _lse_body(fn, label):
                 raise overflow
             _match(out, _forward_candidates(q, k, v), case, ref_out, "output")
         if close(lse, ref_lse, ATOL, RTOL):
+            _require_lse_stored(lse, stores, case)
             continue
         overflow = _overflow_failure(lse, ref_lse, q, k, case, "log-sum-exp")
         if overflow:
@@ -298,8 +320,8 @@ def _lse_body(fn, label):
 def check_lse(fn, *, timeout: float = TIMEOUT):
     """Chapter 16: check ``fn(q, k, v)`` -> (out (T, Dh), lse (T,)): the forward kernel's output and, per row, the
     log-sum-exp of its scaled scores, log(sum_j exp(q_i . k_j / sqrt(Dh))). Diagnoses ``[lse-without-max]`` and
-    ``[lse-without-sum]``, ``[lse-overflows]``, ``[kernel-not-written]`` (and the tile loop's mistakes in the
-    output)."""
+    ``[lse-without-sum]``, ``[lse-overflows]``, ``[kernel-not-written]``, ``[lse-not-stored]`` (numbers no
+    launch stored) and the tile loop's mistakes in the output."""
     observe.warm_up()
     run_check(lambda: _lse_body(fn, "forward_with_lse"), timeout)
 
@@ -375,7 +397,8 @@ _FLASH_CASES = [(37, 37, 16, False), (21, 50, 32, True), (50, 21, 16, True), (5,
 def _flash_case(fn, label, q, k, v, causal, case):
     """Run one case and compare the output, then the log-sum-exp (its -inf rows exactly)."""
     args = {**_torch_args(q=q, k=k, v=v), "is_causal": causal}
-    out, lse = split_result(_call_kernel(fn, args, label, 3, case, q.shape[1]), case, ("out", "lse"))
+    stores = _kernel_stores(fn)
+    out, lse = split_result(_call_kernel(fn, args, label, 3, case, q.shape[1], stores), case, ("out", "lse"))
     if lse is None:
         raise fail("wrong-type", "Return the output AND the log-sum-exp of each row: (out, lse).", case=case)
     out, lse = as_array(out, "out", case), as_array(lse, "lse", case)
@@ -395,6 +418,7 @@ def _flash_case(fn, label, q, k, v, causal, case):
     seen = np.isfinite(ref_lse)
     if np.array_equal(np.isfinite(lse), seen) and close(lse[seen], ref_lse[seen], ATOL, RTOL) and \
             (np.isneginf(lse[~seen]).all()):
+        _require_lse_stored(lse, stores, case)
         return
     overflow = _overflow_failure(lse[seen], ref_lse[seen], q[seen], k, case, "log-sum-exp")
     if overflow:
@@ -426,7 +450,7 @@ def check_flash_forward(fn, *, timeout: float = TIMEOUT):
     head, q (Tq, Dh), k and v (Tk, Dh) float32, causal bottom-right (query i sees keys j <= i + Tk - Tq), rows that
     may attend no key giving out 0 and lse -inf. Diagnoses ``[causal-top-left-aligned]``, ``[mask-ignored]``,
     ``[nan-on-masked-row]``, ``[scores-overflow]``, ``[lse-overflows]``, ``[lse-without-max]``,
-    ``[lse-without-sum]``, ``[causal-tiles-not-skipped]`` and ``[kernel-not-written]``."""
+    ``[lse-without-sum]``, ``[lse-not-stored]``, ``[causal-tiles-not-skipped]`` and ``[kernel-not-written]``."""
     observe.warm_up()
     run_check(lambda: _flash_body(fn, "flash_forward"), timeout)
 
