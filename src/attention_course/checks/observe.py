@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -153,21 +154,31 @@ class ScoreCounter(_Tracked, TorchDispatchMode):
 
 class FusedAttentionCalls(_Tracked, TorchFunctionMode):
     """Records ``F.scaled_dot_product_attention`` calls: ``mask_dtypes`` lists the dtype of each call's ``attn_mask``
-    (None without one). Rows whose mask allows no key come back as NaN, as older kernels return them."""
+    (None without one). Rows whose mask allows no key come back as NaN, as older kernels return them. Given the
+    boolean mask ``expected`` (True = may attend, broadcast to the case's scores), ``encodes`` lists, per call with
+    a float ``attn_mask``, whether that mask adds 0 where ``expected`` allows a key and at most -1e4 where it
+    blocks one (None where the two cannot be compared): a float mask that reaches the call, but not the one the
+    output needs, is seen."""
 
-    def __init__(self):
+    BLOCKS = -1e4  # an additive mask at or below this leaves a key a weight under e^-9000 of its row's top key
+
+    def __init__(self, expected=None):
         super().__init__()
         self.mask_dtypes: list[torch.dtype | None] = []
+        self.expected = None if expected is None else torch.from_numpy(np.array(expected, dtype=bool))
+        self.encodes: list[bool | None] = []
 
     def spec(self) -> dict:
-        return {"kind": "fused"}
+        expected = None if self.expected is None else self.expected.numpy().copy()
+        return {"kind": "fused", "expected": expected}
 
     @classmethod
     def from_spec(cls, spec):
-        return cls()
+        return cls(spec.get("expected"))
 
     def result(self) -> dict:
-        return {"mask_dtypes": [None if d is None else str(d).removeprefix("torch.") for d in self.mask_dtypes]}
+        dtypes = [None if d is None else str(d).removeprefix("torch.") for d in self.mask_dtypes]
+        return {"mask_dtypes": dtypes} if self.expected is None else {"mask_dtypes": dtypes, "encodes": self.encodes}
 
     def absorb(self, result) -> None:
         names = result["mask_dtypes"]
@@ -175,6 +186,28 @@ class FusedAttentionCalls(_Tracked, TorchFunctionMode):
         if not all(d is None or isinstance(d, torch.dtype) for d in dtypes):
             raise ValueError("not a dtype")
         self.mask_dtypes += dtypes
+        self.encodes += [None if e is None else e is True for e in result.get("encodes", [])]
+
+    def _encodes(self, q, k, mask) -> bool | None:
+        """Whether the call's float ``mask`` is ``expected`` made additive: compared entry by entry once both are
+        broadcast to the call's scores, or, where the code reshaped the batch axes (one flattened axis for batch
+        and heads), once both are flattened."""
+        try:
+            scores = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
+            added = mask.detach().to(torch.float64).broadcast_to(torch.broadcast_shapes(scores, mask.shape))
+        except RuntimeError:
+            return None
+        pairs = []
+        if added.numel() == self.expected.numel():
+            pairs.append((added.flatten(), self.expected.flatten()))
+        try:
+            shape = torch.broadcast_shapes(added.shape, self.expected.shape)
+            pairs.append((added.broadcast_to(shape), self.expected.broadcast_to(shape)))
+        except RuntimeError:
+            pass
+        if not pairs:
+            return None
+        return any(bool((a[e] == 0).all() and (a[~e] <= self.BLOCKS).all()) for a, e in pairs)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -185,6 +218,9 @@ class FusedAttentionCalls(_Tracked, TorchFunctionMode):
         self.mask_dtypes.append(None if mask is None else mask.dtype)
         if mask is None:
             return out
+        if self.expected is not None and mask.is_floating_point():
+            q, k = kwargs.get("query", args[0] if args else None), kwargs.get("key", args[1] if len(args) > 1 else None)
+            self.encodes.append(self._encodes(q, k, mask))
         allowed = mask if mask.dtype == torch.bool else mask > float("-inf")
         empty = ~allowed.any(dim=-1, keepdim=True)  # (..., Tq, 1): rows that may attend no key
         return torch.where(empty, torch.full_like(out, float("nan")), out)
