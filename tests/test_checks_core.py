@@ -191,6 +191,25 @@ def attend_at_once(q, k, v):
     return np.exp(s - np.logaddexp.reduce(s)) @ v
 
 
+def attend_at_once_in_torch(q, k, v):
+    """No stream, in PyTorch (whose memory Python's tracemalloc does not see)."""
+    keys, values, query = (torch.from_numpy(np.asarray(x)) for x in (k, v, q))
+    return (torch.softmax(keys @ query / len(q) ** 0.5, dim=0) @ values).numpy()
+
+
+def stream_in_torch(q, k, v):
+    """The stream, in PyTorch tensors, by index (``for k_j in keys`` would unbind every row at once: an object per
+    key, which the check counts as holding one per key)."""
+    query, keys, values = (torch.from_numpy(np.asarray(x)) for x in (q, k, v))
+    lse, out = torch.tensor(float("-inf"), dtype=torch.float64), torch.zeros(values.shape[-1], dtype=torch.float64)
+    for j in range(len(keys)):
+        k_j, v_j = keys[j], values[j]
+        s = query @ k_j / len(q) ** 0.5
+        new = torch.logaddexp(lse, s)
+        out, lse = torch.exp(lse - new) * out + torch.exp(s - new) * v_j, new
+    return out.numpy()
+
+
 def stream_scores_then_softmax(q, k, v):
     """A loop over the keys that keeps a running log-sum-exp right, but stores every score to weight the values
     at the end."""
@@ -319,6 +338,7 @@ CORRECT = [
     (checks.check_streaming_attention, stream_max),
     (checks.check_streaming_attention, stream_indexed),
     (checks.check_streaming_attention, stream_blocks),
+    (checks.check_streaming_attention, stream_in_torch),
     (checks.check_softmax, softmax_np),
     (checks.check_softmax, numpy_ref.softmax),
 ]
@@ -372,6 +392,7 @@ PLANTED = [
     (checks.check_streaming_attention, lambda q, k, v: stream(q * math.sqrt(len(q)), k, v), "missing-scale"),
     (checks.check_streaming_attention, lambda q, k, v: stream(q, k, k), "values-from-keys"),
     (checks.check_streaming_attention, attend_at_once, "not-streamed"),
+    (checks.check_streaming_attention, attend_at_once_in_torch, "not-streamed"),
     (checks.check_streaming_attention, attend_loop, "scores-stored"),  # a loop over the keys, then a softmax
     (checks.check_streaming_attention, stream_scores_then_softmax, "scores-stored"),
 ]

@@ -486,39 +486,49 @@ class KernelStores(_Tracked, _Plain):
         return super().__exit__(*exc)
 
 
-class PeakMemory(_Tracked, _Plain):
+class PeakMemory(_Tracked, TorchFunctionMode):
     """Measures, in ``peak``, the most memory the code inside the ``with`` block held at once beyond what it
-    started with (Python's ``tracemalloc``, which sees Python objects and NumPy's arrays): "stream over the keys,
-    never holding a score for each" is checked by the memory a call needs as the keys grow, which no result shows.
-    Under the grader the sandbox's measurement replaces this process's (which then also holds the wire's copies)."""
+    started with (Python's ``tracemalloc``, which sees Python objects and NumPy's arrays, not PyTorch's): "stream
+    over the keys, never holding a score for each" is checked by the memory a call needs as the keys grow, which no
+    result shows. PyTorch's tensors are watched instead by shape: ``per_key`` records a tensor created with an axis
+    of ``keys`` (the case's number of keys) and none of the feature widths ``widths`` (a row of scores or weights,
+    not a copy of the keys or values). Under the grader the sandbox's measurements replace this process's (which
+    then also holds the wire's copies)."""
 
-    def __init__(self):
-        self.peak = 0
+    def __init__(self, keys: int, widths: tuple[int, ...]):
+        super().__init__()
+        self.keys, self.widths = keys, tuple(widths)
+        self.peak, self.per_key = 0, False
         self._remote = None
 
     def spec(self) -> dict:
-        return {"kind": "memory"}
+        return {"kind": "memory", "keys": self.keys, "widths": list(self.widths)}
 
     @classmethod
     def from_spec(cls, spec):
-        return cls()
+        return cls(int(spec["keys"]), tuple(int(n) for n in spec["widths"]))
 
     def result(self) -> dict:
-        return {"peak": self.peak}
+        return {"peak": self.peak, "per_key": self.per_key}
 
     def absorb(self, result) -> None:
-        self._remote = max(self._remote or 0, int(result["peak"]))
+        self._remote = (max((self._remote or (0, False))[0], int(result["peak"])), result["per_key"] is True)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and self.keys in out.shape and not set(self.widths) & set(out.shape):
+            self.per_key = True
+        return out
 
     def __enter__(self):
         import tracemalloc
 
-        super().__enter__()
         self._started = not tracemalloc.is_tracing()
         if self._started:
             tracemalloc.start()
         tracemalloc.reset_peak()
         self._base = tracemalloc.get_traced_memory()[0]
-        return self
+        return super().__enter__()
 
     def __exit__(self, *exc):
         import tracemalloc
@@ -527,7 +537,7 @@ class PeakMemory(_Tracked, _Plain):
         if self._started:
             tracemalloc.stop()
         if self._remote is not None:
-            self.peak = self._remote
+            self.peak, self.per_key = self._remote[0], self.per_key or self._remote[1]
         return super().__exit__(*exc)
 
 
