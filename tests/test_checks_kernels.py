@@ -1,6 +1,6 @@
 """Chapter 16's checks (attention_course.checks.kernels): right kernels pass, with tiles of 16 and 32; planted
 mistakes, written as the Triton kernels a student would write, get their codes, and so do answers that are no kernel
-(PyTorch, autograd, the library's kernel, a log-sum-exp computed outside the kernel). Runs under Triton's
+(PyTorch, NumPy, autograd, the library's kernel, a log-sum-exp computed outside the kernel). Runs under Triton's
 interpreter (tests/test_checks_planted.py runs the tables)."""
 
 from __future__ import annotations
@@ -240,6 +240,30 @@ def lse_before_launch(q, k, v, is_causal=False):
     return out, lse
 
 
+def _f64(*tensors):
+    return [t.numpy().astype(np.float64) for t in tensors]
+
+
+def numpy_forward(q, k, v, causal=False):
+    """No kernel: attention in NumPy (out of the score counter's sight), causal bottom-right."""
+    qq, kk, vv = _f64(q, k, v)
+    s = qq @ kk.T / q.shape[-1] ** 0.5
+    if causal:
+        s = np.where(np.arange(len(k))[None, :] <= np.arange(len(q))[:, None] + len(k) - len(q), s, -np.inf)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return torch.from_numpy(p / p.sum(axis=1, keepdims=True) @ vv).float()
+
+
+def numpy_dk(q, k, v, o, lse, do):
+    """No kernel: dK in NumPy."""
+    qq, kk, vv, dd = _f64(q, k, v, do)
+    s = qq @ kk.T / q.shape[-1] ** 0.5
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    dp = dd @ vv.T
+    return torch.from_numpy((p * (dp - (dp * p).sum(axis=1, keepdims=True))).T @ qq / q.shape[-1] ** 0.5).float()
+
+
 def kernel_then_torch_lse(q, k, v):
     """The kernel's output, but the log-sum-exp computed outside the kernel, by PyTorch."""
     return triton_forward(q, k, v), torch.logsumexp(q @ k.T / q.shape[-1] ** 0.5, -1)
@@ -280,6 +304,7 @@ PLANTED = [
     (checks.check_tile_loop, wrong(triton_forward, "max-frozen"), "scores-overflow"),
     (checks.check_tile_loop, torch_forward, "kernel-not-written"),
     (checks.check_tile_loop, named(library_forward, "library_forward"), "kernel-not-written"),
+    (checks.check_tile_loop, numpy_forward, "kernel-not-written"),  # NumPy: no score counted
     (checks.check_causal_tiles, wrong(triton_forward, "diagonal-unmasked", causal=True),
      "causal-bound-off-by-one-tile"),
     (checks.check_causal_tiles, wrong(triton_forward, "diagonal-skipped", causal=True),
@@ -307,6 +332,12 @@ PLANTED = [
     (checks.check_dk, wrong(triton_dk, "dk-missing-scale"), "dk-missing-scale"),
     (checks.check_dk, wrong(triton_dk, "ds-sign"), "wrong-output"),
     (checks.check_dk, torch_dk, "kernel-not-written"),
+    (checks.check_dk, numpy_dk, "kernel-not-written"),
+    (checks.check_lse, named(lambda q, k, v: (numpy_forward(q, k, v), triton_forward(q, k, v, with_lse=True)[1]),
+                             "numpy_out"), "kernel-not-written"),
+    (checks.check_flash_forward, named(lambda q, k, v, is_causal: (numpy_forward(q, k, v, is_causal),
+                                                                   triton_flash(q, k, v, is_causal)[1]),
+                                       "numpy_flash_out"), "kernel-not-written"),
     (checks.check_flash_forward, wrong(triton_flash, "top-left"), "causal-top-left-aligned"),
     (checks.check_flash_forward, named(triton_flash, "no_guard", guard=False), "nan-on-masked-row"),
     (checks.check_flash_forward, wrong(triton_flash, "never-stops"), "causal-tiles-not-skipped"),

@@ -193,16 +193,27 @@ def _kernel_stores(fn):
     return observe.KernelStores() if observe.observable(fn) else None
 
 
-def _require_lse_stored(lse, stores, case):
-    """The log-sum-exp returned must be numbers a kernel stored (every entry, -inf included, among the numbers one
-    launch wrote into one tensor): not computed by the launcher before or after the launch, nor stored by the kernel
-    and changed afterwards."""
+def _stored(value, stores) -> bool:
+    """Whether every entry of ``value`` (-inf included) is among the numbers one kernel launch wrote into one
+    tensor (True where the call cannot be observed)."""
     if stores is None:
-        return
-    values = np.asarray(lse, dtype=np.float64).ravel()
-    if any(np.isin(values, np.asarray(written)).all() for written in stores.written):
-        return
-    raise fail("lse-not-stored", case=case)
+        return True
+    values = np.asarray(value, dtype=np.float64).ravel()
+    return any(np.isin(values, np.asarray(written)).all() for written in stores.written)
+
+
+def _require_stored(out, stores, case, what="output"):
+    """The result returned must be what a kernel stored: not computed by the launcher (in NumPy, out of the score
+    counter's sight) before or after the launch, nor stored by the kernel and changed afterwards."""
+    if not _stored(out, stores):
+        raise fail("kernel-not-written", detail=f"returns {what} that no launch of a kernel stored (computed "
+                   "outside the kernel)", case=case)
+
+
+def _require_lse_stored(lse, stores, case):
+    """The log-sum-exp returned must be numbers a kernel stored."""
+    if not _stored(lse, stores):
+        raise fail("lse-not-stored", case=case)
 
 
 def _overflow_failure(out, ref, q, k, case, what):
@@ -228,13 +239,15 @@ def _forward_body(fn, label, causal):
     for n, (t, d, spread) in enumerate(sizes, 1):
         q, k, v = _inputs(rng, t, d, spread)
         case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}, scores of std {spread**2:.0f}"
-        out = as_array(_call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d), "result", case)
+        stores = _kernel_stores(fn)
+        out = as_array(_call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d, stores), "result", case)
         ref = tiled_forward(q, k, v, BLOCKS[0], causal=causal)[0]
         if not close(out, ref, ATOL, RTOL):
             overflow = _overflow_failure(out, ref, q, k, case, "output")
             if overflow:
                 raise overflow
             _match(out, _forward_candidates(q, k, v, causal), case, ref, "output")
+        _require_stored(out, stores, case, "an output")
     if causal:
         _require_tiles_skipped(fn, label, rng, len(sizes) + 1)
     what = "causal attention, T a multiple of the tile" if causal else "attention, T ragged and shorter than a tile"
@@ -303,6 +316,7 @@ def _lse_body(fn, label):
             if overflow:
                 raise overflow
             _match(out, _forward_candidates(q, k, v), case, ref_out, "output")
+        _require_stored(out, stores, case, "an output")
         if close(lse, ref_lse, ATOL, RTOL):
             _require_lse_stored(lse, stores, case)
             continue
@@ -352,9 +366,11 @@ def _dk_body(fn, label):
         o, lse = tiled_forward(q, k, v, BLOCKS[0])
         case = f"case {n} of {len(sizes)}: q, k, v, o, do of shape {shape_text(q.shape)}, lse ({t},)"
         args = _torch_args(q=q, k=k, v=v, o=o, lse=lse, do=do)
-        dk = as_array(_call_kernel(fn, args, label, 6, case, d), "dk", case)
+        stores = _kernel_stores(fn)
+        dk = as_array(_call_kernel(fn, args, label, 6, case, d, stores), "dk", case)
         ref = dk_variant(q, k, v, do)
         if close(dk, ref, 1e-4, RTOL):
+            _require_stored(dk, stores, case, "a dK")
             continue
         candidates = [("ds-without-d", "", lambda: dk_variant(q, k, v, do, subtract_d=False)),
                       ("dk-missing-scale", "", lambda: dk_variant(q, k, v, do, scaled=False))]
@@ -415,6 +431,7 @@ def _flash_case(fn, label, q, k, v, causal, case):
             candidates.append(("causal-top-left-aligned", "",
                                lambda: flash_forward_reference(q, k, v, True, top_left=True)[0]))
         _match(out, candidates, case, ref_out, "output")
+    _require_stored(out, stores, case, "an output")
     seen = np.isfinite(ref_lse)
     if np.array_equal(np.isfinite(lse), seen) and close(lse[seen], ref_lse[seen], ATOL, RTOL) and \
             (np.isneginf(lse[~seen]).all()):
