@@ -210,6 +210,14 @@ def stream_in_torch(q, k, v):
     return out.numpy()
 
 
+def three_passes(q, k, v):
+    """No score kept, but three passes over the keys: the maximum, the sum, the weighted values."""
+    scale = 1 / math.sqrt(len(q))
+    m = max(float(q @ k_j) * scale for k_j in k)
+    total = sum(math.exp(float(q @ k_j) * scale - m) for k_j in k)
+    return sum(math.exp(float(q @ k_j) * scale - m) * v_j for k_j, v_j in zip(k, v, strict=True)) / total
+
+
 def stream_scores_then_softmax(q, k, v):
     """A loop over the keys that keeps a running log-sum-exp right, but stores every score to weight the values
     at the end."""
@@ -395,4 +403,5 @@ PLANTED = [
     (checks.check_streaming_attention, attend_at_once_in_torch, "not-streamed"),
     (checks.check_streaming_attention, attend_loop, "scores-stored"),  # a loop over the keys, then a softmax
     (checks.check_streaming_attention, stream_scores_then_softmax, "scores-stored"),
+    (checks.check_streaming_attention, three_passes, "keys-read-twice"),
 ]

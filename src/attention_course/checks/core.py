@@ -215,42 +215,21 @@ def _streaming_candidates(q, k, v):
 LONG_KEYS = 4096  # the memory case's keys: a score for each is 32 KiB in float64; a stream holds about 1 KiB
 
 
-class _RowReads(np.ndarray):
-    """Keys that count, in ``reads`` (a one-item list), their rows read one at a time (``for k_j in k``,
-    ``k[j]``); arrays derived from them count nothing."""
-
-    reads = None
-
-    def __array_finalize__(self, obj):
-        self.reads = None
-
-    def __iter__(self):
-        return (self[j] for j in range(len(self)))
-
-    def __getitem__(self, index):
-        if self.reads is not None and isinstance(index, (int, np.integer)):
-            self.reads[0] += 1
-        return np.ndarray.__getitem__(self.view(np.ndarray), index)
-
-
 def _require_streamed(fn, rng, n):
     """The stream's own case: many keys, and the memory the call needs measured (:class:`.observe.PeakMemory`):
     a stream holds its running values only, code that holds a score per key needs 8 bytes a key or more (in
     PyTorch: a tensor with an axis of one entry per key). The call runs twice and the smaller measurement counts
-    (a first call may fill caches that stay). Where the call runs here, the keys also count their rows read, which
-    tells no loop from a loop that stores."""
+    (a first call may fill caches that stay). The keys count their rows read (:class:`.observe.RowReads`), which
+    tells no loop from a loop that stores, and one pass from several."""
     q, k, v = rng.standard_normal(4), rng.standard_normal((LONG_KEYS, 4)), rng.standard_normal((LONG_KEYS, 3))
     case = f"case {n} of {n}: q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}"
-    here, reads, peaks, per_key = observe.runs_here(fn), [0], [], False
+    here, peaks, per_key = observe.runs_here(fn), [], False
     for _ in range(2):
-        memory, reads[0] = observe.PeakMemory(LONG_KEYS, (4, 3)), 0
+        memory, reads = observe.PeakMemory(LONG_KEYS, (4, 3)), observe.RowReads(1)
 
-        def measured(q, k, v, memory=memory):
-            if here:
-                k = k.view(_RowReads)
-                k.reads = reads
-            with memory:
-                return fn(q, k, v)
+        def measured(q, k, v, memory=memory, reads=reads):
+            with memory, reads:
+                return fn(q, reads.wrap(k) if here else k, v)
 
         out_s, w_s = split_result(call(measured, {"q": q, "k": k, "v": v}, "streaming_attend"), case)
         out_s = as_array(out_s, "output" if w_s is not None else "result", case)
@@ -262,7 +241,9 @@ def _require_streamed(fn, rng, n):
     if min(peaks) > 2 * LONG_KEYS or per_key:  # a quarter of a float64 per key, or a tensor of them
         detail = (f"it held {min(peaks) / 1024:.0f} KiB at once for the {LONG_KEYS} keys of this case"
                   if min(peaks) > 2 * LONG_KEYS else f"it formed a tensor of one number per key ({LONG_KEYS})")
-        raise fail("not-streamed" if here and reads[0] < LONG_KEYS else "scores-stored", detail=detail, case=case)
+        raise fail("not-streamed" if reads.reads < LONG_KEYS else "scores-stored", detail=detail, case=case)
+    if reads.reads >= 2 * LONG_KEYS:
+        raise fail("keys-read-twice", detail=f"{reads.reads} key rows for {LONG_KEYS} keys", case=case)
 
 
 def check_streaming_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
@@ -272,7 +253,8 @@ def check_streaming_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
     rescaled by the inverse factor, when a key arrives (``[stream-not-rescaled]``), an accumulator returned
     without its division by the running sum (``[weights-not-normalized]``). A last case of 4096 keys measures the
     memory the call needs: a score (or weight) held for every key is no stream, whether computed at once
-    (``[not-streamed]``: the keys never read one at a time) or in a loop (``[scores-stored]``)."""
+    (``[not-streamed]``: the keys never read one at a time) or in a loop (``[scores-stored]``), and counts the
+    key rows read: a stream reads each once (``[keys-read-twice]``: a pass for the maximum, then the sums)."""
 
     def body():
         rng = np.random.default_rng(9)

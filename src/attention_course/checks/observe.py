@@ -99,11 +99,16 @@ def absorb(results) -> None:
         observer.absorb(result)
 
 
-def run_observed(specs: list, call):
-    """In the sandbox: ``call()`` inside the observers ``specs`` describes -> (its value, what each observer saw)."""
+def run_observed(specs: list, call, args: list | None = None):
+    """In the sandbox: ``call()`` inside the observers ``specs`` describes -> (its value, what each observer saw).
+    ``args``: the call's positional arguments (the list ``call`` reads), which an observer with ``stand_in`` may
+    replace by a watched stand-in before the call."""
     import contextlib
 
     observers = [_KINDS[spec["kind"]].from_spec(spec) for spec in specs]
+    for observer in observers:
+        if args is not None and hasattr(observer, "stand_in"):
+            observer.stand_in(args)
     with contextlib.ExitStack() as stack:
         for observer in observers:
             stack.enter_context(observer)
@@ -541,9 +546,67 @@ class PeakMemory(_Tracked, TorchFunctionMode):
         return super().__exit__(*exc)
 
 
+class _RowsCounted(np.ndarray):
+    """An array whose rows count, in ``reads`` (a one-item list), being read one at a time (``for row in a``,
+    ``a[j]``); arrays derived from it count nothing."""
+
+    reads = None
+
+    def __array_finalize__(self, obj):
+        self.reads = None
+
+    def __iter__(self):
+        return (self[j] for j in range(len(self)))
+
+    def __getitem__(self, index):
+        if self.reads is not None and isinstance(index, (int, np.integer)):
+            self.reads[0] += 1
+        return np.ndarray.__getitem__(self.view(np.ndarray), index)
+
+
+class RowReads(_Tracked, _Plain):
+    """Counts, in ``reads``, the rows of the NumPy argument ``arg`` (its position) read one at a time by the code
+    inside the ``with`` block, through the stand-in :meth:`wrap` makes (here) or :meth:`stand_in` puts in the call's
+    arguments (in the sandbox): "one pass over the keys" is a count of key rows read. A row read after converting
+    the array (``np.asarray(k)``) is not seen: ``reads`` is a lower bound."""
+
+    def __init__(self, arg: int):
+        self.arg, self.reads = arg, 0
+        self._count = [0]
+
+    def spec(self) -> dict:
+        return {"kind": "reads", "arg": self.arg}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["arg"]))
+
+    def result(self) -> dict:
+        return {"reads": self._count[0]}
+
+    def absorb(self, result) -> None:
+        self._count[0] += int(result["reads"])
+
+    def wrap(self, array):
+        """``array`` as the stand-in that counts its rows read (anything else as it is)."""
+        if not isinstance(array, np.ndarray) or array.ndim < 1:
+            return array
+        watched = array.view(_RowsCounted)
+        watched.reads = self._count
+        return watched
+
+    def stand_in(self, args: list) -> None:
+        if len(args) > self.arg:
+            args[self.arg] = self.wrap(args[self.arg])
+
+    def __exit__(self, *exc):
+        self.reads = self._count[0]
+        return super().__exit__(*exc)
+
+
 _KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes,
           "leaves": LeavesTorch, "ranks": RankScores, "stores": KernelStores,
-          "memory": PeakMemory}
+          "memory": PeakMemory, "reads": RowReads}
 
 
 class LibraryCalls:
