@@ -165,6 +165,69 @@ def attend_divide_by_dk(query, keys, values):
     return attend_loop(query / math.sqrt(len(query)), keys, values)
 
 
+def stream_indexed(q, k, v):
+    """The stream by index, k[j], in float operations of NumPy."""
+    lse, out = -np.inf, np.zeros(v.shape[-1])
+    for j in range(len(k)):
+        s = q @ k[j] / np.sqrt(len(q))
+        new = np.logaddexp(lse, s)
+        out, lse = np.exp(lse - new) * out + np.exp(s - new) * v[j], new
+    return out
+
+
+def stream_blocks(q, k, v, block=16):
+    """A stream over blocks of 16 keys (holding 16 scores at a time, never one per key)."""
+    lse, out = -np.inf, np.zeros(v.shape[-1])
+    for start in range(0, len(k), block):
+        s = k[start:start + block] @ q / np.sqrt(len(q))
+        new = np.logaddexp(lse, np.logaddexp.reduce(s))
+        out, lse = np.exp(lse - new) * out + np.exp(s - new) @ v[start:start + block], new
+    return out
+
+
+def attend_at_once(q, k, v):
+    """No stream: every score at once, the log-sum-exp of the row, the weighted sum."""
+    s = k @ q / np.sqrt(len(q))
+    return np.exp(s - np.logaddexp.reduce(s)) @ v
+
+
+def attend_at_once_in_torch(q, k, v):
+    """No stream, in PyTorch (whose memory Python's tracemalloc does not see)."""
+    keys, values, query = (torch.from_numpy(np.asarray(x)) for x in (k, v, q))
+    return (torch.softmax(keys @ query / len(q) ** 0.5, dim=0) @ values).numpy()
+
+
+def stream_in_torch(q, k, v):
+    """The stream, in PyTorch tensors, by index (``for k_j in keys`` would unbind every row at once: an object per
+    key, which the check counts as holding one per key)."""
+    query, keys, values = (torch.from_numpy(np.asarray(x)) for x in (q, k, v))
+    lse, out = torch.tensor(float("-inf"), dtype=torch.float64), torch.zeros(values.shape[-1], dtype=torch.float64)
+    for j in range(len(keys)):
+        k_j, v_j = keys[j], values[j]
+        s = query @ k_j / len(q) ** 0.5
+        new = torch.logaddexp(lse, s)
+        out, lse = torch.exp(lse - new) * out + torch.exp(s - new) * v_j, new
+    return out.numpy()
+
+
+def three_passes(q, k, v):
+    """No score kept, but three passes over the keys: the maximum, the sum, the weighted values."""
+    scale = 1 / math.sqrt(len(q))
+    m = max(float(q @ k_j) * scale for k_j in k)
+    total = sum(math.exp(float(q @ k_j) * scale - m) for k_j in k)
+    return sum(math.exp(float(q @ k_j) * scale - m) * v_j for k_j, v_j in zip(k, v, strict=True)) / total
+
+
+def stream_scores_then_softmax(q, k, v):
+    """A loop over the keys that keeps a running log-sum-exp right, but stores every score to weight the values
+    at the end."""
+    lse, scores = -np.inf, []
+    for k_j in k:
+        scores.append(q @ k_j / np.sqrt(len(q)))
+        lse = np.logaddexp(lse, scores[-1])
+    return np.exp(np.array(scores) - lse) @ v
+
+
 def attend_exp_only(query, keys, values):
     scores = keys @ query / math.sqrt(len(query))
     return np.exp(scores) @ values  # never divided by the sum
@@ -239,6 +302,30 @@ def additive_by_where(mask, q):
     return torch.where(mask, 0.0, torch.finfo(q.dtype).min).to(q.dtype)
 
 
+def float_mask_decoy(decoy):
+    """A fused call with the float mask ``decoy(mask, q)`` that the output does not come from: the output is the
+    library's, through the boolean mask."""
+
+    def attention_float_mask(q, k, v, mask=None):
+        if mask is not None:
+            F.scaled_dot_product_attention(q, k, v, attn_mask=decoy(mask, q))
+        return ac.scaled_dot_product_attention(q, k, v, mask)[0]
+
+    return attention_float_mask
+
+
+def float_mask_flattened(q, k, v, mask=None):
+    """The batch and head axes flattened before the fused call, the float mask with them."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v)
+    shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], mask.shape[:-2])
+    tq, tk = q.shape[-2], k.shape[-2]
+    flat = [x.expand(*shape, *x.shape[-2:]).reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
+    added = additive_inf(mask.expand(*shape, tq, tk).reshape(-1, tq, tk), q)
+    out = F.scaled_dot_product_attention(*flat, attn_mask=added).reshape(*shape, tq, v.shape[-1])
+    return torch.where(mask.expand(*shape, tq, tk).any(-1, keepdim=True), out, 0.0)
+
+
 numpy_attention_with_empty_rows = functools.partial(checks.check_numpy_attention, fully_masked_rows=True)
 
 CORRECT = [
@@ -246,6 +333,7 @@ CORRECT = [
     (numpy_attention_with_empty_rows, attention_numpy_einsum),
     (checks.check_float_mask_attention, float_mask_attention(additive_inf)),
     (checks.check_float_mask_attention, float_mask_attention(additive_by_where)),
+    (checks.check_float_mask_attention, float_mask_flattened),
     (checks.check_scaled_dot_product_attention, sdpa_scratch),
     (checks.check_scaled_dot_product_attention, ac.scaled_dot_product_attention),
     (checks.check_scaled_dot_product_attention, sdpa_torch_builtin),
@@ -256,7 +344,9 @@ CORRECT = [
     (checks.check_attention_one_query, stream),
     (checks.check_streaming_attention, stream),
     (checks.check_streaming_attention, stream_max),
-    (checks.check_streaming_attention, attend_loop),
+    (checks.check_streaming_attention, stream_indexed),
+    (checks.check_streaming_attention, stream_blocks),
+    (checks.check_streaming_attention, stream_in_torch),
     (checks.check_softmax, softmax_np),
     (checks.check_softmax, numpy_ref.softmax),
 ]
@@ -279,6 +369,12 @@ PLANTED = [
      "masked-row-not-zero"),  # the classic recipe: a row of -1e10 everywhere is uniform
     (checks.check_float_mask_attention, float_mask_attention(lambda mask, q: mask.to(q.dtype)),
      "float-mask-not-additive"),
+    (checks.check_float_mask_attention, float_mask_decoy(lambda mask, q: torch.zeros((), dtype=q.dtype)),
+     "float-mask-not-used"),  # a float mask reaches the fused call; the output comes from the boolean one
+    (checks.check_float_mask_attention, float_mask_decoy(lambda mask, q: torch.zeros(mask.shape, dtype=q.dtype)),
+     "float-mask-not-used"),
+    (checks.check_float_mask_attention, float_mask_decoy(lambda mask, q: additive_inf(~mask, q)),
+     "float-mask-not-used"),
     (checks.check_float_mask_attention, float_mask_attention(lambda mask, q: mask.to(q.dtype) * -1e10),
      "mask-inverted"),
     (checks.check_scaled_dot_product_attention, float_mask_attention(lambda mask, q: mask.to(q.dtype)),
@@ -303,4 +399,9 @@ PLANTED = [
     (checks.check_streaming_attention, functools.partial(stream, overflow=True), "softmax-overflow"),
     (checks.check_streaming_attention, lambda q, k, v: stream(q * math.sqrt(len(q)), k, v), "missing-scale"),
     (checks.check_streaming_attention, lambda q, k, v: stream(q, k, k), "values-from-keys"),
+    (checks.check_streaming_attention, attend_at_once, "not-streamed"),
+    (checks.check_streaming_attention, attend_at_once_in_torch, "not-streamed"),
+    (checks.check_streaming_attention, attend_loop, "scores-stored"),  # a loop over the keys, then a softmax
+    (checks.check_streaming_attention, stream_scores_then_softmax, "scores-stored"),
+    (checks.check_streaming_attention, three_passes, "keys-read-twice"),
 ]

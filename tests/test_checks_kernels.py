@@ -1,12 +1,13 @@
 """Chapter 16's checks (attention_course.checks.kernels): right kernels pass, with tiles of 16 and 32; planted
 mistakes, written as the Triton kernels a student would write, get their codes, and so do answers that are no kernel
-(PyTorch, autograd, the library's kernel, a log-sum-exp computed outside the kernel). Runs under Triton's
+(PyTorch, NumPy, autograd, the library's kernel, a log-sum-exp computed outside the kernel). Runs under Triton's
 interpreter (tests/test_checks_planted.py runs the tables)."""
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,7 +111,8 @@ def _forward(Q, K, V, O, LSE, T_Q, T_K, scale, D: tl.constexpr, BLOCK: tl.conste
         lse = tl.log(l * tl.exp(m))
     else:
         lse = tl.where(seen, m + tl.log(tl.where(seen, l, 1.0)), float("-inf"))
-    tl.store(LSE + rows, lse, mask=rows < T_Q)
+    if MISTAKE != "lse-not-stored":
+        tl.store(LSE + rows, lse, mask=rows < T_Q)
 
 
 def triton_forward(q, k, v, causal=False, mistake="", block=16, with_lse=False, guard=False):
@@ -209,6 +211,59 @@ def library_forward_with_lse(q, k, v):
     return out[0, 0], lse[0, 0]
 
 
+def numpy_lse(q, k, is_causal=False):
+    """The log-sum-exp of each row, by NumPy (out of PyTorch's sight), causal bottom-right: what a launcher can
+    compute besides its kernel."""
+    s = q.numpy().astype(np.float64) @ k.numpy().T.astype(np.float64) / q.shape[-1] ** 0.5
+    if is_causal:
+        s = np.where(np.arange(len(k))[None, :] <= np.arange(len(q))[:, None] + len(k) - len(q), s, -np.inf)
+    with np.errstate(divide="ignore"):
+        return torch.from_numpy(np.logaddexp.reduce(s, axis=1).astype(np.float32))
+
+
+def kernel_then_numpy_lse(q, k, v):
+    """The kernel's output; the log-sum-exp computed after the launch, in NumPy."""
+    return triton_forward(q, k, v), numpy_lse(q, k)
+
+
+def kernel_lse_overwritten(q, k, v):
+    """The kernel stores a wrong log-sum-exp (its m), which the launcher overwrites in place after the launch."""
+    out, lse = triton_forward(q, k, v, mistake="lse-without-sum", with_lse=True)
+    return out, lse.copy_(numpy_lse(q, k))
+
+
+def lse_before_launch(q, k, v, is_causal=False):
+    """The log-sum-exp computed before the launch into the buffer the kernel is given, which never stores it."""
+    out, lse = torch.empty_like(q), numpy_lse(q, k, is_causal)
+    _forward[(triton.cdiv(len(q), 16),)](q, k, v, out, lse, len(q), len(k), q.shape[1] ** -0.5, D=q.shape[1],
+                                         BLOCK=16, CAUSAL=is_causal, GUARD=True, MISTAKE="lse-not-stored")
+    return out, lse
+
+
+def _f64(*tensors):
+    return [t.numpy().astype(np.float64) for t in tensors]
+
+
+def numpy_forward(q, k, v, causal=False):
+    """No kernel: attention in NumPy (out of the score counter's sight), causal bottom-right."""
+    qq, kk, vv = _f64(q, k, v)
+    s = qq @ kk.T / q.shape[-1] ** 0.5
+    if causal:
+        s = np.where(np.arange(len(k))[None, :] <= np.arange(len(q))[:, None] + len(k) - len(q), s, -np.inf)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return torch.from_numpy(p / p.sum(axis=1, keepdims=True) @ vv).float()
+
+
+def numpy_dk(q, k, v, o, lse, do):
+    """No kernel: dK in NumPy."""
+    qq, kk, vv, dd = _f64(q, k, v, do)
+    s = qq @ kk.T / q.shape[-1] ** 0.5
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    dp = dd @ vv.T
+    return torch.from_numpy((p * (dp - (dp * p).sum(axis=1, keepdims=True))).T @ qq / q.shape[-1] ** 0.5).float()
+
+
 def kernel_then_torch_lse(q, k, v):
     """The kernel's output, but the log-sum-exp computed outside the kernel, by PyTorch."""
     return triton_forward(q, k, v), torch.logsumexp(q @ k.T / q.shape[-1] ** 0.5, -1)
@@ -227,6 +282,7 @@ CORRECT = [
     (checks.check_causal_tiles, causal_forward),
     (checks.check_causal_tiles, causal_forward_32),
     (checks.check_lse, forward_with_lse),
+    (checks.check_lse, named(lambda q, k, v: [x.clone().double() for x in forward_with_lse(q, k, v)], "as_copies")),
     (checks.check_dk, attention_dk),
     (checks.check_flash_forward, named(triton_flash, "flash_forward")),
     (checks.check_flash_forward, named(triton_flash, "flash_forward_32", block=32)),
@@ -248,6 +304,7 @@ PLANTED = [
     (checks.check_tile_loop, wrong(triton_forward, "max-frozen"), "scores-overflow"),
     (checks.check_tile_loop, torch_forward, "kernel-not-written"),
     (checks.check_tile_loop, named(library_forward, "library_forward"), "kernel-not-written"),
+    (checks.check_tile_loop, numpy_forward, "kernel-not-written"),  # NumPy: no score counted
     (checks.check_causal_tiles, wrong(triton_forward, "diagonal-unmasked", causal=True),
      "causal-bound-off-by-one-tile"),
     (checks.check_causal_tiles, wrong(triton_forward, "diagonal-skipped", causal=True),
@@ -268,10 +325,19 @@ PLANTED = [
     (checks.check_lse, torch_forward_with_lse, "kernel-not-written"),
     (checks.check_lse, kernel_then_torch_lse, "kernel-not-written"),
     (checks.check_lse, named(library_forward_with_lse, "library_with_lse"), "kernel-not-written"),
+    (checks.check_lse, kernel_then_numpy_lse, "lse-not-stored"),
+    (checks.check_lse, kernel_lse_overwritten, "lse-not-stored"),
+    (checks.check_lse, lse_before_launch, "lse-not-stored"),
     (checks.check_dk, wrong(triton_dk, "ds-without-d"), "ds-without-d"),
     (checks.check_dk, wrong(triton_dk, "dk-missing-scale"), "dk-missing-scale"),
     (checks.check_dk, wrong(triton_dk, "ds-sign"), "wrong-output"),
     (checks.check_dk, torch_dk, "kernel-not-written"),
+    (checks.check_dk, numpy_dk, "kernel-not-written"),
+    (checks.check_lse, named(lambda q, k, v: (numpy_forward(q, k, v), triton_forward(q, k, v, with_lse=True)[1]),
+                             "numpy_out"), "kernel-not-written"),
+    (checks.check_flash_forward, named(lambda q, k, v, is_causal: (numpy_forward(q, k, v, is_causal),
+                                                                   triton_flash(q, k, v, is_causal)[1]),
+                                       "numpy_flash_out"), "kernel-not-written"),
     (checks.check_flash_forward, wrong(triton_flash, "top-left"), "causal-top-left-aligned"),
     (checks.check_flash_forward, named(triton_flash, "no_guard", guard=False), "nan-on-masked-row"),
     (checks.check_flash_forward, wrong(triton_flash, "never-stops"), "causal-tiles-not-skipped"),
@@ -279,6 +345,10 @@ PLANTED = [
      "kernel-not-written"),
     (checks.check_flash_forward, named(lambda q, k, v, is_causal: library_forward_with_lse(q, k, v), "library"),
      "kernel-not-written"),
+    (checks.check_flash_forward, named(lambda q, k, v, is_causal: (triton_flash(q, k, v, is_causal)[0],
+                                                                   numpy_lse(q, k, is_causal)), "numpy_lse"),
+     "lse-not-stored"),
+    (checks.check_flash_forward, named(lse_before_launch, "lse_before_launch"), "lse-not-stored"),
 ]
 
 

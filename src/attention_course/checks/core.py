@@ -42,7 +42,8 @@ def sdpa_check_body(fn, framework, fully_masked_rows, label, atol, rtol, name=No
                 "v": to_framework(v, framework, dtype), "mask": to_framework(mask, framework)}
         if dtype == "float32":  # NumPy code computing in float32: float32's tolerance, not float64's
             atol, rtol = max(atol, 2e-5), max(rtol, 1e-4)
-        with observe.FusedAttentionCalls() as fused:
+        expected = None if not float_mask or mask is None else np.broadcast_to(mask, ref_scores_shape(q, k, mask))
+        with observe.FusedAttentionCalls(expected) as fused:
             result = call(fn, args, label, positional=3)
         if float_mask and mask is not None and observe.observable(fn):
             _require_float_mask(fused.mask_dtypes, case)
@@ -51,6 +52,9 @@ def sdpa_check_body(fn, framework, fully_masked_rows, label, atol, rtol, name=No
         w_s = None if w_s is None else as_array(w_s, "weights", case)
         ref_out, ref_w = numpy_ref.scaled_dot_product_attention(q, k, v, mask)
         if close(out_s, ref_out, atol, rtol) and (w_s is None or close(w_s, ref_w, atol, rtol)):
+            if float_mask and mask is not None and observe.observable(fn) and not any(
+                    e is not False for e in fused.encodes):
+                raise fail("float-mask-not-used", case=case)
             continue
         tq, dk = q.shape[-2:]
         tk, dv = v.shape[-2:]
@@ -59,6 +63,11 @@ def sdpa_check_body(fn, framework, fully_masked_rows, label, atol, rtol, name=No
         diagnose(out_s, w_s, candidates, case, ref_out, ref_w, atol=atol, rtol=rtol)
     extras = "Tq != Tk, masks, batch dims" + (", fully masked rows" if fully_masked_rows else "")
     return f"✓ {name or label}: {len(cases)} random cases ({extras}) match the reference"
+
+
+def ref_scores_shape(q, k, mask) -> tuple[int, ...]:
+    """The shape of the scores of q (..., Tq, Dk) and k (..., Tk, Dk), with the mask's batch axes."""
+    return np.broadcast_shapes(q.shape[:-2], k.shape[:-2], mask.shape[:-2]) + (q.shape[-2], k.shape[-2])
 
 
 def _require_float_mask(mask_dtypes, case):
@@ -100,8 +109,10 @@ def check_float_mask_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Chapter 4: check ``fn(q, k, v, mask=None)`` as :func:`check_scaled_dot_product_attention` (torch, fully masked
     rows), for code that turns the boolean ``mask`` into an additive float mask and passes THAT to
     ``F.scaled_dot_product_attention``: every call with a mask must reach that function with a floating-point
-    ``attn_mask`` (``[float-mask-not-passed]``), and the rows that may attend nothing must be zero whatever the
-    kernel returns there (it returns NaN inside this check, as older kernels do: ``[nan-on-masked-row]``)."""
+    ``attn_mask`` (``[float-mask-not-passed]``), one of them the mask made additive, 0 where it allows a key and
+    -1e4 or less where it blocks one (``[float-mask-not-used]``: a float mask passed, the output computed
+    otherwise), and the rows that may attend nothing must be zero whatever the kernel returns there (it returns
+    NaN inside this check, as older kernels do: ``[nan-on-masked-row]``)."""
     label = "attention_float_mask"
     name = display_name(fn, label)
     run_check(lambda: sdpa_check_body(fn, "torch", True, label, 2e-5, 1e-4, name, float_mask=True).replace(
@@ -201,12 +212,49 @@ def _streaming_candidates(q, k, v):
     return [(c, d, lambda kw=kw: _stream(q, k, v, **kw)) for c, d, kw in stream] + _one_query_candidates(q, k, v)
 
 
+LONG_KEYS = 4096  # the memory case's keys: a score for each is 32 KiB in float64; a stream holds about 1 KiB
+
+
+def _require_streamed(fn, rng, n):
+    """The stream's own case: many keys, and the memory the call needs measured (:class:`.observe.PeakMemory`):
+    a stream holds its running values only, code that holds a score per key needs 8 bytes a key or more (in
+    PyTorch: a tensor with an axis of one entry per key). The call runs twice and the smaller measurement counts
+    (a first call may fill caches that stay). The keys count their rows read (:class:`.observe.RowReads`), which
+    tells no loop from a loop that stores, and one pass from several."""
+    q, k, v = rng.standard_normal(4), rng.standard_normal((LONG_KEYS, 4)), rng.standard_normal((LONG_KEYS, 3))
+    case = f"case {n} of {n}: q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}"
+    here, peaks, per_key = observe.runs_here(fn), [], False
+    for _ in range(2):
+        memory, reads = observe.PeakMemory(LONG_KEYS, (4, 3)), observe.RowReads(1)
+
+        def measured(q, k, v, memory=memory, reads=reads):
+            with memory, reads:
+                return fn(q, reads.wrap(k) if here else k, v)
+
+        out_s, w_s = split_result(call(measured, {"q": q, "k": k, "v": v}, "streaming_attend"), case)
+        out_s = as_array(out_s, "output" if w_s is not None else "result", case)
+        ref_out = numpy_ref.scaled_dot_product_attention(q[None], k, v)[0][0]
+        if not close(out_s, ref_out, 1e-8, 1e-6):
+            diagnose(out_s, None, _streaming_candidates(q, k, v), case, ref_out, None, atol=1e-8, rtol=1e-6)
+        peaks.append(memory.peak)
+        per_key = per_key or memory.per_key
+    if min(peaks) > 2 * LONG_KEYS or per_key:  # a quarter of a float64 per key, or a tensor of them
+        detail = (f"it held {min(peaks) / 1024:.0f} KiB at once for the {LONG_KEYS} keys of this case"
+                  if min(peaks) > 2 * LONG_KEYS else f"it formed a tensor of one number per key ({LONG_KEYS})")
+        raise fail("not-streamed" if reads.reads < LONG_KEYS else "scores-stored", detail=detail, case=case)
+    if reads.reads >= 2 * LONG_KEYS:
+        raise fail("keys-read-twice", detail=f"{reads.reads} key rows for {LONG_KEYS} keys", case=case)
+
+
 def check_streaming_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Chapter 9: check ``fn(q, k, v)`` for ONE query, as :func:`check_attention_one_query`, for code that streams
     over the keys. Cases with scores of about +-1000 are added (exponentiating a raw score overflows there:
     ``[softmax-overflow]``), and the streams' own mistakes are named: what was accumulated not rescaled, or
     rescaled by the inverse factor, when a key arrives (``[stream-not-rescaled]``), an accumulator returned
-    without its division by the running sum (``[weights-not-normalized]``)."""
+    without its division by the running sum (``[weights-not-normalized]``). A last case of 4096 keys measures the
+    memory the call needs: a score (or weight) held for every key is no stream, whether computed at once
+    (``[not-streamed]``: the keys never read one at a time) or in a loop (``[scores-stored]``), and counts the
+    key rows read: a stream reads each once (``[keys-read-twice]``: a pass for the maximum, then the sums)."""
 
     def body():
         rng = np.random.default_rng(9)
@@ -219,8 +267,10 @@ def check_streaming_attention(fn, *, timeout: float = DEFAULT_TIMEOUT):
         cases.append((q, far + rng.standard_normal((5, 4)), rng.standard_normal((5, 2)),
                       ", every score about -1000", True))
         _one_query_body(fn, "streaming_attend", cases, _streaming_candidates)
-        return (f"✓ {display_name(fn, 'streaming attention')}: {len(cases)} random cases (one query; several Tk, "
-                "d_k != d_v, scores up to +-1000) match the reference")
+        _require_streamed(fn, rng, len(cases) + 1)
+        return (f"✓ {display_name(fn, 'streaming attention')}: {len(cases) + 1} random cases (one query; several "
+                f"Tk, d_k != d_v, scores up to +-1000) match the reference; {LONG_KEYS} keys streamed, no score "
+                "kept per key")
 
     run_check(body, timeout)
 

@@ -167,12 +167,15 @@ def _library_kernels_disarmed():
             setattr(library, name, kernel)
 
 
-def _call_kernel(fn, args: dict, label: str, positional: int, case: str, dk: int):
+def _call_kernel(fn, args: dict, label: str, positional: int, case: str, dk: int, stores=None):
     """The student's launcher called as the exercise's kernel must be: no query-key score computed by PyTorch
-    (counted where the call can be observed) and no kernel of the library launched."""
+    (counted where the call can be observed) and no kernel of the library launched. ``stores``: a
+    :class:`.observe.KernelStores` that records what the kernels launched store, where the call can be observed."""
     counter = observe.ScoreCounter(dk)
+    watched = observe.observable(fn)
     try:
-        with _library_kernels_disarmed(), counter if observe.observable(fn) else contextlib.nullcontext():
+        with _library_kernels_disarmed(), counter if watched else contextlib.nullcontext(), \
+                stores if watched and stores is not None else contextlib.nullcontext():
             result = call(fn, args, label, positional=positional)
     except Exception as err:  # noqa: BLE001 - call() wraps the student's exceptions; find ours inside
         if isinstance(err, _LibraryKernelCalled) or "_LibraryKernelCalled" in str(err):
@@ -183,6 +186,34 @@ def _call_kernel(fn, args: dict, label: str, positional: int, case: str, dk: int
         raise fail("kernel-not-written", detail=f"computes {counter.scores} query-key scores with PyTorch "
                    "(a matrix product, SDPA or autograd), which a Triton kernel never does", case=case)
     return result
+
+
+def _kernel_stores(fn):
+    """A fresh :class:`.observe.KernelStores` for one call, or None where the call cannot be observed."""
+    return observe.KernelStores() if observe.observable(fn) else None
+
+
+def _stored(value, stores) -> bool:
+    """Whether every entry of ``value`` (-inf included) is among the numbers one kernel launch wrote into one
+    tensor (True where the call cannot be observed)."""
+    if stores is None:
+        return True
+    values = np.asarray(value, dtype=np.float64).ravel()
+    return any(np.isin(values, np.asarray(written)).all() for written in stores.written)
+
+
+def _require_stored(out, stores, case, what="output"):
+    """The result returned must be what a kernel stored: not computed by the launcher (in NumPy, out of the score
+    counter's sight) before or after the launch, nor stored by the kernel and changed afterwards."""
+    if not _stored(out, stores):
+        raise fail("kernel-not-written", detail=f"returns {what} that no launch of a kernel stored (computed "
+                   "outside the kernel)", case=case)
+
+
+def _require_lse_stored(lse, stores, case):
+    """The log-sum-exp returned must be numbers a kernel stored."""
+    if not _stored(lse, stores):
+        raise fail("lse-not-stored", case=case)
 
 
 def _overflow_failure(out, ref, q, k, case, what):
@@ -208,13 +239,15 @@ def _forward_body(fn, label, causal):
     for n, (t, d, spread) in enumerate(sizes, 1):
         q, k, v = _inputs(rng, t, d, spread)
         case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}, scores of std {spread**2:.0f}"
-        out = as_array(_call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d), "result", case)
+        stores = _kernel_stores(fn)
+        out = as_array(_call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d, stores), "result", case)
         ref = tiled_forward(q, k, v, BLOCKS[0], causal=causal)[0]
         if not close(out, ref, ATOL, RTOL):
             overflow = _overflow_failure(out, ref, q, k, case, "output")
             if overflow:
                 raise overflow
             _match(out, _forward_candidates(q, k, v, causal), case, ref, "output")
+        _require_stored(out, stores, case, "an output")
     if causal:
         _require_tiles_skipped(fn, label, rng, len(sizes) + 1)
     what = "causal attention, T a multiple of the tile" if causal else "attention, T ragged and shorter than a tile"
@@ -271,7 +304,8 @@ def _lse_body(fn, label):
     for n, (t, d, spread) in enumerate(sizes, 1):
         q, k, v = _inputs(rng, t, d, spread)
         case = f"case {n} of {len(sizes)}: q, k, v of shape {shape_text(q.shape)}, scores of std {spread**2:.0f}"
-        result = _call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d)
+        stores = _kernel_stores(fn)
+        result = _call_kernel(fn, _torch_args(q=q, k=k, v=v), label, 3, case, d, stores)
         out, lse = split_result(result, case, ("out", "lse"))
         if lse is None:
             raise fail("wrong-type", "Return the output AND the log-sum-exp of each row: (out, lse).", case=case)
@@ -282,7 +316,9 @@ def _lse_body(fn, label):
             if overflow:
                 raise overflow
             _match(out, _forward_candidates(q, k, v), case, ref_out, "output")
+        _require_stored(out, stores, case, "an output")
         if close(lse, ref_lse, ATOL, RTOL):
+            _require_lse_stored(lse, stores, case)
             continue
         overflow = _overflow_failure(lse, ref_lse, q, k, case, "log-sum-exp")
         if overflow:
@@ -298,8 +334,8 @@ def _lse_body(fn, label):
 def check_lse(fn, *, timeout: float = TIMEOUT):
     """Chapter 16: check ``fn(q, k, v)`` -> (out (T, Dh), lse (T,)): the forward kernel's output and, per row, the
     log-sum-exp of its scaled scores, log(sum_j exp(q_i . k_j / sqrt(Dh))). Diagnoses ``[lse-without-max]`` and
-    ``[lse-without-sum]``, ``[lse-overflows]``, ``[kernel-not-written]`` (and the tile loop's mistakes in the
-    output)."""
+    ``[lse-without-sum]``, ``[lse-overflows]``, ``[kernel-not-written]``, ``[lse-not-stored]`` (numbers no
+    launch stored) and the tile loop's mistakes in the output."""
     observe.warm_up()
     run_check(lambda: _lse_body(fn, "forward_with_lse"), timeout)
 
@@ -330,9 +366,11 @@ def _dk_body(fn, label):
         o, lse = tiled_forward(q, k, v, BLOCKS[0])
         case = f"case {n} of {len(sizes)}: q, k, v, o, do of shape {shape_text(q.shape)}, lse ({t},)"
         args = _torch_args(q=q, k=k, v=v, o=o, lse=lse, do=do)
-        dk = as_array(_call_kernel(fn, args, label, 6, case, d), "dk", case)
+        stores = _kernel_stores(fn)
+        dk = as_array(_call_kernel(fn, args, label, 6, case, d, stores), "dk", case)
         ref = dk_variant(q, k, v, do)
         if close(dk, ref, 1e-4, RTOL):
+            _require_stored(dk, stores, case, "a dK")
             continue
         candidates = [("ds-without-d", "", lambda: dk_variant(q, k, v, do, subtract_d=False)),
                       ("dk-missing-scale", "", lambda: dk_variant(q, k, v, do, scaled=False))]
@@ -375,7 +413,8 @@ _FLASH_CASES = [(37, 37, 16, False), (21, 50, 32, True), (50, 21, 16, True), (5,
 def _flash_case(fn, label, q, k, v, causal, case):
     """Run one case and compare the output, then the log-sum-exp (its -inf rows exactly)."""
     args = {**_torch_args(q=q, k=k, v=v), "is_causal": causal}
-    out, lse = split_result(_call_kernel(fn, args, label, 3, case, q.shape[1]), case, ("out", "lse"))
+    stores = _kernel_stores(fn)
+    out, lse = split_result(_call_kernel(fn, args, label, 3, case, q.shape[1], stores), case, ("out", "lse"))
     if lse is None:
         raise fail("wrong-type", "Return the output AND the log-sum-exp of each row: (out, lse).", case=case)
     out, lse = as_array(out, "out", case), as_array(lse, "lse", case)
@@ -392,9 +431,11 @@ def _flash_case(fn, label, q, k, v, causal, case):
             candidates.append(("causal-top-left-aligned", "",
                                lambda: flash_forward_reference(q, k, v, True, top_left=True)[0]))
         _match(out, candidates, case, ref_out, "output")
+    _require_stored(out, stores, case, "an output")
     seen = np.isfinite(ref_lse)
     if np.array_equal(np.isfinite(lse), seen) and close(lse[seen], ref_lse[seen], ATOL, RTOL) and \
             (np.isneginf(lse[~seen]).all()):
+        _require_lse_stored(lse, stores, case)
         return
     overflow = _overflow_failure(lse[seen], ref_lse[seen], q[seen], k, case, "log-sum-exp")
     if overflow:
@@ -426,7 +467,7 @@ def check_flash_forward(fn, *, timeout: float = TIMEOUT):
     head, q (Tq, Dh), k and v (Tk, Dh) float32, causal bottom-right (query i sees keys j <= i + Tk - Tq), rows that
     may attend no key giving out 0 and lse -inf. Diagnoses ``[causal-top-left-aligned]``, ``[mask-ignored]``,
     ``[nan-on-masked-row]``, ``[scores-overflow]``, ``[lse-overflows]``, ``[lse-without-max]``,
-    ``[lse-without-sum]``, ``[causal-tiles-not-skipped]`` and ``[kernel-not-written]``."""
+    ``[lse-without-sum]``, ``[lse-not-stored]``, ``[causal-tiles-not-skipped]`` and ``[kernel-not-written]``."""
     observe.warm_up()
     run_check(lambda: _flash_body(fn, "flash_forward"), timeout)
 

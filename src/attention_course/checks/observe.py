@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -98,11 +99,16 @@ def absorb(results) -> None:
         observer.absorb(result)
 
 
-def run_observed(specs: list, call):
-    """In the sandbox: ``call()`` inside the observers ``specs`` describes -> (its value, what each observer saw)."""
+def run_observed(specs: list, call, args: list | None = None):
+    """In the sandbox: ``call()`` inside the observers ``specs`` describes -> (its value, what each observer saw).
+    ``args``: the call's positional arguments (the list ``call`` reads), which an observer with ``stand_in`` may
+    replace by a watched stand-in before the call."""
     import contextlib
 
     observers = [_KINDS[spec["kind"]].from_spec(spec) for spec in specs]
+    for observer in observers:
+        if args is not None and hasattr(observer, "stand_in"):
+            observer.stand_in(args)
     with contextlib.ExitStack() as stack:
         for observer in observers:
             stack.enter_context(observer)
@@ -153,21 +159,31 @@ class ScoreCounter(_Tracked, TorchDispatchMode):
 
 class FusedAttentionCalls(_Tracked, TorchFunctionMode):
     """Records ``F.scaled_dot_product_attention`` calls: ``mask_dtypes`` lists the dtype of each call's ``attn_mask``
-    (None without one). Rows whose mask allows no key come back as NaN, as older kernels return them."""
+    (None without one). Rows whose mask allows no key come back as NaN, as older kernels return them. Given the
+    boolean mask ``expected`` (True = may attend, broadcast to the case's scores), ``encodes`` lists, per call with
+    a float ``attn_mask``, whether that mask adds 0 where ``expected`` allows a key and at most -1e4 where it
+    blocks one (None where the two cannot be compared): a float mask that reaches the call, but not the one the
+    output needs, is seen."""
 
-    def __init__(self):
+    BLOCKS = -1e4  # an additive mask at or below this leaves a key a weight under e^-9000 of its row's top key
+
+    def __init__(self, expected=None):
         super().__init__()
         self.mask_dtypes: list[torch.dtype | None] = []
+        self.expected = None if expected is None else torch.from_numpy(np.array(expected, dtype=bool))
+        self.encodes: list[bool | None] = []
 
     def spec(self) -> dict:
-        return {"kind": "fused"}
+        expected = None if self.expected is None else self.expected.numpy().copy()
+        return {"kind": "fused", "expected": expected}
 
     @classmethod
     def from_spec(cls, spec):
-        return cls()
+        return cls(spec.get("expected"))
 
     def result(self) -> dict:
-        return {"mask_dtypes": [None if d is None else str(d).removeprefix("torch.") for d in self.mask_dtypes]}
+        dtypes = [None if d is None else str(d).removeprefix("torch.") for d in self.mask_dtypes]
+        return {"mask_dtypes": dtypes} if self.expected is None else {"mask_dtypes": dtypes, "encodes": self.encodes}
 
     def absorb(self, result) -> None:
         names = result["mask_dtypes"]
@@ -175,6 +191,28 @@ class FusedAttentionCalls(_Tracked, TorchFunctionMode):
         if not all(d is None or isinstance(d, torch.dtype) for d in dtypes):
             raise ValueError("not a dtype")
         self.mask_dtypes += dtypes
+        self.encodes += [None if e is None else e is True for e in result.get("encodes", [])]
+
+    def _encodes(self, q, k, mask) -> bool | None:
+        """Whether the call's float ``mask`` is ``expected`` made additive: compared entry by entry once both are
+        broadcast to the call's scores, or, where the code reshaped the batch axes (one flattened axis for batch
+        and heads), once both are flattened."""
+        try:
+            scores = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
+            added = mask.detach().to(torch.float64).broadcast_to(torch.broadcast_shapes(scores, mask.shape))
+        except RuntimeError:
+            return None
+        pairs = []
+        if added.numel() == self.expected.numel():
+            pairs.append((added.flatten(), self.expected.flatten()))
+        try:
+            shape = torch.broadcast_shapes(added.shape, self.expected.shape)
+            pairs.append((added.broadcast_to(shape), self.expected.broadcast_to(shape)))
+        except RuntimeError:
+            pass
+        if not pairs:
+            return None
+        return any(bool((a[e] == 0).all() and (a[~e] <= self.BLOCKS).all()) for a, e in pairs)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -185,6 +223,9 @@ class FusedAttentionCalls(_Tracked, TorchFunctionMode):
         self.mask_dtypes.append(None if mask is None else mask.dtype)
         if mask is None:
             return out
+        if self.expected is not None and mask.is_floating_point():
+            q, k = kwargs.get("query", args[0] if args else None), kwargs.get("key", args[1] if len(args) > 1 else None)
+            self.encodes.append(self._encodes(q, k, mask))
         allowed = mask if mask.dtype == torch.bool else mask > float("-inf")
         empty = ~allowed.any(dim=-1, keepdim=True)  # (..., Tq, 1): rows that may attend no key
         return torch.where(empty, torch.full_like(out, float("nan")), out)
@@ -385,8 +426,187 @@ class RankScores(_Tracked, TorchDispatchMode):
         return out
 
 
+class _Plain:
+    """The base of the observers that are no dispatch mode: entering and leaving do nothing more."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class KernelStores(_Tracked, _Plain):
+    """Records, in ``written``, what each Triton kernel launched inside the ``with`` block stored: for every tensor
+    argument of a launch whose numbers the launch changed, its numbers after the launch (float64, flattened). "The
+    kernel stores the log-sum-exp" is then checked against what a kernel wrote, not against a value the launcher
+    may have computed before or after the launch. Launches are seen at ``kernel[grid](...)``, compiled or
+    interpreted."""
+
+    def __init__(self, limit: int = 1 << 16):
+        self.limit = limit  # tensors of more numbers are not copied (the course's cases are far smaller)
+        self.written: list[list[float]] = []
+
+    def spec(self) -> dict:
+        return {"kind": "stores", "limit": self.limit}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["limit"]))
+
+    def result(self) -> dict:
+        return {"written": self.written}
+
+    def absorb(self, result) -> None:
+        self.written += [[float(x) for x in numbers] for numbers in result["written"]]
+
+    def _launch(self, run, args, kwargs):
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                   and a.numel() <= self.limit]
+        before = [t.detach().to("cpu", torch.float64).flatten().clone() for t in tensors]
+        value = run(*args, **kwargs)
+        for tensor, old in zip(tensors, before, strict=True):
+            new = tensor.detach().to("cpu", torch.float64).flatten()
+            same = (new == old) | (new.isnan() & old.isnan())
+            if not bool(same.all()):
+                self.written.append(new.tolist())
+        return value
+
+    def __enter__(self):
+        from triton.runtime.jit import KernelInterface
+
+        super().__enter__()
+        self._interface, self._getitem = KernelInterface, KernelInterface.__getitem__
+        observer, getitem = self, self._getitem
+
+        def launch_observed(kernel, grid):
+            run = getitem(kernel, grid)
+            return lambda *args, **kwargs: observer._launch(run, args, kwargs)
+
+        KernelInterface.__getitem__ = launch_observed
+        return self
+
+    def __exit__(self, *exc):
+        self._interface.__getitem__ = self._getitem
+        return super().__exit__(*exc)
+
+
+class PeakMemory(_Tracked, TorchFunctionMode):
+    """Measures, in ``peak``, the most memory the code inside the ``with`` block held at once beyond what it
+    started with (Python's ``tracemalloc``, which sees Python objects and NumPy's arrays, not PyTorch's): "stream
+    over the keys, never holding a score for each" is checked by the memory a call needs as the keys grow, which no
+    result shows. PyTorch's tensors are watched instead by shape: ``per_key`` records a tensor created with an axis
+    of ``keys`` (the case's number of keys) and none of the feature widths ``widths`` (a row of scores or weights,
+    not a copy of the keys or values). Under the grader the sandbox's measurements replace this process's (which
+    then also holds the wire's copies)."""
+
+    def __init__(self, keys: int, widths: tuple[int, ...]):
+        super().__init__()
+        self.keys, self.widths = keys, tuple(widths)
+        self.peak, self.per_key = 0, False
+        self._remote = None
+
+    def spec(self) -> dict:
+        return {"kind": "memory", "keys": self.keys, "widths": list(self.widths)}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["keys"]), tuple(int(n) for n in spec["widths"]))
+
+    def result(self) -> dict:
+        return {"peak": self.peak, "per_key": self.per_key}
+
+    def absorb(self, result) -> None:
+        self._remote = (max((self._remote or (0, False))[0], int(result["peak"])), result["per_key"] is True)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and self.keys in out.shape and not set(self.widths) & set(out.shape):
+            self.per_key = True
+        return out
+
+    def __enter__(self):
+        import tracemalloc
+
+        self._started = not tracemalloc.is_tracing()
+        if self._started:
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        self._base = tracemalloc.get_traced_memory()[0]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        import tracemalloc
+
+        self.peak = max(0, tracemalloc.get_traced_memory()[1] - self._base)
+        if self._started:
+            tracemalloc.stop()
+        if self._remote is not None:
+            self.peak, self.per_key = self._remote[0], self.per_key or self._remote[1]
+        return super().__exit__(*exc)
+
+
+class _RowsCounted(np.ndarray):
+    """An array whose rows count, in ``reads`` (a one-item list), being read one at a time (``for row in a``,
+    ``a[j]``); arrays derived from it count nothing."""
+
+    reads = None
+
+    def __array_finalize__(self, obj):
+        self.reads = None
+
+    def __iter__(self):
+        return (self[j] for j in range(len(self)))
+
+    def __getitem__(self, index):
+        if self.reads is not None and isinstance(index, (int, np.integer)):
+            self.reads[0] += 1
+        return np.ndarray.__getitem__(self.view(np.ndarray), index)
+
+
+class RowReads(_Tracked, _Plain):
+    """Counts, in ``reads``, the rows of the NumPy argument ``arg`` (its position) read one at a time by the code
+    inside the ``with`` block, through the stand-in :meth:`wrap` makes (here) or :meth:`stand_in` puts in the call's
+    arguments (in the sandbox): "one pass over the keys" is a count of key rows read. A row read after converting
+    the array (``np.asarray(k)``) is not seen: ``reads`` is a lower bound."""
+
+    def __init__(self, arg: int):
+        self.arg, self.reads = arg, 0
+        self._count = [0]
+
+    def spec(self) -> dict:
+        return {"kind": "reads", "arg": self.arg}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["arg"]))
+
+    def result(self) -> dict:
+        return {"reads": self._count[0]}
+
+    def absorb(self, result) -> None:
+        self._count[0] += int(result["reads"])
+
+    def wrap(self, array):
+        """``array`` as the stand-in that counts its rows read (anything else as it is)."""
+        if not isinstance(array, np.ndarray) or array.ndim < 1:
+            return array
+        watched = array.view(_RowsCounted)
+        watched.reads = self._count
+        return watched
+
+    def stand_in(self, args: list) -> None:
+        if len(args) > self.arg:
+            args[self.arg] = self.wrap(args[self.arg])
+
+    def __exit__(self, *exc):
+        self.reads = self._count[0]
+        return super().__exit__(*exc)
+
+
 _KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes,
-          "leaves": LeavesTorch, "ranks": RankScores}
+          "leaves": LeavesTorch, "ranks": RankScores, "stores": KernelStores,
+          "memory": PeakMemory, "reads": RowReads}
 
 
 class LibraryCalls:

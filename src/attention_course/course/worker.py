@@ -283,7 +283,8 @@ def _reply_to_call(request: dict, arrays: dict, table: Objects, seconds: tuple[f
             if specs:  # the checker's observers (scores counted, fused calls, tensors formed) around this call
                 from ..checks import observe
 
-                result, observed = observe.run_observed(specs, lambda: target(*args, **kwargs))
+                args = list(args)  # an observer may stand in for an argument (observe.RowReads)
+                result, observed = observe.run_observed(specs, lambda: target(*args, **kwargs), args)
             else:
                 result, observed = target(*args, **kwargs), None
             reply = {"ok": True, "result": wire.encode(result, out, keep=table.keep),

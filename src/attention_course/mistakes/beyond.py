@@ -50,6 +50,21 @@ mistake("stream-not-rescaled", "a stream over the keys that does not rescale wha
         "sum grew, or the maximum rose): multiply what was accumulated by that share, exp(old - new) of the running "
         "log-sum-exp or maximum, before adding the new key's term.",
         chapter=9, topic="core")
+mistake("not-streamed", "a stream over the keys answered without a loop over them: every score computed at once",
+        "Your output is right, but your function never reads the keys one at a time, and {detail}: it computes "
+        "every score at once, as plain attention does. The exercise is the stream: one key per step, "
+        "with a running log-sum-exp and output that are the answer for the keys read so far (chapter 9, the "
+        "online softmax).", chapter=9, topic="core")
+mistake("scores-stored", "a stream over the keys that keeps a score for every key and normalizes at the end",
+        "Your output is right, but {detail}: your function holds a score (or a weight) for every key at once and "
+        "normalizes at the end, which a stream never needs. After each key, only the running values may be "
+        "kept, and they must already be the answer for the keys read so far (chapter 9, the online softmax).",
+        chapter=9, topic="core")
+mistake("keys-read-twice", "a stream over the keys that reads them in several passes (the maximum first, then "
+        "the sums)",
+        "Your output is right and holds no score per key, but your function read {detail}: more than one pass. "
+        "A stream sees each key once, as it arrives, and cannot go back to it (chapter 9, the online softmax: "
+        "what must change in what was accumulated when a larger score arrives?).", chapter=9, topic="core")
 mistake("window-off-by-one", "a sliding window that lets each query see one key too many or too few",
         "Your output matches a window in which {detail}. Query i may attend key j when i - window < j <= i: itself "
         "and the window - 1 keys before it, window keys in all.", chapter=9, topic="tiles")

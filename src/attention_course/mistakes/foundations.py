@@ -153,6 +153,12 @@ mistake("float-mask-not-passed", "the fused attention called without the additiv
         "Build a float mask of q's dtype from the boolean one and pass that as attn_mask (chapter 4, 'Float masks: "
         "added, not selected').",
         chapter=4, topic="core")
+mistake("float-mask-not-used", "a float mask passed to the fused attention that is not the boolean mask made additive",
+        "Your output is right, but no float attn_mask your function passes to F.scaled_dot_product_attention adds 0 "
+        "where the boolean mask allows a key and a large negative number where it blocks one: the output does not "
+        "come from the fused call with the float mask. Print the float mask you pass next to the boolean one "
+        "(chapter 4, 'Float masks: added, not selected').",
+        chapter=4, topic="core")
 mistake("nan-on-masked-row", "a fully masked query row gives NaN instead of zeros",
         "Your result has NaN in query rows where every key is masked (the softmax of a row of -inf is 0/0; some "
         "PyTorch kernels return zeros there, others NaN, and the check behaves like the latter). The course's "

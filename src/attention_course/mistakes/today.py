@@ -208,6 +208,12 @@ mistake("lse-overflows", "log-sum-exp formed through exp(m) (log(l * exp(m))), w
         "Your log-sum-exp is inf or NaN where the reference is finite, with {detail}: somewhere it takes exp of a "
         "row maximum, which overflows float32 above 88. The log-sum-exp can be formed from m and l without any exp.",
         chapter=16, topic="kernels")
+mistake("lse-not-stored", "kernel: the log-sum-exp returned is not what the kernel stored (computed by the launcher "
+        "before or after the launch, or changed after it)",
+        "Your log-sum-exp is right, but it is not what your kernel stored: no launch wrote these numbers. The "
+        "backward pass reads the log-sum-exp the forward kernel leaves in memory; it is formed inside the kernel, "
+        "from the m and l each program holds after its loop (chapter 16, 'The forward kernel').",
+        chapter=16, topic="kernels")
 mistake("causal-tiles-not-skipped", "causal kernel: key tiles past the diagonal loaded (the loop stops late or "
         "never), though masked",
         "The values of one key tile were set to inf, and your output has inf or NaN in {detail}, which may not see "
