@@ -75,7 +75,7 @@ def shell():
 
 
 def test_the_worker_describes_what_a_check_is_given(shell):
-    point = worker._check_point(shell, {"exprs": ["double", "answer", "missing"]}, "", (5, 50))
+    point = worker._check_point(shell, {"exprs": ["double", "answer", "missing"]}, "", (5, 50), worker.Recorder())
     objects = point["objects"]
     assert objects["double"] == {"kind": "function", "name": "double", "params": [["x", 1, False], ["scale", 1, True]]}
     assert wire.decode_value(objects["answer"]) == "C" and point["verdict"] is None
@@ -88,12 +88,13 @@ def test_the_worker_describes_what_a_check_is_given(shell):
 def test_a_check_given_a_class_does_not_run_in_the_sandbox(shell):
     """A class is described (its name, signature and bases), not checked there: the checker builds and calls
     it by reference from the grader. Only a check cell that is not a plain checker call runs there."""
-    point = worker._check_point(shell, {"exprs": ["Model"]}, "raise AssertionError('[wrong-output] no')", (5, 50))
+    point = worker._check_point(shell, {"exprs": ["Model"]}, "raise AssertionError('[wrong-output] no')", (5, 50),
+                                worker.Recorder())
     model = point["objects"]["Model"]
     assert (model["kind"], model["name"], model["class"], point["verdict"]) == ("class", "Model", True, None)
     assert "builtins.object" in model["types"]
     point = worker._check_point(shell, {"exprs": [], "run_in_sandbox": True},
-                                 "raise AssertionError('[wrong-output] no')", (5, 50))
+                                 "raise AssertionError('[wrong-output] no')", (5, 50), worker.Recorder())
     assert judge.sandbox_verdict(point["verdict"]) == (False, "wrong-output", "[wrong-output] no")
 
 
