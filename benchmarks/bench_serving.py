@@ -11,8 +11,15 @@ Shared prefix: 12 requests with a 256-token common prompt and an 8-token questio
 without prefix sharing. Speculative: a 6-layer target and its first 2 layers as an early-exit draft, k = 3, 4
 prompts of 64 new tokens, against plain greedy decoding.
 
-Targets: continuous >= 2x static batching throughput; paged waste < one block per sequence. Shared-prefix time
-saved and speculative speed-up (at the measured acceptance rate) are reported.
+Paged reads: one decode step of 8 sequences x 2k, 4k, 8k cached positions (a 4-layer multi-head GPT, D=128,
+H=4, SDPA), the cache read by gathering (every key copied out of the pool, packed) against ``read="blocks"`` (the
+pool read in place, the block tables as the mask): logits equal first, then the bytes the step allocates (the
+profiler's memory events: the peak above the start of the step) and its time, side by side in rounds.
+
+Targets: continuous >= 2x static batching throughput; paged waste < one block per sequence; the blocks read
+allocates >= 4x fewer bytes than the gather at every context and is no slower at 8k (the gather copies
+2 * layers * 8 * context * D * 4 bytes per step; the blocks read allocates only its (8, pool) mask and scores).
+Shared-prefix time saved and speculative speed-up (at the measured acceptance rate) are reported.
 
 With --real: the real SmolLM2-135M (chapter 14's Decoder, float32, weights from the local cache) served by the
 course's engine against Hugging Face's continuous batching (``generate_batch``) on the same requests (greedy),
@@ -33,6 +40,7 @@ import torch
 from attention_course.gpt import GPT, GPTConfig
 from attention_course.serving import (
     Engine,
+    PagedKVCache,
     Request,
     early_exit_draft,
     greedy_reference,
@@ -43,6 +51,8 @@ MODEL = dict(vocab_size=256, d_model=128, num_heads=4, num_kv_heads=2, num_layer
              tie_embeddings=False, init="pytorch")
 BLOCK, MAX_SEQS, MAX_TOKENS, NUM_BLOCKS = 16, 8, 64, 256
 MIN_CONTINUOUS_OVER_STATIC = 2.0
+READ_MODEL = {**MODEL, "num_kv_heads": 4, "backend": "sdpa"}  # multi-head: the layer's GQA expand would copy the pool
+READ_CONTEXTS, READ_SEQS, MIN_READ_MEMORY_RATIO = (2048, 4096, 8192), 8, 4.0
 
 
 def workload(seed: int = 0) -> list[Request]:
@@ -80,6 +90,68 @@ def paged_waste(model, requests) -> tuple[float, float]:
             paged.append(len(table) * BLOCK - cache.seq_lengths[seq_id])
             contiguous.append(longest - cache.seq_lengths[seq_id])
     return sum(paged) / len(paged), sum(contiguous) / len(contiguous)
+
+
+def filled_cache(model, context: int) -> PagedKVCache:
+    """A pool holding READ_SEQS sequences of ``context`` positions (seeded random keys and values): the state of
+    a server decoding 8 long answers, without running 64k prefill tokens through the model first."""
+    cache = PagedKVCache.for_model(model, READ_SEQS * (context // BLOCK + 1), BLOCK)
+    g = torch.Generator().manual_seed(context)
+    for pool in cache.keys + cache.values:
+        pool.copy_(torch.randn(pool.shape, generator=g))
+    for seq in range(READ_SEQS):
+        cache.add_sequence(seq)
+        cache.reserve(seq, context + 1)  # the decode step's block too: the step allocates nothing then
+        cache.seq_lengths[seq] = context
+    return cache
+
+
+def decode_step(model, cache: PagedKVCache, read: str):
+    """One decode step (a token per sequence) through ``cache`` read as ``read``; the cache is left as it was."""
+    cache.read = read
+    cache.begin_step([(seq, 1) for seq in range(READ_SEQS)])
+    logits = model(torch.arange(READ_SEQS)[None], cache=cache)  # (1, 8, V)
+    cache.abort_step()  # lengths unchanged: the next step writes the same slots again
+    return logits
+
+
+def allocated_peak(fn) -> int:
+    """Peak bytes allocated by ``fn`` above what was allocated when it started: torch.profiler's memory events,
+    each op's own allocations minus its own frees, summed in the order the ops start (so a buffer an op frees
+    before it returns does not count)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        fn()
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
+def compare_reads(model, context: int, repeats: int) -> tuple[dict, dict]:
+    """Peak bytes allocated and fastest time of one decode step, per read, at 8 x ``context``."""
+    cache = filled_cache(model, context)
+    error = float((decode_step(model, cache, "gather") - decode_step(model, cache, "blocks")).abs().max())
+    print(f"  check reads at 8 x {context}: max |blocks - gather| logits < 1e-4: {error < 1e-4}")
+    if error >= 1e-4:
+        raise SystemExit("correctness check failed: the blocks read changed the logits")
+    steps = {read: (lambda r=read: decode_step(model, cache, r)) for read in ("gather", "blocks")}
+    memory = {read: allocated_peak(step) for read, step in steps.items()}
+    times = common.interleaved(steps, repeats + 2)
+    return memory, {read: common.fastest(ts) for read, ts in times.items()}
+
+
+def paged_reads(model, repeats: int) -> tuple[list[list], dict]:
+    """Gather vs blocks read at each context: equal logits, peak bytes allocated, time per decode step."""
+    rows, ratios = [], {}
+    for context in READ_CONTEXTS:
+        memory, fast = compare_reads(model, context, repeats)
+        ratios[context] = (memory["gather"] / memory["blocks"], fast["gather"] / fast["blocks"])
+        rows.append([f"8 x {context}", f"{memory['gather'] / 2**20:.1f}", f"{memory['blocks'] / 2**20:.1f}",
+                     f"{ratios[context][0]:.1f}x", f"{fast['gather'] * 1e3:.1f}", f"{fast['blocks'] * 1e3:.1f}",
+                     f"{ratios[context][1]:.2f}x"])
+    return rows, ratios
 
 
 def main(repeats: int = 2) -> dict:
@@ -138,6 +210,10 @@ def main(repeats: int = 2) -> dict:
     speedup = common.fastest(spec_times["plain greedy"]) / common.fastest(spec_times["speculative k=3"])
     target_passes = sum(s.target_passes for s in stats)
 
+    read_model = GPT(GPTConfig(**READ_MODEL), seed=0).eval()
+    with torch.inference_mode():
+        read_rows, read_ratios = paged_reads(read_model, repeats)
+
     continuous_over_static = rate["continuous batching"] / rate["static batching"]
     rows += [["paged waste per sequence (positions)", f"{waste:.1f}", "", "", f"block = {BLOCK}"],
              ["contiguous waste per sequence (positions)", f"{waste_contiguous:.1f}", "", "", ""],
@@ -149,10 +225,21 @@ def main(repeats: int = 2) -> dict:
     targets = [[f"continuous >= {MIN_CONTINUOUS_OVER_STATIC:.0f}x static batching throughput",
                 f"{continuous_over_static:.2f}x", common.verdict(continuous_over_static >= MIN_CONTINUOUS_OVER_STATIC)],
                ["paged waste < one block per sequence", f"{waste:.1f} < {BLOCK}", common.verdict(waste < BLOCK)]]
+    least_memory = min(m for m, _ in read_ratios.values())
+    targets += [[f"blocks read allocates >= {MIN_READ_MEMORY_RATIO:.0f}x fewer bytes than the gather (every context)",
+                 f"{least_memory:.1f}x", common.verdict(least_memory >= MIN_READ_MEMORY_RATIO)],
+                [f"blocks read no slower than the gather at 8 x {READ_CONTEXTS[-1]}",
+                 f"{read_ratios[READ_CONTEXTS[-1]][1]:.2f}x", common.verdict(read_ratios[READ_CONTEXTS[-1]][1] >= 1)]]
+    read_headers = ["decode step, 8 sequences x context", "gather MiB", "blocks MiB", "memory ratio", "gather ms",
+                    "blocks ms", "time ratio"]
+    print()
+    print(common.markdown_table(read_headers, read_rows))
     print()
     print(common.markdown_table(["target", "measured", "result"], targets))
-    common.save("bench_serving", config, table={"headers": headers, "rows": rows}, targets=targets)
-    return {"continuous_over_static": continuous_over_static, "waste": waste, "saved": saved, "speedup": speedup}
+    common.save("bench_serving", config, table={"headers": headers, "rows": rows},
+                reads={"headers": read_headers, "rows": read_rows}, targets=targets)
+    return {"continuous_over_static": continuous_over_static, "waste": waste, "saved": saved, "speedup": speedup,
+            "reads": read_ratios}
 
 
 REAL_TEXTS = ["The capital of France is", "def fibonacci(n):\n    ", "Attention is all you", "Once upon a time",
