@@ -50,6 +50,7 @@ from attention_course.serving import (
     greedy_reference,
     speculative_generate,
 )
+from attention_course.serving.measure import allocated_peak
 
 MODEL = dict(vocab_size=256, d_model=128, num_heads=4, num_kv_heads=2, num_layers=4, positions="rope",
              tie_embeddings=False, init="pytorch")
@@ -117,20 +118,6 @@ def decode_step(model, cache: PagedKVCache, read: str):
     logits = model(torch.arange(READ_SEQS)[None], cache=cache)  # (1, 8, V)
     cache.abort_step()  # lengths unchanged: the next step writes the same slots again
     return logits
-
-
-def allocated_peak(fn) -> int:
-    """Peak bytes allocated by ``fn`` above what was allocated when it started: torch.profiler's memory events,
-    each op's own allocations minus its own frees, summed in the order the ops start (so a buffer an op frees
-    before it returns does not count)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
-        fn()
-    live = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
-        live += event.self_cpu_memory_usage
-        peak = max(peak, live)
-    return peak
 
 
 def compare_reads(model, context: int, repeats: int) -> tuple[dict, dict]:

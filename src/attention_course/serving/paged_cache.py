@@ -140,7 +140,8 @@ class PagedKVCache(Cache):
             MLA's latent layer stores its latent as "keys" and its rotated key as "values").
         dtype, device: of the pool.
         read: "gather" (copy each sequence's keys out of the pool, packed) or "blocks" (read them in place: the
-            pool itself and the block tables as a mask over it). Same attention, different cost.
+            pool itself and the block tables as a mask over it). Same attention, different cost; the attribute
+            may change between steps (a benchmark reads one pool both ways).
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
