@@ -307,10 +307,11 @@ class PagedKVCache(Cache):
         """The block tables as a mask over the pool: slot j holds, for query i's sequence, the position
         index * block_size + j % block_size, where index is j's block's place in that sequence's table."""
         logical = inverse_tables([self.tables[seq_id] for seq_id in ids], self.allocator.num_blocks)  # (S, blocks)
-        slots = torch.arange(self.allocator.num_blocks * self.block_size)  # (slots,)
-        index = logical[owner_q][:, slots // self.block_size]  # (T_new, slots): -1 where not the query's
-        key_positions = torch.where(index >= 0, index * self.block_size + slots % self.block_size, -1)
-        mask = (index >= 0) & (key_positions <= positions[:, None])  # own blocks, own past (bottom-right)
+        slots = torch.arange(self.allocator.num_blocks * self.block_size, dtype=torch.int32)  # (slots,)
+        index = logical.int()[owner_q][:, slots // self.block_size]  # (T_new, slots): -1 where not the query's
+        held = index >= 0
+        key_positions = index.mul_(self.block_size).add_(slots % self.block_size).masked_fill_(~held, -1)  # in place
+        mask = held & (key_positions <= positions[:, None])  # own blocks, own past (bottom-right)
         return Step(ids, starts, new, write, None, positions, key_positions, mask)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
