@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attention_course.serving import Engine, PagedKVCache, greedy_reference
+from attention_course.serving.measure import allocated_peak
 from attention_course.serving.paged_attention import paged_attention
 from test_serving import tiny_gpt, workload
 
@@ -115,3 +116,14 @@ def test_paged_read_refuses_a_missing_step_and_a_wrong_query_count():
     cache.begin_step([("a", 3)])
     with pytest.raises(ValueError, match="step packs 3"):
         paged_attention(torch.zeros(1, 1, 2, 8), cache, 0)
+
+
+def test_allocated_peak_counts_what_a_step_holds_at_its_peak():
+    def step():
+        kept = torch.empty(1000, 1000)  # 4,000,000 bytes, held to the end
+        temp = torch.empty(500, 1000)  # 2,000,000 bytes, freed before the next allocation
+        del temp
+        return kept, torch.empty(250, 1000)  # 1,000,000 more: peak 6,000,000 while temp lived
+
+    assert allocated_peak(step) == 6_000_000
+    assert allocated_peak(lambda: None) == 0

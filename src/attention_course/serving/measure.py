@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -15,10 +18,24 @@ def allocated_peak(fn: Callable[[], object]) -> int:
     count). Deterministic for given shapes: no clock is involved.
     """
     activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+    with quiet_stderr(), torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         fn()
     live = peak = 0
     for event in sorted(prof.events(), key=lambda e: e.time_range.start):
         live += event.self_cpu_memory_usage
         peak = max(peak, live)
     return peak
+
+
+@contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (the profiler's native start/stop lines, stamped with the time) for a block."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
