@@ -59,10 +59,12 @@ def test_the_pool_is_shaped_by_the_cache_protocol(model):
 
 @WORKLOADS
 @given(seed=st.integers(0, 2**31 - 1), block_size=st.sampled_from([1, 3, 16]))
-def test_engine_serves_the_decoder_as_it_decodes_alone(model, seed, block_size):
+@pytest.mark.parametrize("read", ["gather", "blocks"])
+def test_engine_serves_the_decoder_as_it_decodes_alone(model, seed, block_size, read):
     requests = workload(seed)
     expected = solo(model, requests)
-    engine = Engine(model, num_blocks=120 // block_size + 8, block_size=block_size, max_seqs=4, max_batch_tokens=6)
+    engine = Engine(model, num_blocks=120 // block_size + 8, block_size=block_size, max_seqs=4, max_batch_tokens=6,
+                    read=read)
     assert engine.run(requests) == expected, f"seed={seed}"
     assert max(len(h.batch) for h in engine.history) > 1  # several requests shared a forward pass
     assert_all_free(engine.cache)

@@ -17,19 +17,12 @@ import torch
 from torch import Tensor
 from torch.nn.attention import flex_attention as _flex
 
-from .paged_cache import PagedKVCache, packed
+from .paged_cache import PagedKVCache, inverse_tables, packed
 
 
 def logical_blocks(cache: PagedKVCache) -> Tensor:
-    """(S, num_blocks) the inverse of the step's block tables: entry [s, b] is the index of pool block b in the
-    table of the step's sequence s, -1 where s does not hold b. A block shared by several sequences (a common
-    prefix, a fork) appears in each sharer's row, so each reads it at its own position."""
-    step = cache.step
-    logical = torch.full((len(step.seq_ids), cache.keys[0].shape[0]), -1, dtype=torch.long)
-    for s, seq_id in enumerate(step.seq_ids):
-        table = torch.tensor(cache.tables[seq_id], dtype=torch.long)
-        logical[s, table] = torch.arange(len(table))
-    return logical
+    """(S, num_blocks) the inverse of the step's block tables (:func:`~.paged_cache.inverse_tables`)."""
+    return inverse_tables([cache.tables[seq_id] for seq_id in cache.step.seq_ids], cache.allocator.num_blocks)
 
 
 def paged_attention(q: Tensor, cache: PagedKVCache, layer: int, *, scale: float | None = None) -> Tensor:

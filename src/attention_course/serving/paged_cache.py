@@ -19,6 +19,12 @@ One forward pass runs one **ragged batch**: the new tokens of several sequences 
 packed the same way; :meth:`~PagedKVCache.mask` keeps each query to its own sequence (block-diagonal) and to its
 past (bottom-right causal within the sequence), :meth:`~PagedKVCache.positions` gives each token its own position,
 which the model feeds to its absolute embeddings and its RoPE alike.
+
+That gather copies every cached key of every sequence of the step, in every layer, at every step. With
+``read="blocks"`` nothing is gathered: :meth:`~PagedKVCache.update` returns the pool itself (a view, the keys stay
+where they are) and :meth:`~PagedKVCache.mask` is the **block table as a mask over the pool**: query i may see pool
+slot j when j's block is in the table of i's sequence, at a position <= i's. The same attention layers run
+unchanged; the keys are read in place, as a paged kernel reads them (Kwon et al. 2023, section 4.1).
 """
 
 from __future__ import annotations
@@ -105,10 +111,23 @@ class Step:
     starts: list[int]
     new: list[int]
     write_slots: Tensor  # (T_new,) pool slots of the new positions, packed
-    read_slots: Tensor  # (T_k,) pool slots of every position of every sequence, packed
+    read_slots: Tensor | None  # (T_k,) pool slots of every position of every sequence, packed (gather read only)
     positions: Tensor  # (T_new,) position of each new token in its own sequence
-    key_positions: Tensor  # (T_k,) position of each key in its own sequence
-    mask: Tensor  # (T_new, T_k) True = may attend: own sequence, own past
+    key_positions: Tensor  # (1, T_k) gather: each key's position; (T_new, slots) blocks: in the query's sequence
+    mask: Tensor  # (T_new, T_k) or (T_new, slots) True = may attend: own sequence, own past
+
+
+READS = ("gather", "blocks")
+
+
+def inverse_tables(tables: Sequence[Sequence[int]], num_blocks: int) -> Tensor:
+    """(S, num_blocks) the inverse of S block tables: entry [s, b] is the index of pool block b in table s, -1
+    where s does not hold b. A block shared by several sequences (a common prefix, a fork) appears in each
+    sharer's row, so each reads it at its own position."""
+    logical = torch.full((len(tables), num_blocks), -1, dtype=torch.long)
+    for s, table in enumerate(tables):
+        logical[s, torch.tensor(table, dtype=torch.long)] = torch.arange(len(table))
+    return logical
 
 
 class PagedKVCache(Cache):
@@ -120,10 +139,16 @@ class PagedKVCache(Cache):
         num_kv_heads, head_dim: H_kv and Dh of the keys (and of the values, unless ``value_dim`` differs:
             MLA's latent layer stores its latent as "keys" and its rotated key as "values").
         dtype, device: of the pool.
+        read: "gather" (copy each sequence's keys out of the pool, packed) or "blocks" (read them in place: the
+            pool itself and the block tables as a mask over it). Same attention, different cost; the attribute
+            may change between steps (a benchmark reads one pool both ways).
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype=torch.float32, device=None, value_dim: int | None = None):
+                 dtype=torch.float32, device=None, value_dim: int | None = None, read: str = "gather"):
+        if read not in READS:
+            raise ValueError(f"read must be one of {READS}, got read={read!r}")
+        self.read = read
         value_dim = head_dim if value_dim is None else value_dim
         for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("value_dim", value_dim)):
@@ -140,14 +165,14 @@ class PagedKVCache(Cache):
         self.step: Step | None = None
 
     @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int) -> PagedKVCache:
+    def for_model(cls, model, num_blocks: int, block_size: int, read: str = "gather") -> PagedKVCache:
         """A pool shaped for a model that speaks the cache protocol (:class:`~attention_course.gpt.GPT`,
         :class:`~attention_course.decoder.Decoder`): ``model.blocks``, one per layer, each ``block.attn`` with a
         ``cache_shape()`` (what one position caches) unless it keeps a recurrent state; its dtype and device."""
         attn = next(b.attn for b in model.blocks if hasattr(b.attn, "cache_shape"))  # recurrent layers keep states
         heads, key_dim, value_dim = attn.cache_shape()
         w = next(attn.parameters())
-        return cls(len(model.blocks), num_blocks, block_size, heads, key_dim, w.dtype, w.device, value_dim)
+        return cls(len(model.blocks), num_blocks, block_size, heads, key_dim, w.dtype, w.device, value_dim, read)
 
     def seq_len(self, seq=0) -> int:
         """Positions cached for sequence ``seq`` (one of the ids given to :meth:`add_sequence`)."""
@@ -269,16 +294,30 @@ class PagedKVCache(Cache):
         tables = torch.tensor([self.tables[seq_id] + [0] * (widest - len(self.tables[seq_id])) for seq_id in ids])
         start_t, new_t = torch.tensor(starts), torch.tensor(new)
         owner_q, positions = packed(new_t, start_t)  # (T_new,) each new token's sequence and position
-        owner_k, key_positions = packed(start_t + new_t)  # (T_k,) each key's sequence and position
         write = tables[owner_q, positions // self.block_size] * self.block_size + positions % self.block_size
+        if self.read == "blocks":
+            return self._plan_blocks(ids, starts, new, write, positions, owner_q)
+        owner_k, key_positions = packed(start_t + new_t)  # (T_k,) each key's sequence and position
         read = tables[owner_k, key_positions // self.block_size] * self.block_size + key_positions % self.block_size
         same_seq = owner_q[:, None] == owner_k[None, :]
         causal = key_positions[None, :] <= positions[:, None]  # bottom-right: key position <= query's
-        return Step(ids, starts, new, write, read, positions, key_positions, same_seq & causal)
+        return Step(ids, starts, new, write, read, positions, key_positions[None], same_seq & causal)
+
+    def _plan_blocks(self, ids, starts, new, write, positions, owner_q) -> Step:
+        """The block tables as a mask over the pool: slot j holds, for query i's sequence, the position
+        index * block_size + j % block_size, where index is j's block's place in that sequence's table."""
+        logical = inverse_tables([self.tables[seq_id] for seq_id in ids], self.allocator.num_blocks)  # (S, blocks)
+        slots = torch.arange(self.allocator.num_blocks * self.block_size, dtype=torch.int32)  # (slots,)
+        index = logical.int()[owner_q][:, slots // self.block_size]  # (T_new, slots): -1 where not the query's
+        held = index >= 0
+        key_positions = index.mul_(self.block_size).add_(slots % self.block_size).masked_fill_(~held, -1)  # in place
+        mask = held & (key_positions <= positions[:, None])  # own blocks, own past (bottom-right)
+        return Step(ids, starts, new, write, None, positions, key_positions, mask)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys/values k, v (1, H_kv, T_new, Dh) of the step through the block tables; return
-        every position of the step's sequences, gathered through the tables and packed: (1, H_kv, T_k, Dh)."""
+        every position of the step's sequences, gathered through the tables and packed: (1, H_kv, T_k, Dh);
+        with ``read="blocks"`` the whole pool instead, a view (1, H_kv, num_blocks * block_size, Dh)."""
         if self.step is None:
             raise RuntimeError("call begin_step before a forward pass through a paged cache")
         if not 0 <= layer < self.num_layers:
@@ -293,7 +332,8 @@ class PagedKVCache(Cache):
         for pool, new in ((self.keys[layer], k), (self.values[layer], v)):
             flat = pool.view(-1, *pool.shape[2:])  # (num_blocks * block_size, H_kv, Dh)
             flat[self.step.write_slots] = new[0].transpose(0, 1).to(pool.dtype)  # (T_new, H_kv, Dh)
-            out.append(flat[self.step.read_slots].transpose(0, 1)[None])  # (1, H_kv, T_k, Dh)
+            read = flat if self.step.read_slots is None else flat[self.step.read_slots]  # blocks: no copy
+            out.append(read.transpose(0, 1)[None])  # (1, H_kv, T_k or slots, Dh)
         return out[0], out[1]
 
     def positions(self, layer: int, t_new: int, device=None) -> Tensor:
@@ -303,11 +343,12 @@ class PagedKVCache(Cache):
 
     def mask(self, layer: int, t_q: int, t_k: int, device=None, *, window: int | None = None) -> Tensor:
         """(T_new, T_k) True = may attend: a key of the query's own sequence at a position <= the query's (and,
-        for a sliding layer, less than ``window`` positions back)."""
+        for a sliding layer, less than ``window`` positions back); with ``read="blocks"`` (T_new, slots), over
+        the pool."""
         self._check_step(t_q)
         mask = self.step.mask
         if window is not None:
-            mask = mask & (self.step.positions[:, None] - self.step.key_positions[None, :] < window)
+            mask = mask & (self.step.positions[:, None] - self.step.key_positions < window)
         return mask.to(device)
 
     def crop(self, length: int, seq=0) -> None:

@@ -96,10 +96,11 @@ class Engine:
         max_batch_tokens: new tokens per step at most (prefill chunks share it with decoding tokens).
         prefix_sharing: reuse cached prompt prefixes (:class:`~attention_course.serving.prefix.PrefixIndex`).
         policy: "continuous" or "static" (see the module docstring).
+        read: how attention reads the cache, "gather" or "blocks" (:class:`PagedKVCache`): same tokens.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, max_seqs: int = 8, max_batch_tokens: int = 64,
-                 prefix_sharing: bool = False, policy: str = "continuous"):
+                 prefix_sharing: bool = False, policy: str = "continuous", read: str = "gather"):
         check_int(max_seqs, "max_seqs")
         check_int(max_batch_tokens, "max_batch_tokens")
         if max_batch_tokens < max_seqs:
@@ -110,7 +111,7 @@ class Engine:
         if prefix_sharing and not all(hasattr(block.attn, "cache_shape") for block in model.blocks):
             raise ValueError("prefix sharing reuses cached keys and values: a recurrent layer's state cannot be shared")
         self.model = model.eval()
-        self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
+        self.cache = PagedKVCache.for_model(model, num_blocks, block_size, read)
         self.index = PrefixIndex(self.cache) if prefix_sharing else None
         self.max_seqs, self.max_batch_tokens, self.policy = max_seqs, max_batch_tokens, policy
         self.waiting: deque[Running] = deque()
