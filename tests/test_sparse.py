@@ -189,7 +189,7 @@ def test_few_indexer_heads_tie_and_decoding_then_differs_from_one_shot():
 
 
 def sparse_gpt(top_k: int, seed: int = 0) -> GPT:
-    gpt_config = GPTConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=2, max_len=64, positions="none")
+    gpt_config = GPTConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=2, max_len=64, positions=None)
 
     def attention(c, layer):
         return sparse.SparseLatentAttention(c.d_model, c.num_heads, q_lora_rank=8, top_k=top_k, index_heads=16,
