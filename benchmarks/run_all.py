@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 BENCHMARKS = ["bench_peak", "bench_mha_block", "bench_attention_core", "bench_blockwise_memory", "bench_kv_cache",
               "bench_keras", "bench_training", "bench_flex", "bench_triton", "bench_linear_attention",
-              "bench_serving", "bench_decode_hf"]  # fmt: skip
+              "bench_serving", "bench_decode_hf", "bench_sparse"]  # fmt: skip
 GPU_CHECK = (  # the one script to run on a GPU machine: checks, then bench_triton
     "On a GPU machine run `python benchmarks/gpu_check.py` (`--quick`: timings at T <= 4096 and Dh = 64 only). It "
     "first checks chapter 16's kernels on the GPU (outputs and the three gradients against float64 SDPA, in "
@@ -44,6 +44,7 @@ TITLES = {
     "bench_linear_attention": "Gated delta rule: chunked form vs token loop vs SDPA causal (H=8, Dk=Dv=64, chunk 64)",
     "bench_serving": "Serving (chapter 18): continuous vs static batching, paged waste, shared prefix, speculative",
     "bench_decode_hf": "Greedy decoding against Hugging Face on the StarCoder2 twin: sequential and paged",
+    "bench_sparse": "Learned sparse attention (chapter 19): indexer + top-k vs SDPA causal (H=8, Dh=64, k=2048)",
 }
 
 NOTES = {
@@ -92,6 +93,20 @@ NOTES = {
         "loop over that is the most any chunked form built from PyTorch's kernels could gain on one thread of "
         "this CPU. Decoding compares one delta-rule step on the state with one query over a 16k-token KV cache "
         "(float32, batch 1)."
+    ),
+    "bench_sparse": (
+        "Chapter 19. Decode: one query over a cache of T tokens; *dense* is SDPA over all T keys, *indexer + top-k* "
+        "the lightning indexer's scores (4 heads of 64 over one shared key per token, `sparse.index_scores`) and "
+        "`topk`, *sparse* those then SDPA over the k = 2048 gathered keys and values (`index_select`: the gather "
+        "DeepSeek's FlashMLA sparse kernel does on a GPU). Prefill: SDPA causal (fused) against the indexer's "
+        "scores and top-k in blocks of 512 queries, which are three unfused passes over a (4, 512, T) tensor and a "
+        "sort per row: on a CPU with PyTorch's eager kernels the indexer's own quadratic cost is larger than fused "
+        "dense attention's at every length here, by a ratio that stays roughly constant (both are quadratic in T). "
+        "Sparse attention wins at decode, from the lengths where the top-k gather costs less than reading every "
+        "key, and the indexer's share of a sparse step grows with T. The sparse attention itself is "
+        "not timed at prefill (gathering k keys per query is a kernel's job). Bytes per token and layer: this "
+        "run's float32 caches, and DeepSeek V3.2's (bfloat16 latent, FP8 indexer key with one float32 scale per "
+        "128 numbers)."
     ),
     "bench_training": (
         "One step = forward, cross-entropy, backward and AdamW on the same batch. The nn.TransformerEncoder model "

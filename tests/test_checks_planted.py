@@ -30,6 +30,7 @@ import test_checks_porting
 import test_checks_positions
 import test_checks_runner
 import test_checks_serving
+import test_checks_sparse
 import test_checks_tiles
 from attention_course import bug_zoo, checks, mistakes
 
@@ -50,6 +51,7 @@ TOPICS = {
     "positions": test_checks_positions,
     "runner": test_checks_runner,
     "serving": test_checks_serving,
+    "sparse": test_checks_sparse,
     "tiles": test_checks_tiles,
 }
 # Tables this file runs; test_checks_porting.py runs its own (with the details of its messages), counted below.

@@ -42,7 +42,7 @@ def test_topics_and_chapters():
     topics = {m.topic for m in mistakes.MISTAKES.values()}
     assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache", "positions",
                       "blocks", "interpret", "distributed", "field_guide", "capstone", "porting", "modern",
-                      "tiles", "flex", "kernels", "linear", "serving"}
+                      "tiles", "flex", "kernels", "linear", "serving", "sparse"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
     assert [m.code for m in mistakes.in_chapter(10)] == [
         "rope-wrong-pairing", "rope-wrong-frequencies", "rope-position-not-offset", "rope-rotates-values",
@@ -78,6 +78,9 @@ def test_topics_and_chapters():
         "bonus-row-off-by-one", "spec-cost-ignored", "spec-acceptance-not-compounded", "spec-bonus-forgotten",
         "spec-target-pass-forgotten", "spec-from-library"]
     assert [m.code for m in mistakes.in_chapter(19)] == [
+        "relu-after-weights", "index-no-relu", "index-scale-missing", "topk-not-causal", "topk-wrong-axis",
+        "topk-off-by-one", "tie-anywhere", "ties-by-position"]
+    assert [m.code for m in mistakes.in_chapter(20)] == [
         "rope-not-applied", "cache-keys-unrotated", "final-norm-missing", "generate-wrong-position",
         "cache-not-passed-back", "cache-fed-whole-sequence", "targets-not-shifted", "induction-not-learned",
         "cache-kept-in-module", "accuracy-not-from-weights", "scores-from-library", "shard-not-split"]

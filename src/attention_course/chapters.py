@@ -43,7 +43,8 @@ CHAPTERS = (
     Chapter(16, "16_triton_kernel", ("flash_reference", "flash_triton"), ("kernels",)),
     Chapter(17, "17_linear_attention", ("linear_attention",), ("linear",)),
     Chapter(18, "18_serving", ("kv_cache", "serving"), ("serving",)),
-    Chapter(19, None, (), ("capstone",)),
+    Chapter(19, "19_sparse_attention", ("sparse",), ("sparse",)),
+    Chapter(20, None, (), ("capstone",)),
 )
 SHARED_CHECKS = ("runner", "questions")  # used by every chapter's exercises: running student code, questions
 

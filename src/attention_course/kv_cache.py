@@ -86,7 +86,8 @@ class Cache(ABC):
     Layer kinds: contiguous and sliding window (:class:`KVCache`, chapters 8 and 14), latent (MLA, chapter 14:
     a :class:`KVCache` layer holding the latent and the shared rotated key as its "keys" and "values"), recurrent
     state (a layer that keeps one fixed-size state per sequence instead of keys: :meth:`state`, :meth:`set_state`;
-    chapter 17's Gated DeltaNet), paged (:class:`~attention_course.serving.paged_cache.PagedKVCache`,
+    chapter 17's Gated DeltaNet), indexed (a latent layer whose "values" also carry the lightning indexer's key,
+    chapter 19's sparse MLA), paged (:class:`~attention_course.serving.paged_cache.PagedKVCache`,
     chapter 18: many sequences in one pool).
     """
 

@@ -25,8 +25,8 @@ The package: :mod:`.runner` (calling student code safely), :mod:`.diagnosis` (na
 (input cases), one module per topic (:mod:`.core`, :mod:`.masks`, :mod:`.heads`, :mod:`.modules`,
 :mod:`.kv_cache`, :mod:`.tiles`, :mod:`.field_guide`, :mod:`.positions`, :mod:`.blocks`, :mod:`.interpret`,
 :mod:`.distributed`, :mod:`.porting`, :mod:`.modern`, :mod:`.flex`, :mod:`.kernels`, :mod:`.linear`, :mod:`.serving`,
-:mod:`.capstone`), :mod:`.questions` (checked letter and number questions), :mod:`.hidden` (the grader's hidden
-cases) and :mod:`.observe` (what the student's code computes and calls).
+:mod:`.sparse`, :mod:`.capstone`), :mod:`.questions` (checked letter and number questions), :mod:`.hidden`
+(the grader's hidden cases) and :mod:`.observe` (what the student's code computes and calls).
 """
 
 import importlib
@@ -71,6 +71,7 @@ _LAZY = {
     "check_block_slot": "serving", "check_copy_on_write": "serving", "check_rejection_rule": "serving",
     "check_retire": "serving", "check_verify_mask": "serving", "check_schedule": "serving",
     "check_verify_sampled": "serving", "check_best_k": "serving",
+    "check_index_scores": "sparse", "check_tied_rows": "sparse", "check_top_k_mask": "sparse",
     "check_sliding_window_attention": "tiles",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

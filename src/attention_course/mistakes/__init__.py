@@ -48,7 +48,7 @@ from attention_course.mistakes.catalogue import (
 )
 
 #: The sections, in catalogue order; importing one adds its entries.
-SECTIONS = ("foundations", "beyond", "today", "capstones")
+SECTIONS = ("foundations", "beyond", "today", "sparse", "capstones")
 for _section in SECTIONS:
     importlib.import_module(f"{__name__}.{_section}")
 

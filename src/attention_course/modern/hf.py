@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..interop.hf import hf_window
 from ..linear_attention.gated_attention import Qwen3NextAttention
+from ..sparse.attention import DeepseekV32Attention, GlmMoeDsaAttention
 from . import families
 from .mla import MultiHeadLatentAttention
 
@@ -32,6 +33,8 @@ FAMILIES = {
     "gpt_oss": families.GptOssAttention,
     "deepseek_v3": MultiHeadLatentAttention,
     "qwen3_next": Qwen3NextAttention,  # chapter 17: gated attention
+    "deepseek_v32": DeepseekV32Attention,  # chapter 19: sparse MLA
+    "glm_moe_dsa": GlmMoeDsaAttention,
 }
 
 

@@ -139,11 +139,17 @@ class MultiHeadLatentAttention(KeepsRopeFrequencies):
         c, k_rope = self.latents(x, rotary)  # the new tokens': (B, 1, T, C), (B, 1, T, R)
         if cache is not None:
             c, k_rope = cache.update(layer, c, k_rope)  # every position's: (B, 1, Tk, C), (B, 1, Tk, R)
+        mask = layer_mask(q_nope.size(2), c.size(2), x.device, cache, layer)
+        return self.attend_latent(q_nope, q_rope, c, k_rope, mask, head_mask, weights)
+
+    def attend_latent(self, q_nope: Tensor, q_rope: Tensor, c: Tensor, k_rope: Tensor, mask: Tensor,
+                      head_mask: Tensor | None = None, weights: list | None = None) -> Tensor:
+        """Absorbed attention of q_nope (B, H, T, N), q_rope (B, H, T, R) over the latents c (B, 1, Tk, C) and
+        k_rope (B, 1, Tk, R) under ``mask`` (True = may attend) -> (B, T, D)."""
         w_uk, w_uv = self.up_projections()
         q_latent = q_nope @ w_uk  # (B, H, T, N) @ (H, N, C) -> (B, H, T, C): q_nope . (W_uk c) = (q_nope W_uk) . c
         q = torch.cat([q_latent, q_rope], dim=-1)  # (B, H, T, C + R)
         k = torch.cat([c, k_rope], dim=-1)  # (B, 1, Tk, C + R): one key "head" shared by all heads
-        mask = layer_mask(q.size(2), k.size(2), x.device, cache, layer)
         out_latent, attention = attend(q, k, c, mask, scale=self.scale)  # (B, H, T, C)
         return self.output(out_latent @ w_uv.transpose(-2, -1), attention, head_mask, weights)  # (B, H, T, V)
 
@@ -170,7 +176,7 @@ class MultiHeadLatentAttention(KeepsRopeFrequencies):
             kv_lora_rank=module.kv_lora_rank, qk_nope_head_dim=module.qk_nope_head_dim,
             qk_rope_head_dim=module.qk_rope_head_dim, v_head_dim=module.v_head_dim,
             bias=module.kv_a_proj_with_mqa.bias is not None, inv_freq=inv_freq, rope_factor=factor,
-            pairing="interleaved" if config.rope_interleave else "halves", scale=module.scaling,
+            pairing="interleaved" if getattr(config, "rope_interleave", True) else "halves", scale=module.scaling,
             norm_eps=module.kv_a_layernorm.variance_epsilon,
         )
         if module.q_lora_rank is None:
