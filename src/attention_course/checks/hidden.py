@@ -74,6 +74,9 @@ class Topic(enum.IntEnum):
     LINEAR = 14  # chapter 17's gated delta rule
     SERVING = 15  # chapter 18's block tables (12-14: other chapters)
     POSITIONS = 16  # chapter 10's rotary embeddings, ALiBi and RoPE weight layouts
+    SINKS_LSE = 17  # chapter 15's sinks from FlexAttention's log-sum-exp
+    SCHEDULE = 18  # chapter 18's scheduling policy
+    SPECULATIVE = 19  # chapter 18's sampled verify pass and best k
 
 
 def _rng(topic: Topic) -> np.random.Generator:
@@ -196,6 +199,24 @@ def flex_sizes() -> list[tuple[int, int, int]]:
         return []
     rng = _rng(Topic.FLEX)
     return [(_n(rng, 5, 7), _n(rng, 5, 8), _n(rng, 20, 33))]
+
+
+def sink_lse_cases() -> list[tuple[int, int, int, int, int, int | None]]:
+    """(B, H, Tq, Tk, D, window) of the hidden cases of chapter 15's sinks from the log-sum-exp: a batch of 3 to
+    5, 5 to 8 heads, a cache 10 to 20 longer than the queries (Tk + 1 above every other size, for the check that
+    watches for a sink column), with a window inside it and without one."""
+    if not active():
+        return []
+    rng = _rng(Topic.SINKS_LSE)
+    cases = []
+    for windowed in (True, False):
+        t_q = _n(rng, 2, 6)
+        t_k = t_q + _n(rng, 10, 20)
+        window = _n(rng, 2, t_k - 1) if windowed else None
+        cases.append((_n(rng, 3, 5), _n(rng, 5, 8), t_q, t_k, 2 * _n(rng, 4, 6), window))
+    return cases
+
+
 def linear_sizes() -> list[tuple[int, int, int, int, int]]:
     """(B, H, T, Dk, Dv) of a hidden gated-delta-rule case (chapter 17): a batch of 3 to 5, more heads, a longer
     sequence, Dk != Dv."""

@@ -385,8 +385,105 @@ class RankScores(_Tracked, TorchDispatchMode):
         return out
 
 
+class WidenedAxis(_Tracked, TorchDispatchMode):
+    """Records, in ``widened``, the shape of the first tensor the code inside the ``with`` block creates with an
+    axis of length ``n``: a check picks n = Tk + 1, unlike every other size of its case, to see a column appended
+    to the scores or a key to the keys ("the sink from the log-sum-exp, not as a column"). FlexAttention's own
+    operator passes through unwatched (its insides are not the student's)."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n, self.widened = n, ""
+
+    def spec(self) -> dict:
+        return {"kind": "axis", "n": self.n}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["n"]))
+
+    def result(self) -> dict:
+        return {"widened": self.widened}
+
+    def absorb(self, result) -> None:
+        self.widened = self.widened or str(result["widened"])[:40]
+
+    def __enter__(self):
+        # FlexAttention wraps its op in torch.compile, which refuses a dispatch mode: while this one watches (in
+        # the sandbox too, where the check's own switch is not set), PyTorch's switch runs the op plainly
+        from torch.nn.attention import flex_attention as module
+
+        self._was_plain = module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        from torch.nn.attention import flex_attention as module
+
+        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = self._was_plain
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.widened and isinstance(out, torch.Tensor) and self.n in out.shape:
+            self.widened = str(tuple(out.shape))
+        return out
+
+
+class FlexCalls:
+    """Records, in ``calls``, each call of PyTorch's ``flex_attention`` the code inside the ``with`` block makes:
+    True where it asks for the log-sum-exp (``return_lse=True`` or ``return_aux`` with ``lse=True``), False where
+    not. The call is seen by its Python frame (a profile hook, this thread): the operator below it looks the same
+    either way."""
+
+    def __init__(self):
+        self.calls: list[bool] = []
+
+    def spec(self) -> dict:
+        return {"kind": "flex-calls"}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls()
+
+    def result(self) -> dict:
+        return {"calls": list(self.calls)}
+
+    def absorb(self, result) -> None:
+        if not all(isinstance(c, bool) for c in result["calls"]):
+            raise ValueError("not a list of booleans")
+        self.calls += result["calls"]
+
+    def _profile(self, frame, event, arg):
+        if event == "call" and frame.f_code is self._code:
+            seen = frame.f_locals
+            self.calls.append(bool(seen.get("return_lse")) or bool(getattr(seen.get("return_aux"), "lse", False)))
+        if self._previous is not None:
+            self._previous(frame, event, arg)
+
+    def __enter__(self):
+        import sys
+
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self._code, self._previous = flex_attention.__code__, sys.getprofile()
+        sys.setprofile(self._profile)
+        _active().append(self)
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+
+        _active().remove(self)
+        sys.setprofile(self._previous)
+        return False
+
+
 _KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes,
-          "leaves": LeavesTorch, "ranks": RankScores}
+          "leaves": LeavesTorch, "ranks": RankScores,
+          "axis": WidenedAxis, "flex-calls": FlexCalls}
 
 
 class LibraryCalls:
