@@ -278,6 +278,28 @@ def sinks_lse_by_hand(q, k, v, sinks, window):  # the right rescaling, but the l
     return out * torch.sigmoid(lse - sinks[:, None])[..., None]
 
 
+def sinks_ignoring_lse(q, k, v, sinks, window):  # FlexAttention's output, the lse never asked for: no sink
+    t_q, t_k = q.size(-2), k.size(-2)
+    reach = t_k if window is None else window
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        distance = q_idx + (t_k - t_q) - kv_idx
+        return (distance >= 0) & (distance < reach)
+
+    return flex_attention(q, k, v, block_mask=create_block_mask(mask_mod, None, None, t_q, t_k, device="cpu"))
+
+
+def sinks_lse_by_hand_after_flex(q, k, v, sinks, window):  # asks FlexAttention for its lse, then its own
+    _flex_lse(q, k, v, window)
+    return sinks_lse_by_hand(q, k, v, sinks, window)
+
+
+def sinks_sdpa_after_flex(q, k, v, sinks, window):  # FlexAttention's lse, SDPA's output
+    _, lse = _flex_lse(q, k, v, window)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=_bottom_right(q.size(-2), k.size(-2), window))
+    return out * torch.sigmoid(lse - sinks[:, None])[..., None]
+
+
 def sinks_in_numpy(q, k, v, sinks, window):  # the right answer, computed where the check cannot watch
     out, lse = _flex_lse(q, k, v, window)
     keep = 1 / (1 + np.exp(sinks.numpy()[:, None] - lse.numpy()))
@@ -404,7 +426,10 @@ PLANTED = [
     (checks.check_sinks_from_lse, sinks_column_after_flex, "sink-as-column"),
     (checks.check_sinks_from_lse, sinks_sdpa_extra_key, "sink-as-column"),
     (checks.check_sinks_from_lse, sinks_library, "sinks-from-library"),
-    (checks.check_sinks_from_lse, sinks_lse_by_hand, "lse-not-requested"),
+    (checks.check_sinks_from_lse, sinks_lse_by_hand, "scores-outside-flex"),
+    (checks.check_sinks_from_lse, sinks_lse_by_hand_after_flex, "scores-outside-flex"),
+    (checks.check_sinks_from_lse, sinks_sdpa_after_flex, "scores-outside-flex"),
+    (checks.check_sinks_from_lse, sinks_ignoring_lse, "lse-not-requested"),
     (checks.check_sinks_from_lse, sinks_in_numpy, "left-torch"),
 ]
 
@@ -546,11 +571,11 @@ def test_the_sink_watchers_report_from_the_sandbox():
 
     q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
     k = torch.randn(1, 2, 5, 4, dtype=torch.float64)
-    specs = [observe.FlexCalls().spec(), observe.WidenedAxis(6).spec()]
+    specs = [observe.FlexCalls().spec(), observe.OutsideFlex(6, (3, 5, 4)).spec()]
     _, seen = observe.run_observed(specs, lambda: sinks_column_after_flex(q, k, k, torch.zeros(2), None))
-    here = [observe.FlexCalls(), observe.WidenedAxis(6)]
+    here = [observe.FlexCalls(), observe.OutsideFlex(6, (3, 5, 4))]
     with here[0], here[1]:
         observe.absorb(seen)
-    assert here[0].calls == [True] and here[1].widened == "(1, 2, 3, 6)"
+    assert here[0].calls == [True] and here[1].widened == "(1, 2, 3, 6)" and here[1].scores.endswith(", 3, 5)")
     with pytest.raises(ValueError), observe.FlexCalls():
         observe.absorb([{"calls": ["yes"]}])

@@ -569,7 +569,8 @@ def _sink_inputs(case, rng):
 
 def _sinks_observed(fn, args: dict, label: str, text: str, t_k: int):
     """The student's call, watched for the exercise's rule: FlexAttention called with its log-sum-exp requested,
-    no tensor with a (Tk + 1)-long axis (the sink as a score column or an extra key), no library sinks. Returns
+    no tensor with a (Tk + 1)-long axis (the sink as a score column or an extra key), no scores of its own, no
+    library sinks. Returns
     (output, the first broken rule as (code, detail) or None)."""
     watched = observe.observable(fn)
     with contextlib.ExitStack() as stack:
@@ -578,7 +579,8 @@ def _sinks_observed(fn, args: dict, label: str, text: str, t_k: int):
         stack.enter_context(_eager_flex())
         library = stack.enter_context(observe.LibraryCalls("functional", "modern"))
         calls = stack.enter_context(observe.FlexCalls()) if watched else None
-        widened = stack.enter_context(observe.WidenedAxis(t_k + 1)) if watched else None
+        d = args["q"].size(-1)
+        beside = stack.enter_context(observe.OutsideFlex(t_k + 1, (args["q"].size(-2), t_k, d))) if watched else None
         leaves = stack.enter_context(observe.LeavesTorch()) if watched else None
         result = call(fn, args, label, call_text=text)
     out = as_array(result, "result", text)  # outside the watchers: the check's own conversion
@@ -588,8 +590,10 @@ def _sinks_observed(fn, args: dict, label: str, text: str, t_k: int):
         return out, None
     if leaves.left:
         return out, ("left-torch", leaves.left)
-    if widened.widened:
-        return out, ("sink-as-column", f"a tensor of shape {widened.widened}")
+    if beside.widened:
+        return out, ("sink-as-column", f"a tensor of shape {beside.widened}")
+    if beside.scores:
+        return out, ("scores-outside-flex", beside.scores)
     if not any(calls.calls):
         return out, ("lse-not-requested", "flex_attention was called without return_aux=AuxRequest(lse=True)"
                      if calls.calls else "flex_attention was never called")
@@ -603,7 +607,8 @@ def check_sinks_from_lse(fn, *, timeout: float = DEFAULT_TIMEOUT):
     with float64 NumPy that appends the sink's column to the scores. The notebook's rule, from FlexAttention's
     output and log-sum-exp, is enforced by watching the call: ``flex_attention`` asked for its lse
     (``[lse-not-requested]``), no tensor with an axis of Tk + 1 (the sink as a column of the scores or a key,
-    SDPA's or a softmax's: ``[sink-as-column]``), not the library's ``add_sinks`` or sink attention
+    SDPA's or a softmax's: ``[sink-as-column]``), no scores or attention computed beside FlexAttention
+    (``[scores-outside-flex]``), not the library's ``add_sinks`` or sink attention
     (``[sinks-from-library]``). Diagnoses ``[sink-in-numerator]``, ``[lse-wrong-base]``, ``[sinks-per-query]``
     and ``[sink-renormalised-twice]``."""
     label = display_name(fn, "sink_attention")
@@ -636,6 +641,8 @@ def check_sinks_from_lse(fn, *, timeout: float = DEFAULT_TIMEOUT):
                     continue  # sinks indexed by query only broadcast where Tq == H
                 if np.allclose(out, sink_reference(q, k, v, sinks, window, variant=variant), atol=1e-8, rtol=1e-8):
                     raise fail(code, case=text)
+            if broken is not None and broken[0] == "lse-not-requested":  # a wrong road, whatever it computed
+                raise fail(broken[0], detail=broken[1], case=text)
             raise fail("wrong-output", "Your output differs from attention with one sink logit per head in the "
                        "softmax's denominator (float64, tolerance 1e-8).", case=text)
         return (f"✓ {label}: {len(cases)} cases (1 to {max(c[1] for c in cases)} heads, Tq != Tk, causal and "

@@ -385,30 +385,34 @@ class RankScores(_Tracked, TorchDispatchMode):
         return out
 
 
-class WidenedAxis(_Tracked, TorchDispatchMode):
-    """Records, in ``widened``, the shape of the first tensor the code inside the ``with`` block creates with an
-    axis of length ``n``: a check picks n = Tk + 1, unlike every other size of its case, to see a column appended
-    to the scores or a key to the keys ("the sink from the log-sum-exp, not as a column"). FlexAttention's own
-    operator passes through unwatched (its insides are not the student's)."""
+class OutsideFlex(_Tracked, TorchDispatchMode):
+    """Watches the tensors the code inside the ``with`` block creates beside FlexAttention, whose own operator
+    passes through unwatched (its insides are not the student's). ``widened``: the shape of the first tensor with
+    an axis of length ``n`` (a check picks n = Tk + 1, unlike every other size of its case, to see a column appended
+    to the scores or a key to the keys: "the sink from the log-sum-exp, not as a column"). ``scores``: the first
+    query-key scores of ``shape`` (Tq, Tk, dk) computed by the code itself (a matrix product over dk into (..., Tq,
+    Tk), a broadcast product (..., Tq, Tk, dk), a fused attention kernel): "the output and lse from FlexAttention"."""
 
     supports_higher_order_operators = True
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, shape: tuple[int, int, int]):
         super().__init__()
-        self.n, self.widened = n, ""
+        self.n, self.shape = n, tuple(shape)
+        self.widened = self.scores = ""
 
     def spec(self) -> dict:
-        return {"kind": "axis", "n": self.n}
+        return {"kind": "outside-flex", "n": self.n, "shape": list(self.shape)}
 
     @classmethod
     def from_spec(cls, spec):
-        return cls(int(spec["n"]))
+        return cls(int(spec["n"]), tuple(int(x) for x in spec["shape"]))
 
     def result(self) -> dict:
-        return {"widened": self.widened}
+        return {"widened": self.widened, "scores": self.scores}
 
     def absorb(self, result) -> None:
         self.widened = self.widened or str(result["widened"])[:40]
+        self.scores = self.scores or str(result["scores"])[:60]
 
     def __enter__(self):
         # FlexAttention wraps its op in torch.compile, which refuses a dispatch mode: while this one watches (in
@@ -425,10 +429,23 @@ class WidenedAxis(_Tracked, TorchDispatchMode):
         module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = self._was_plain
         return super().__exit__(*exc)
 
+    def _own_scores(self, func, args, out) -> bool:
+        t_q, t_k, dk = self.shape
+        if func in _MATMULS:
+            return tuple(out.shape[-2:]) == (t_q, t_k) and args[-2].shape[-1] == dk
+        if func is _aten.mul.Tensor:
+            return tuple(out.shape[-3:]) == (t_q, t_k, dk)
+        return func in _FUSED
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not self.widened and isinstance(out, torch.Tensor) and self.n in out.shape:
-            self.widened = str(tuple(out.shape))
+        if isinstance(out, torch.Tensor):
+            if not self.widened and self.n in out.shape:
+                self.widened = str(tuple(out.shape))
+            if not self.scores and self._own_scores(func, args, out):
+                self.scores = f"{func.__name__} -> {tuple(out.shape)}"
+        elif not self.scores and func in _FUSED:
+            self.scores = f"{func.__name__}"
         return out
 
 
@@ -483,7 +500,7 @@ class FlexCalls:
 
 _KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes,
           "leaves": LeavesTorch, "ranks": RankScores,
-          "axis": WidenedAxis, "flex-calls": FlexCalls}
+          "outside-flex": OutsideFlex, "flex-calls": FlexCalls}
 
 
 class LibraryCalls:

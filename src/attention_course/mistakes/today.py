@@ -155,6 +155,10 @@ mistake("lse-not-requested", "sinks added without FlexAttention's log-sum-exp",
         "The exercise asks for the sink from FlexAttention's log-sum-exp, and {detail}. Call flex_attention(..., "
         "return_aux=AuxRequest(lse=True)) and correct its output with the lse it returns.",
         chapter=15, topic="flex")
+mistake("scores-outside-flex", "sinks added to attention computed beside FlexAttention, not from its lse",
+        "Your code computed query-key scores (or attention) itself ({detail}): the exercise asks FlexAttention for "
+        "the output and the log-sum-exp, and corrects them with the sink; nothing else computes attention.",
+        chapter=15, topic="flex")
 mistake("sinks-from-library", "the sinks added by the library's own function, which the exercise asks you to write",
         "Your function calls the library's {detail}: the exercise asks you to correct FlexAttention's output from "
         "its log-sum-exp yourself (that is the exercise).",
