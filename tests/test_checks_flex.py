@@ -5,11 +5,13 @@ CORRECT and PLANTED are run by tests/test_checks_planted.py."""
 import functools
 import math
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-from attention_course import checks, flex, masks, positions
+from attention_course import checks, flex, functional, masks, positions
 from attention_course.checks import flex as flex_checks
 from attention_course.checks import hidden
 from attention_course.checks.questions import QUESTIONS
@@ -233,6 +235,77 @@ def sinks_ignored(q, k, v, sinks, window):
     return _flex_lse(q, k, v, window)[0]
 
 
+def _bottom_right(t_q, t_k, window):
+    """(Tq, Tk) bool: bottom-right causal within ``window`` keys (None: all)."""
+    distance = torch.arange(t_q)[:, None] + (t_k - t_q) - torch.arange(t_k)[None, :]
+    return (distance >= 0) & (distance < (t_k if window is None else window))
+
+
+def sinks_as_column(q, k, v, sinks, window):  # chapter 14's road: the sink a column of the scores, then softmax
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    scores = scores.masked_fill(~_bottom_right(q.size(-2), k.size(-2), window), float("-inf"))
+    column = sinks.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, Tq, 1)
+    weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    return weights @ v
+
+
+def sinks_column_after_flex(q, k, v, sinks, window):  # asks FlexAttention for its lse, then takes the column road
+    _flex_lse(q, k, v, window)
+    return sinks_as_column(q, k, v, sinks, window)
+
+
+def sinks_sdpa_extra_key(q, k, v, sinks, window):  # SDPA with one more key: score = the sink, value 0
+    b, h, t_q, _ = q.shape
+    mask = torch.zeros(b, h, t_q, k.size(-2), dtype=q.dtype)  # (B, H, Tq, Tk) float: 0 or -inf
+    mask = mask.masked_fill(~_bottom_right(t_q, k.size(-2), window), float("-inf"))
+    scale = 1 / math.sqrt(q.size(-1))
+    sink_bias = sinks.view(1, -1, 1, 1).expand(b, h, t_q, 1).to(q.dtype)  # the sink key's score, q . 0 = 0 + bias
+    zero = torch.zeros(b, h, 1, q.size(-1), dtype=q.dtype)
+    return F.scaled_dot_product_attention(q, torch.cat([k, zero], -2), torch.cat([v, zero], -2),
+                                          attn_mask=torch.cat([mask, sink_bias], -1), scale=scale)
+
+
+def sinks_library(q, k, v, sinks, window):  # the library's add_sinks on FlexAttention's output and lse
+    out, lse = _flex_lse(q, k, v, window)
+    return functional.add_sinks(sinks, out, None, lse)[0]
+
+
+def sinks_lse_by_hand(q, k, v, sinks, window):  # the right rescaling, but the lse computed without FlexAttention
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(~_bottom_right(q.size(-2), k.size(-2), window), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (B, H, Tq)
+    out = torch.softmax(scores, dim=-1) @ v
+    return out * torch.sigmoid(lse - sinks[:, None])[..., None]
+
+
+def sinks_ignoring_lse(q, k, v, sinks, window):  # FlexAttention's output, the lse never asked for: no sink
+    t_q, t_k = q.size(-2), k.size(-2)
+    reach = t_k if window is None else window
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        distance = q_idx + (t_k - t_q) - kv_idx
+        return (distance >= 0) & (distance < reach)
+
+    return flex_attention(q, k, v, block_mask=create_block_mask(mask_mod, None, None, t_q, t_k, device="cpu"))
+
+
+def sinks_lse_by_hand_after_flex(q, k, v, sinks, window):  # asks FlexAttention for its lse, then its own
+    _flex_lse(q, k, v, window)
+    return sinks_lse_by_hand(q, k, v, sinks, window)
+
+
+def sinks_sdpa_after_flex(q, k, v, sinks, window):  # FlexAttention's lse, SDPA's output
+    _, lse = _flex_lse(q, k, v, window)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=_bottom_right(q.size(-2), k.size(-2), window))
+    return out * torch.sigmoid(lse - sinks[:, None])[..., None]
+
+
+def sinks_in_numpy(q, k, v, sinks, window):  # the right answer, computed where the check cannot watch
+    out, lse = _flex_lse(q, k, v, window)
+    keep = 1 / (1 + np.exp(sinks.numpy()[:, None] - lse.numpy()))
+    return torch.from_numpy(out.numpy() * keep[..., None])
+
+
 def chunked_library(chunk, b, h, q_idx, kv_idx):
     return masks.chunked(chunk, 64)(b, h, q_idx, kv_idx)
 
@@ -348,6 +421,16 @@ PLANTED = [
     (checks.check_sinks_from_lse, sinks_per_query, "sinks-per-query"),
     (checks.check_sinks_from_lse, sinks_twice, "sink-renormalised-twice"),
     (checks.check_sinks_from_lse, sinks_ignored, "wrong-output"),
+    # the exercise's rule, from the lse and not as a column, observed (issue 43 follow-up)
+    (checks.check_sinks_from_lse, sinks_as_column, "sink-as-column"),
+    (checks.check_sinks_from_lse, sinks_column_after_flex, "sink-as-column"),
+    (checks.check_sinks_from_lse, sinks_sdpa_extra_key, "sink-as-column"),
+    (checks.check_sinks_from_lse, sinks_library, "sinks-from-library"),
+    (checks.check_sinks_from_lse, sinks_lse_by_hand, "scores-outside-flex"),
+    (checks.check_sinks_from_lse, sinks_lse_by_hand_after_flex, "scores-outside-flex"),
+    (checks.check_sinks_from_lse, sinks_sdpa_after_flex, "scores-outside-flex"),
+    (checks.check_sinks_from_lse, sinks_ignoring_lse, "lse-not-requested"),
+    (checks.check_sinks_from_lse, sinks_in_numpy, "left-torch"),
 ]
 
 
@@ -460,3 +543,39 @@ def test_the_sink_reference_is_the_librarys_add_sinks():
     ours = functional.add_sinks(torch.from_numpy(sinks), out, None, lse)[0]
     ref = flex_checks.sink_reference(q, k, v, sinks, 3)
     assert np.allclose(ours.numpy(), ref, atol=1e-12)
+
+
+def sinks_few_heads_only(q, k, v, sinks, window):  # one sink for all heads once there are more than 4
+    out, lse = _flex_lse(q, k, v, window)
+    sink = sinks[:, None] if sinks.numel() <= 4 else sinks[:1, None].expand(sinks.numel(), 1)
+    return out * torch.sigmoid(lse - sink)[..., None]
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_hidden_sink_cases_catch_an_answer_fitted_to_few_heads(seed, capsys):
+    checks.check_sinks_from_lse(sinks_few_heads_only)  # the public cases have 1 to 4 heads
+    with hidden.drawn_from(seed):
+        cases = hidden.sink_lse_cases()
+        assert any(window is None for *_, window in cases) and any(window is not None for *_, window in cases)
+        for b, h, t_q, t_k, d, _ in cases:  # the column the check watches for is a length no other axis has
+            assert h >= 5 and t_q < t_k and t_k + 1 not in (b, h, t_q, t_k, d)
+        assert _code(checks.check_sinks_from_lse, sinks_few_heads_only) == "wrong-output"
+        checks.check_sinks_from_lse(sinks_sigmoid)
+    assert capsys.readouterr().out.count("✓ ") == 2
+
+
+def test_the_sink_watchers_report_from_the_sandbox():
+    """What the grader's sandbox sees travels back as data (observe.run_observed, observe.absorb): the lse request
+    of each flex_attention call and the first widened tensor."""
+    from attention_course.checks import observe
+
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    k = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    specs = [observe.FlexCalls().spec(), observe.OutsideFlex(6, (3, 5, 4)).spec()]
+    _, seen = observe.run_observed(specs, lambda: sinks_column_after_flex(q, k, k, torch.zeros(2), None))
+    here = [observe.FlexCalls(), observe.OutsideFlex(6, (3, 5, 4))]
+    with here[0], here[1]:
+        observe.absorb(seen)
+    assert here[0].calls == [True] and here[1].widened == "(1, 2, 3, 6)" and here[1].scores.endswith(", 3, 5)")
+    with pytest.raises(ValueError), observe.FlexCalls():
+        observe.absorb([{"calls": ["yes"]}])

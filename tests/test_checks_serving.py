@@ -9,6 +9,7 @@ import torch
 
 from attention_course import checks
 from attention_course.checks import hidden
+from attention_course.checks import serving as serving_checks
 from attention_course.serving import residual_distribution, slot
 
 # ---------------------------------------------------------------- block slots
@@ -404,6 +405,48 @@ def test_hidden_block_tables(seed, capsys):
         checks.check_block_slot(slot_right)
     finally:
         hidden.disable()
+
+
+def schedule_few_sequences(computed, pending, free_blocks, block_size, token_budget):  # at most 4 sequences
+    if len(computed) > 4:
+        return [0] * len(computed), []
+    return schedule_right(computed, pending, free_blocks, block_size, token_budget)
+
+
+def sampled_three_proposals(p, q, proposals, u):  # k = 3 written in: reads only the first 3 proposals
+    return sampled_right(p[:4], q[:3], proposals[:3], u[:3])
+
+
+def best_k_from_table(alpha, draft_cost, max_k):  # the public cases' answers, learned by heart
+    known = {case[0]: best_k_right(*case) for case in serving_checks._BEST_K_CASES}
+    return known.get(alpha, 1)
+
+
+@pytest.mark.parametrize("check, right, fitted", [
+    (checks.check_schedule, schedule_right, schedule_few_sequences),
+    (checks.check_verify_sampled, sampled_right, sampled_three_proposals),
+    (checks.check_best_k, best_k_right, best_k_from_table)])
+@pytest.mark.parametrize("seed", [0, 5])
+def test_hidden_cases_catch_answers_fitted_to_the_public_ones(check, right, fitted, seed, capsys):
+    check(fitted)  # the public cases miss it
+    with hidden.drawn_from(seed):
+        with pytest.raises(AssertionError, match=r"^\[wrong-value\]"):
+            check(fitted)
+        check(right)
+    assert capsys.readouterr().out.count("✓ ") == 2
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_hidden_design_cases_are_larger(seed):
+    with hidden.drawn_from(seed):
+        assert all(len(c[0]) >= 5 and len(c[0]) == len(c[1]) for c in hidden.schedule_steps())
+        passes = hidden.verify_passes()
+        assert all(len(x) >= 4 and q.shape == (len(x), p.shape[1]) and p.shape[0] == len(x) + 1
+                   for p, q, x, _ in passes)
+        kept = [sampled_right(torch.from_numpy(p), torch.from_numpy(q), x, u)[0] for p, q, x, u in passes]
+        assert kept[0] == len(passes[0][2]) and kept[1] < len(passes[1][2])  # all kept (the bonus), one rejected
+        assert len(hidden.speedup_cases()) == 3
+    assert hidden.schedule_steps() == hidden.verify_passes() == hidden.speedup_cases() == []
 
 
 def test_questions():

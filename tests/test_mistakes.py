@@ -64,7 +64,8 @@ def test_topics_and_chapters():
         "doc-ids-assumed-sorted", "chunk-not-causal", "chunk-is-window", "chunk-boundary-off-by-one",
         "decode-offset-ignored", "decode-offset-off-by-one", "decode-reads-empty-slots", "masks-or-not-and",
         "mask-term-missing", "tiles-dense-count", "partial-tiles-skipped", "sink-in-numerator", "lse-wrong-base",
-        "sinks-per-query", "sink-renormalised-twice", "mod-from-library", "mod-fails-in-flex"]
+        "sinks-per-query", "sink-renormalised-twice", "sink-as-column", "lse-not-requested", "scores-outside-flex",
+        "sinks-from-library", "mod-from-library", "mod-fails-in-flex"]
     assert [m.code for m in mistakes.in_chapter(17)] == [
         "state-carried-over", "read-before-write", "beta-missing", "beta-on-key", "no-erase", "decay-after-write",
         "keys-not-normalized", "chunk-mask-diagonal", "chunk-start-state-ignored", "not-token-by-token",

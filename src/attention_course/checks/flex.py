@@ -567,44 +567,86 @@ def _sink_inputs(case, rng):
     return q, k, v, sinks, window
 
 
+def _sinks_observed(fn, args: dict, label: str, text: str, t_k: int):
+    """The student's call, watched for the exercise's rule: FlexAttention called with its log-sum-exp requested,
+    no tensor with a (Tk + 1)-long axis (the sink as a score column or an extra key), no scores of its own, no
+    library sinks. Returns
+    (output, the first broken rule as (code, detail) or None)."""
+    watched = observe.observable(fn)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        stack.enter_context(_eager_flex())
+        library = stack.enter_context(observe.LibraryCalls("functional", "modern"))
+        calls = stack.enter_context(observe.FlexCalls()) if watched else None
+        d = args["q"].size(-1)
+        beside = stack.enter_context(observe.OutsideFlex(t_k + 1, (args["q"].size(-2), t_k, d))) if watched else None
+        leaves = stack.enter_context(observe.LeavesTorch()) if watched else None
+        result = call(fn, args, label, call_text=text)
+    out = as_array(result, "result", text)  # outside the watchers: the check's own conversion
+    if library.called:
+        return out, ("sinks-from-library", library.called[0])
+    if not watched:
+        return out, None
+    if leaves.left:
+        return out, ("left-torch", leaves.left)
+    if beside.widened:
+        return out, ("sink-as-column", f"a tensor of shape {beside.widened}")
+    if beside.scores:
+        return out, ("scores-outside-flex", beside.scores)
+    if not any(calls.calls):
+        return out, ("lse-not-requested", "flex_attention was called without return_aux=AuxRequest(lse=True)"
+                     if calls.calls else "flex_attention was never called")
+    return out, None
+
+
 def check_sinks_from_lse(fn, *, timeout: float = DEFAULT_TIMEOUT):
     """Check ``fn(q, k, v, sinks, window)`` -> (B, H, Tq, D): GPT-OSS's attention with one learned sink logit per
     head (``sinks`` (H,)) in the softmax's denominator and no value, for queries that are the last Tq of Tk
     positions, causal (bottom-right), within ``window`` keys unless ``window`` is None; float64 tensors. Compared
-    with float64 NumPy that appends the sink's column to the scores (the notebook asks for FlexAttention's output
-    and log-sum-exp instead). Diagnoses ``[sink-in-numerator]``, ``[lse-wrong-base]``, ``[sinks-per-query]`` and
-    ``[sink-renormalised-twice]``."""
+    with float64 NumPy that appends the sink's column to the scores. The notebook's rule, from FlexAttention's
+    output and log-sum-exp, is enforced by watching the call: ``flex_attention`` asked for its lse
+    (``[lse-not-requested]``), no tensor with an axis of Tk + 1 (the sink as a column of the scores or a key,
+    SDPA's or a softmax's: ``[sink-as-column]``), no scores or attention computed beside FlexAttention
+    (``[scores-outside-flex]``), not the library's ``add_sinks`` or sink attention
+    (``[sinks-from-library]``). Diagnoses ``[sink-in-numerator]``, ``[lse-wrong-base]``, ``[sinks-per-query]``
+    and ``[sink-renormalised-twice]``."""
     label = display_name(fn, "sink_attention")
     candidates = [("sink-in-numerator", "numerator"), ("lse-wrong-base", "base-2"),
                   ("lse-wrong-base", "base-2-inverse"), ("sinks-per-query", "per-query"),
                   ("sink-renormalised-twice", "twice")]
+    if observe.observable(fn):
+        observe.warm_up()  # before the time limit starts
 
     def body():
         rng = np.random.default_rng(21)
-        for n, case in enumerate(_SINK_CASES, 1):
+        cases = _SINK_CASES + hidden.sink_lse_cases()
+        for n, case in enumerate(cases, 1):
             q, k, v, sinks, window = _sink_inputs(case, rng)
-            text = (f"case {n} of {len(_SINK_CASES)}: B={case[0]}, H={case[1]}, Tq={case[2]}, Tk={case[3]}, "
+            text = (f"case {n} of {len(cases)}: B={case[0]}, H={case[1]}, Tq={case[2]}, Tk={case[3]}, "
                     f"window={window}")
             args = {"q": torch.from_numpy(q), "k": torch.from_numpy(k), "v": torch.from_numpy(v),
                     "sinks": torch.from_numpy(sinks), "window": window}
-            with warnings.catch_warnings(), _eager_flex():
-                warnings.simplefilter("ignore")
-                out = as_array(call(fn, args, label, call_text=text), "result", text)
+            out, broken = _sinks_observed(fn, args, label, text, case[3])
             ref = sink_reference(q, k, v, sinks, window)
             if out.shape != ref.shape:
                 raise fail("wrong-shape", f"Your output has shape {out.shape}; it should be (B, H, Tq, D) = "
                            f"{ref.shape}.", case=text)
             if np.allclose(out, ref, atol=1e-8, rtol=1e-8):
+                if broken is not None:
+                    raise fail(broken[0], detail=broken[1], case=text)
                 continue
             for code, variant in candidates:
                 if variant == "per-query" and case[1] != case[2]:
                     continue  # sinks indexed by query only broadcast where Tq == H
                 if np.allclose(out, sink_reference(q, k, v, sinks, window, variant=variant), atol=1e-8, rtol=1e-8):
                     raise fail(code, case=text)
+            if broken is not None and broken[0] == "lse-not-requested":  # a wrong road, whatever it computed
+                raise fail(broken[0], detail=broken[1], case=text)
             raise fail("wrong-output", "Your output differs from attention with one sink logit per head in the "
                        "softmax's denominator (float64, tolerance 1e-8).", case=text)
-        return (f"✓ {label}: {len(_SINK_CASES)} cases (1 to 4 heads, Tq != Tk, causal and windowed) match "
-                "attention with a sink per head")
+        return (f"✓ {label}: {len(cases)} cases (1 to {max(c[1] for c in cases)} heads, Tq != Tk, causal and "
+                "windowed) match attention with a sink per head, from flex_attention's log-sum-exp")
 
     warm_up()
     run_check(body, timeout)

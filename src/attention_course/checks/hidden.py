@@ -74,6 +74,10 @@ class Topic(enum.IntEnum):
     LINEAR = 14  # chapter 17's gated delta rule
     SERVING = 15  # chapter 18's block tables (12-14: other chapters)
     POSITIONS = 16  # chapter 10's rotary embeddings, ALiBi and RoPE weight layouts
+    SINKS_LSE = 17  # chapter 15's sinks from FlexAttention's log-sum-exp
+    SCHEDULE = 18  # chapter 18's scheduling policy
+    SPECULATIVE = 19  # chapter 18's sampled verify pass
+    SPEEDUP = 20  # chapter 18's best number of proposals
 
 
 def _rng(topic: Topic) -> np.random.Generator:
@@ -196,6 +200,24 @@ def flex_sizes() -> list[tuple[int, int, int]]:
         return []
     rng = _rng(Topic.FLEX)
     return [(_n(rng, 5, 7), _n(rng, 5, 8), _n(rng, 20, 33))]
+
+
+def sink_lse_cases() -> list[tuple[int, int, int, int, int, int | None]]:
+    """(B, H, Tq, Tk, D, window) of the hidden cases of chapter 15's sinks from the log-sum-exp: a batch of 3 to
+    5, 5 to 8 heads, a cache 10 to 20 longer than the queries (Tk + 1 above every other size, for the check that
+    watches for a sink column), with a window inside it and without one."""
+    if not active():
+        return []
+    rng = _rng(Topic.SINKS_LSE)
+    cases = []
+    for windowed in (True, False):
+        t_q = _n(rng, 2, 6)
+        t_k = t_q + _n(rng, 10, 20)
+        window = _n(rng, 2, t_k - 1) if windowed else None
+        cases.append((_n(rng, 3, 5), _n(rng, 5, 8), t_q, t_k, 2 * _n(rng, 4, 6), window))
+    return cases
+
+
 def linear_sizes() -> list[tuple[int, int, int, int, int]]:
     """(B, H, T, Dk, Dv) of a hidden gated-delta-rule case (chapter 17): a batch of 3 to 5, more heads, a longer
     sequence, Dk != Dv."""
@@ -291,3 +313,50 @@ def rope_weight_sizes() -> list[tuple[int, int, int]]:
         return []
     rng = _rng(Topic.POSITIONS)
     return [(_n(rng, 4, 8), 2 * _n(rng, 5, 8), _n(rng, 9, 20))]
+
+
+def schedule_steps() -> list[tuple[list[int], list[int], int, int, int]]:
+    """(computed, pending, free blocks, block size, token budget) of hidden scheduling steps (chapter 18): 5 to 7
+    running sequences, decodes and prefills mixed, a block size of 4, 8 or 16, few free blocks (a preemption is
+    likely) and a budget that chunks a prefill."""
+    if not active():
+        return []
+    rng = _rng(Topic.SCHEDULE)
+    steps = []
+    for _ in range(2):
+        n = _n(rng, 5, 7)
+        pending = [1 if rng.random() < 0.5 else _n(rng, 2, 40) for _ in range(n)]
+        computed = [_n(rng, 0, 60) if x == 1 else _n(rng, 0, 20) for x in pending]
+        steps.append((computed, pending, _n(rng, 0, 3), int(rng.choice([4, 8, 16])), _n(rng, n + 2, 40)))
+    return steps
+
+
+def verify_passes() -> list[tuple[np.ndarray, np.ndarray, list[int], list[float]]]:
+    """(p (k + 1, V), q (k, V), proposals, u) of hidden sampled verify passes (chapter 18): k of 4 to 6 proposals
+    over 5 to 8 tokens; one pass keeps every proposal (the bonus token), the other rejects one at a drawn place
+    (a token the draft favours more than the target)."""
+    if not active():
+        return []
+    rng = _rng(Topic.SPECULATIVE)
+    k, vocab = _n(rng, 4, 6), _n(rng, 5, 8)
+    p, q = rng.dirichlet(np.ones(vocab), size=k + 1), rng.dirichlet(np.ones(vocab), size=k)
+    proposals = [int(x) for x in rng.integers(0, vocab, size=k)]
+    accept = [min(1.0, p[i, x] / q[i, x]) for i, x in enumerate(proposals)]
+    kept = [float(a * rng.uniform(0.1, 0.9)) for a in accept]  # below each acceptance probability
+    at = _n(rng, 0, k - 1)
+    rejected = list(proposals)
+    rejected[at] = int(np.argmax(q[at] - p[at]))  # p < q there: accepted with probability p / q < 1
+    a = p[at, rejected[at]] / q[at, rejected[at]]
+    u = list(kept)
+    u[at] = float(a + (1 - a) * rng.uniform(0.2, 0.8))
+    return [(p, q, proposals, kept), (p, q, rejected, u)]
+
+
+def speedup_cases() -> list[tuple[float, float, int]]:
+    """(alpha, draft cost, max k) of hidden best-k cases (chapter 18): acceptance rates and draft costs the public
+    cases do not use, max k from 6 to 24."""
+    if not active():
+        return []
+    rng = _rng(Topic.SPEEDUP)
+    return [(round(float(rng.uniform(0.3, 0.95)), 3), round(float(rng.uniform(0.01, 0.5)), 3), _n(rng, 6, 24))
+            for _ in range(3)]

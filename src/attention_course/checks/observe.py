@@ -604,9 +604,123 @@ class RowReads(_Tracked, _Plain):
         return super().__exit__(*exc)
 
 
+class OutsideFlex(_Tracked, TorchDispatchMode):
+    """Watches the tensors the code inside the ``with`` block creates beside FlexAttention, whose own operator
+    passes through unwatched (its insides are not the student's). ``widened``: the shape of the first tensor with
+    an axis of length ``n`` (a check picks n = Tk + 1, unlike every other size of its case, to see a column appended
+    to the scores or a key to the keys: "the sink from the log-sum-exp, not as a column"). ``scores``: the first
+    query-key scores of ``shape`` (Tq, Tk, dk) computed by the code itself (a matrix product over dk into (..., Tq,
+    Tk), a broadcast product (..., Tq, Tk, dk), a fused attention kernel): "the output and lse from FlexAttention"."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self, n: int, shape: tuple[int, int, int]):
+        super().__init__()
+        self.n, self.shape = n, tuple(shape)
+        self.widened = self.scores = ""
+
+    def spec(self) -> dict:
+        return {"kind": "outside-flex", "n": self.n, "shape": list(self.shape)}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["n"]), tuple(int(x) for x in spec["shape"]))
+
+    def result(self) -> dict:
+        return {"widened": self.widened, "scores": self.scores}
+
+    def absorb(self, result) -> None:
+        self.widened = self.widened or str(result["widened"])[:40]
+        self.scores = self.scores or str(result["scores"])[:60]
+
+    def __enter__(self):
+        # FlexAttention wraps its op in torch.compile, which refuses a dispatch mode: while this one watches (in
+        # the sandbox too, where the check's own switch is not set), PyTorch's switch runs the op plainly
+        from torch.nn.attention import flex_attention as module
+
+        self._was_plain = module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        from torch.nn.attention import flex_attention as module
+
+        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = self._was_plain
+        return super().__exit__(*exc)
+
+    def _own_scores(self, func, args, out) -> bool:
+        t_q, t_k, dk = self.shape
+        if func in _MATMULS:
+            return tuple(out.shape[-2:]) == (t_q, t_k) and args[-2].shape[-1] == dk
+        if func is _aten.mul.Tensor:
+            return tuple(out.shape[-3:]) == (t_q, t_k, dk)
+        return func in _FUSED
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            if not self.widened and self.n in out.shape:
+                self.widened = str(tuple(out.shape))
+            if not self.scores and self._own_scores(func, args, out):
+                self.scores = f"{func.__name__} -> {tuple(out.shape)}"
+        elif not self.scores and func in _FUSED:
+            self.scores = f"{func.__name__}"
+        return out
+
+
+class FlexCalls:
+    """Records, in ``calls``, each call of PyTorch's ``flex_attention`` the code inside the ``with`` block makes:
+    True where it asks for the log-sum-exp (``return_lse=True`` or ``return_aux`` with ``lse=True``), False where
+    not. The call is seen by its Python frame (a profile hook, this thread): the operator below it looks the same
+    either way."""
+
+    def __init__(self):
+        self.calls: list[bool] = []
+
+    def spec(self) -> dict:
+        return {"kind": "flex-calls"}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls()
+
+    def result(self) -> dict:
+        return {"calls": list(self.calls)}
+
+    def absorb(self, result) -> None:
+        if not all(isinstance(c, bool) for c in result["calls"]):
+            raise ValueError("not a list of booleans")
+        self.calls += result["calls"]
+
+    def _profile(self, frame, event, arg):
+        if event == "call" and frame.f_code is self._code:
+            seen = frame.f_locals
+            self.calls.append(bool(seen.get("return_lse")) or bool(getattr(seen.get("return_aux"), "lse", False)))
+        if self._previous is not None:
+            self._previous(frame, event, arg)
+
+    def __enter__(self):
+        import sys
+
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self._code, self._previous = flex_attention.__code__, sys.getprofile()
+        sys.setprofile(self._profile)
+        _active().append(self)
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+
+        _active().remove(self)
+        sys.setprofile(self._previous)
+        return False
+
+
 _KINDS = {"scores": ScoreCounter, "fused": FusedAttentionCalls, "formed": FormedTensors, "steps": StepShapes,
           "leaves": LeavesTorch, "ranks": RankScores, "stores": KernelStores,
-          "memory": PeakMemory, "reads": RowReads}
+          "memory": PeakMemory, "reads": RowReads,
+          "outside-flex": OutsideFlex, "flex-calls": FlexCalls}
 
 
 class LibraryCalls:

@@ -352,8 +352,8 @@ def check_schedule(fn, *, timeout: float = DEFAULT_TIMEOUT):
     label = display_name(fn, "schedule")
 
     def body():
-        got = []
-        for computed, pending, free, size, budget in _SCHEDULE_CASES:
+        got, cases = [], _SCHEDULE_CASES + hidden.schedule_steps()
+        for computed, pending, free, size, budget in cases:
             text = f"{label}({computed}, {pending}, {free}, {size}, {budget})"
             result = call(fn, {"computed": list(computed), "pending": list(pending), "free_blocks": free,
                                "block_size": size, "token_budget": budget}, label, call_text=text)
@@ -362,9 +362,9 @@ def check_schedule(fn, *, timeout: float = DEFAULT_TIMEOUT):
                            f"{type_name(result)}.", case=text)
             got.append((tuple(_int_list(x, f"Your {name}", text) for x, name in zip(
                 result, ("tokens", "preempted"), strict=True)), text))
-        return _judge(got, lambda variant: (_schedule_variant(*c, variant) for c in _SCHEDULE_CASES),
+        return _judge(got, lambda variant: (_schedule_variant(*c, variant) for c in cases),
                       _SCHEDULE_MISTAKES,
-                      f"✓ {label}: {len(_SCHEDULE_CASES)} steps (decodes and chunked prefills, blocks with room "
+                      f"✓ {label}: {len(cases)} steps (decodes and chunked prefills, blocks with room "
                       "left, preemptions) are planned right",
                       "That is not the policy's plan, and it matches none of the mistakes this checker knows. Who "
                       "runs first, how many new blocks does each sequence need, and whom does a shortage preempt?",
@@ -381,6 +381,13 @@ _SAMPLED_Q = [[0.2, 0.5, 0.2, 0.1], [0.3, 0.3, 0.3, 0.1], [0.1, 0.2, 0.6, 0.1]]
 # one that would pass, u between min(1, p/q) and min(1, q/p) so that an inverted ratio decides otherwise
 _SAMPLED_CASES = [([0, 1, 0], [0.5, 0.3, 0.9]), ([1, 1, 3], [0.7, 0.2, 0.3]), ([2, 0, 1], [0.9, 0.5, 0.1]),
                  ([0, 2, 2], [0.1, 0.8, 0.3]), ([3, 1, 2], [0.95, 0.95, 0.2])]
+
+
+def _sampled_cases() -> list[tuple[torch.Tensor, torch.Tensor, list[int], list[float]]]:
+    """(p, q, proposals, u) of the public passes, then the hidden ones (longer passes, larger vocabularies)."""
+    p, q = torch.tensor(_SAMPLED_P, dtype=torch.float64), torch.tensor(_SAMPLED_Q, dtype=torch.float64)
+    cases = [(p, q, list(x), list(u)) for x, u in _SAMPLED_CASES]
+    return cases + [(torch.from_numpy(p), torch.from_numpy(q), x, u) for p, q, x, u in hidden.verify_passes()]
 
 
 def _sampled_variant(p, q, proposals, u, variant):
@@ -416,12 +423,13 @@ def check_verify_sampled(fn, *, timeout: float = DEFAULT_TIMEOUT):
     and the (V,) distribution of the pass's last token: the residual max(0, p[n] - q[n]) normalised after a
     rejection at n, p[k] (the bonus token) when all k were kept."""
     label = display_name(fn, "verify")
-    p, q = torch.tensor(_SAMPLED_P, dtype=torch.float64), torch.tensor(_SAMPLED_Q, dtype=torch.float64)
 
     def body():
-        got = []
-        for proposals, u in _SAMPLED_CASES:
-            text = f"{label}(p, q, proposals={proposals}, u={u})"
+        got, cases = [], _sampled_cases()
+        ks = sorted({len(proposals) for _, _, proposals, _ in cases})
+        for p, q, proposals, u in cases:
+            shown = [round(x, 3) for x in u]
+            text = f"{label}(p {tuple(p.shape)}, q {tuple(q.shape)}, proposals={proposals}, u={shown})"
             result = call(fn, {"p": p.clone(), "q": q.clone(), "proposals": list(proposals), "u": list(u)}, label,
                           call_text=text)
             if not isinstance(result, (tuple, list)) or len(result) != 2 or as_number(result[0]) is None:
@@ -429,10 +437,9 @@ def check_verify_sampled(fn, *, timeout: float = DEFAULT_TIMEOUT):
                            f"tensor; it returned {type_name(result)}.", case=text)
             dist = None if result[1] is None else as_array(result[1], "distribution", text)
             got.append(((int(as_number(result[0])), dist), text))
-        return _judge(got, lambda variant: (_sampled_variant(p, q, x, u, variant) for x, u in _SAMPLED_CASES),
-                      _SAMPLED_MISTAKES,
-                      f"✓ {label}: {len(_SAMPLED_CASES)} verify passes of k = 3 (the first or second proposal "
-                      "rejected, or none and the bonus token) keep the target's distribution",
+        return _judge(got, lambda variant: (_sampled_variant(*c, variant) for c in cases), _SAMPLED_MISTAKES,
+                      f"✓ {label}: {len(cases)} verify passes of k = {' and '.join(map(str, ks))} (the first or "
+                      "second proposal rejected, or none and the bonus token) keep the target's distribution",
                       "That pass does not keep the target's distribution, and it matches none of the mistakes this "
                       "checker knows. Which proposals count, and which row of p does the last token come from?",
                       same=_sampled_matches)
@@ -471,8 +478,8 @@ def check_best_k(fn, *, timeout: float = DEFAULT_TIMEOUT):
     label = display_name(fn, "best_k")
 
     def body():
-        got = []
-        for alpha, cost, max_k in _BEST_K_CASES:
+        got, cases = [], _BEST_K_CASES + hidden.speedup_cases()
+        for alpha, cost, max_k in cases:
             text = f"{label}(alpha={alpha}, draft_cost={cost:.4g}, max_k={max_k})"
             with observe.LibraryCalls("serving") as library:
                 value = as_number(call(fn, {"alpha": alpha, "draft_cost": cost, "max_k": max_k}, label,
@@ -482,8 +489,8 @@ def check_best_k(fn, *, timeout: float = DEFAULT_TIMEOUT):
             if value is None or not float(value).is_integer():
                 raise fail("wrong-type", "Your function must return k, a whole number.", case=text)
             got.append((int(value), text))
-        return _judge(got, lambda variant: (_best_k_variant(*c, variant) for c in _BEST_K_CASES), _BEST_K_MISTAKES,
-                      f"✓ {label}: {len(_BEST_K_CASES)} pairs of alpha and draft cost give the k of the highest "
+        return _judge(got, lambda variant: (_best_k_variant(*c, variant) for c in cases), _BEST_K_MISTAKES,
+                      f"✓ {label}: {len(cases)} pairs of alpha and draft cost give the k of the highest "
                       "expected speed-up",
                       "That k does not give the highest expected speed-up, and it matches none of the mistakes this "
                       "checker knows. How many tokens does a pass bring on average, and what does it cost?")

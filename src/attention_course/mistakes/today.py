@@ -145,6 +145,24 @@ mistake("sink-renormalised-twice", "the sink's rescaling applied twice",
         "twice (for example the weights rescaled and the output rescaled again). FlexAttention's output is "
         "already normalised over the keys; one factor Z / (Z + e^sink) adds the sink.",
         chapter=15, topic="flex")
+mistake("sink-as-column", "the sink appended as a column of the scores (or a key) instead of taken from the lse",
+        "Your code formed {detail}: one more column than there are keys, the sink appended to the scores (by hand, "
+        "in SDPA's mask with an extra key, or in a softmax). The values are right, but the exercise is the other "
+        "road, the one FlexAttention needs: it cannot add a column, so take the output and the log-sum-exp it "
+        "returns and rescale the output by sigmoid(lse - sink).",
+        chapter=15, topic="flex")
+mistake("lse-not-requested", "sinks added without FlexAttention's log-sum-exp",
+        "The exercise asks for the sink from FlexAttention's log-sum-exp, and {detail}. Call flex_attention(..., "
+        "return_aux=AuxRequest(lse=True)) and correct its output with the lse it returns.",
+        chapter=15, topic="flex")
+mistake("scores-outside-flex", "sinks added to attention computed beside FlexAttention, not from its lse",
+        "Your code computed query-key scores (or attention) itself ({detail}): the exercise asks FlexAttention for "
+        "the output and the log-sum-exp, and corrects them with the sink; nothing else computes attention.",
+        chapter=15, topic="flex")
+mistake("sinks-from-library", "the sinks added by the library's own function, which the exercise asks you to write",
+        "Your function calls the library's {detail}: the exercise asks you to correct FlexAttention's output from "
+        "its log-sum-exp yourself (that is the exercise).",
+        chapter=15, topic="flex")
 mistake("mod-from-library", "an exercise's mod that calls the library's own mod, which the notebook forbids",
         "Your mod calls the library's {detail}: the notebook asks for your own mod, written with tensor operations "
         "on the index tensors (that is the exercise).",
