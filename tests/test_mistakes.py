@@ -73,7 +73,7 @@ def test_topics_and_chapters():
         "cow-refs-not-moved", "verify-mask-top-left", "verify-mask-sees-future", "verify-mask-drops-cache",
         "rejection-not-residual", "rejection-ratio-inverted", "rejection-always-accepts", "finished-left-in-batch",
         "retired-too-early", "eos-zero-ignored"]
-    assert [m.code for m in mistakes.in_chapter(19)] == [
+    assert [m.code for m in mistakes.in_chapter("capstone1")] == [
         "rope-not-applied", "cache-keys-unrotated", "final-norm-missing", "generate-wrong-position",
         "cache-not-passed-back", "cache-fed-whole-sequence", "targets-not-shifted", "induction-not-learned",
         "cache-kept-in-module", "accuracy-not-from-weights", "scores-from-library", "shard-not-split"]

@@ -3,62 +3,63 @@
 from attention_course.mistakes.catalogue import mistake
 
 # ==================================================================================================================
-# The capstone, numbered 19 (chapters 10 to 13 together: RoPE attention with a cache, pre-LN blocks, a TinyGPT
+# Capstone 1, "capstone1" (chapters 10 to 13 together: RoPE attention with a cache, pre-LN blocks, a TinyGPT
 # trained on the induction task, its generation and its induction head, its heads on two processes)
 # ==================================================================================================================
 
 mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
         "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
         "queries and the keys of every head by their positions before the scores.",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("cache-keys-unrotated", "the KV cache holds the keys before RoPE, rotated again at every call",
         "Your outputs are right, but your cache holds the keys as projected, before their rotation: every call "
         "then rotates the whole cache again, work that grows with the cache, and a cache handed to other code "
         "(or to the check) is not what the exercise asks for. A key's rotation depends on its own position only "
         "(chapter 10).",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("final-norm-missing", "a pre-LN model without its final LayerNorm before the head",
         "Your logits match the model without its final LayerNorm: in a pre-LN model nothing normalises the "
         "residual stream after the last block, so the head must read norm(x), not x (chapter 11).",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("generate-wrong-position", "greedy generation reads the logits of another position than the last",
         "Your generated tokens come from the logits of the FIRST position: the logits at position t predict "
         "token t + 1, so the next token is chosen from the last position's logits, logits[:, -1].",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("cache-not-passed-back", "cached generation feeds the new token without the cache of the earlier ones",
         "With the cache, your model sees only the newest token at each step: its logits match a model called on "
         "that token alone. Pass the caches the previous call returned back into the next call.",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("cache-fed-whole-sequence", "cached generation feeds the whole sequence again on top of the cache",
         "With the cache, your steps feed the whole sequence AND the cache: every token is cached again and sits "
         "at a second, later position. Once the prompt is cached, feed only the newest token.",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("targets-not-shifted", "next-token training on targets that are the inputs themselves",
         "Your model predicts the CURRENT token: it was trained with the inputs as their own targets. The logits "
         "at position t predict token t + 1: compare model(ids[:, :-1]) with ids[:, 1:].",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("induction-not-learned", "the trained model does not copy the repeated half",
         "After your training the model predicts only {detail} of the repeated half's tokens. A 2-layer model "
         "learns to copy them within a few hundred steps (chapter 12): check that your loss covers every "
         "position's next token, that training runs (the check calls it without autograd, as the grader does: "
         "wrap it in torch.enable_grad()), and the learning rate and number of steps.",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("cache-kept-in-module", "the attention keeps its cache in the module instead of the cache it is passed",
         "Your module gives the right outputs for one sequence at a time, but not for {detail} of two sequences fed "
         "in turns, each with its own cache: your forward reads keys and values from somewhere other than the cache "
         "it is given (an attribute of the module?). A caller may hold several caches for one module.",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("accuracy-not-from-weights", "a trained model whose forward reaches an accuracy its weights do not",
         "Your model predicts {detail}. The check measures the weights your training produced, with its own causal "
         "forward: your model's forward does something those weights do not (a position that reads later tokens, "
         "or predictions computed some other way). Look at the mask in your attention (exercise 2) and at what your "
         "forward returns.",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("scores-from-library", "induction scores computed with the library's own model or score",
         "Your function calls {detail}: the exercise asks for the scores computed from your own model's attention "
         "(a forward pre-hook on each block's attn), not from the library's GPT or interpret functions.",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
 mistake("shard-not-split", "tensor-parallel attention in which a process computes more than its own heads",
         "Every rank's output is right, but {detail}: each rank must compute only its own heads (its rows of w_q, "
         "w_k, w_v and its columns of w_o), the all-reduce then sums the parts. Look at what each rank computes.",
-        chapter=19, topic="capstone")
+        chapter="capstone1", topic="capstone")
+
