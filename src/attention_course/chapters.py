@@ -60,6 +60,8 @@ CHAPTERS = (
 )
 CAPSTONES = (
     Capstone("capstone1", "capstone1_tiny_gpt_exercises", (10, 11, 12, 13), ("capstone",)),
+    Capstone("capstone2", "capstone2_real_model_exercises", (14, 15, 16, 17, 18),
+             ("blocks", "capstone_model")),
 )
 SHARED_CHECKS = ("runner", "questions")  # used by every chapter's exercises: running student code, questions
 

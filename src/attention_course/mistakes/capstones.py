@@ -63,3 +63,27 @@ mistake("shard-not-split", "tensor-parallel attention in which a process compute
         "w_k, w_v and its columns of w_o), the all-reduce then sums the parts. Look at what each rank computes.",
         chapter="capstone1", topic="capstone")
 
+
+# ==================================================================================================================
+# Capstone 2, "capstone2" (chapters 14 to 18 together: SmolLM2 from the student's own parts, the real weights,
+# equal to Hugging Face). It also names chapter 8's [kv-heads-tiled], chapter 10's [rope-wrong-pairing] and
+# [rope-position-not-offset] and chapter 11's RMSNorm codes: the same mistakes, made in the real model.
+# ==================================================================================================================
+
+mistake("cache-position-off-by-one", "tokens fed after a cache rotated at one position past where they stand",
+        "Your first call is right, but the tokens you feed with a cache are rotated at {detail}: a new token "
+        "stands right after the cached ones, at position T_past (0-based), the cache's length.",
+        chapter="capstone2", topic="capstone_model")
+mistake("rope-base-default", "RoPE with the textbook base 10000 instead of the checkpoint's rope_theta",
+        "Your outputs match RoPE with the textbook base 10000: SmolLM2 was trained with rope_theta = 100000 "
+        "(config.rope_parameters); use the base the model is built with, as chapter 14's from_hf reads it.",
+        chapter="capstone2", topic="capstone_model")
+mistake("model-final-norm-missing", "a Llama's logits read from the last layer without the final RMSNorm",
+        "Your logits match the real model without its final RMSNorm: the head reads norm(x) after the last "
+        "layer (model.norm.weight), not the residual stream itself.",
+        chapter="capstone2", topic="capstone_model")
+mistake("logits-differ-from-hf", "the assembled model's logits differ from Hugging Face's on the same weights",
+        "Your logits differ from Hugging Face's LlamaForCausalLM on the same weights: {detail}. Check each part "
+        "on its own first (exercises 2 and 3), then the order in a layer: x + attn(norm1(x)), then "
+        "x + ffn(norm2(x)); SwiGLU is down(silu(gate(x)) * up(x)); the head is tied to the embedding.",
+        chapter="capstone2", topic="capstone_model")
