@@ -452,7 +452,7 @@ def test_block_with_the_attention_of_the_capstone_under_hidden_cases(capsys):
 
 
 def test_the_induction_question_is_registered():
-    assert QUESTIONS["19.induction-layer"].answer == "B"
+    assert QUESTIONS["capstone1.induction-layer"].answer == "B"
 
 
 # ----------------------------------------------------------------------------------------------------------

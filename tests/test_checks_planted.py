@@ -15,6 +15,7 @@ import pytest
 
 import test_checks_blocks
 import test_checks_capstone
+import test_checks_capstone_model
 import test_checks_core
 import test_checks_distributed
 import test_checks_flex
@@ -37,6 +38,7 @@ from attention_course import bug_zoo, checks, mistakes
 TOPICS = {
     "blocks": test_checks_blocks,
     "capstone": test_checks_capstone,
+    "capstone_model": test_checks_capstone_model,
     "core": test_checks_core,
     "distributed": test_checks_distributed,
     "flex": test_checks_flex,

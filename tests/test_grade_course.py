@@ -4,9 +4,9 @@ every exercise notebook as handed out gets none, in one parallel batch with the 
 that their checks work through the sandbox's wire.
 
 The routine run (`make test`) grades one chapter of each kind (ROUTINE): module exercises judged by reference (2),
-Keras layers and TensorFlow tensors across the wire (6) and the capstone's cached RoPE module (19); function exercises
-with number and choice questions (chapter 1's solution and exercise notebooks, the same two files) are graded in
-tests/test_grade.py's module run, so not twice. The checkers are also run on right and planted wrong answers
+Keras layers and TensorFlow tensors across the wire (6) and capstone 1's cached RoPE module (capstone1); function
+exercises with number and choice questions (chapter 1's solution and exercise notebooks, the same two files) are graded
+in tests/test_grade.py's module run, so not twice. The checkers are also run on right and planted wrong answers
 in-process by tests/test_checks_*.py. `COURSE_GRADE_ALL=1` (or `make grade-course`) grades every chapter: run it
 after adding or changing an exercise notebook or a checker (all 30 notebooks took 166 s in `make test` on an idle
 2-core machine; the routine run grades 6 of them)."""
@@ -23,9 +23,10 @@ import pytest
 from attention_course.course import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUTINE = ("02", "06", "19")  # chapter 1: tests/test_grade.py
+ROUTINE = ("02", "06", "capstone1")  # chapter 1: tests/test_grade.py
 GRADE_ALL = os.environ.get("COURSE_GRADE_ALL") == "1"
-SOLUTIONS = [path for path in sorted((ROOT / "solutions").glob("*.ipynb")) if GRADE_ALL or path.name[:2] in ROUTINE]
+SOLUTIONS = [path for path in sorted((ROOT / "solutions").glob("*.ipynb"))
+             if GRADE_ALL or path.name.split("_")[0] in ROUTINE]
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +47,14 @@ def graded(tmp_path_factory):
     return {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
 
 
-@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name[:2])
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name.split("_")[0])
 def test_every_solution_gets_full_marks(graded, path):
     result = graded[f"solved_{path.name}"]
     failed = [(e["exercise"], e["code"], e["message"]) for e in result["exercises"] if not e["passed"]]
     assert result["error"] is None and failed == [] and result["passed"] == result["total"] > 0
 
 
-@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name[:2])
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name.split("_")[0])
 def test_every_exercise_notebook_as_handed_out_gets_none(graded, path):
     result = graded[f"handed_out_{path.name}"]
     assert result["error"] is None and result["passed"] == 0 and result["total"] > 0

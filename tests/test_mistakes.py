@@ -41,8 +41,8 @@ def test_every_example_is_a_zoo_entry_diagnosed_by_an_existing_check():
 def test_topics_and_chapters():
     topics = {m.topic for m in mistakes.MISTAKES.values()}
     assert topics <= {"runner", "questions", "core", "masks", "heads", "modules", "kv_cache", "positions",
-                      "blocks", "interpret", "distributed", "field_guide", "capstone", "porting", "modern",
-                      "tiles", "flex", "kernels", "linear", "serving", "sparse"}
+                      "blocks", "interpret", "distributed", "field_guide", "capstone", "capstone_model", "porting",
+                      "modern", "tiles", "flex", "kernels", "linear", "serving", "sparse"}
     assert [m.code for m in mistakes.in_chapter(8)] == ["kv-heads-tiled", "cache-keys-only", "cache-missing-factor"]
     assert [m.code for m in mistakes.in_chapter(10)] == [
         "rope-wrong-pairing", "rope-wrong-frequencies", "rope-position-not-offset", "rope-rotates-values",
@@ -81,10 +81,12 @@ def test_topics_and_chapters():
     assert [m.code for m in mistakes.in_chapter(19)] == [
         "relu-after-weights", "index-no-relu", "index-scale-missing", "topk-not-causal", "topk-wrong-axis",
         "topk-off-by-one", "tie-anywhere", "ties-by-position"]
-    assert [m.code for m in mistakes.in_chapter(20)] == [
+    assert [m.code for m in mistakes.in_chapter("capstone1")] == [
         "rope-not-applied", "cache-keys-unrotated", "final-norm-missing", "generate-wrong-position",
         "cache-not-passed-back", "cache-fed-whole-sequence", "targets-not-shifted", "induction-not-learned",
         "cache-kept-in-module", "accuracy-not-from-weights", "scores-from-library", "shard-not-split"]
+    assert [m.code for m in mistakes.in_chapter("capstone2")] == [
+        "cache-position-off-by-one", "rope-base-default", "model-final-norm-missing", "logits-differ-from-hf"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

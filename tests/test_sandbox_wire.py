@@ -224,6 +224,20 @@ def test_sandbox_limits_and_paths():
     assert env["HOME"] == "/tmp" and "PYTHONPATH" in env and not any("TOKEN" in k or "KEY" in k for k in env)
 
 
+def test_the_model_cache_is_readable_in_the_sandbox_where_it_is_built(monkeypatch, tmp_path):
+    """Capstone 2 loads SmolLM2 in the submission's notebook: the grader's cache folder, read-only, named by
+    ATTENTION_COURSE_CACHE (without it the sandbox would de-quantise the wheel into its small /tmp)."""
+    from attention_course import pretrained
+
+    monkeypatch.setenv("ATTENTION_COURSE_CACHE", str(tmp_path))
+    env = sandbox._environment(sandbox.Limits(), "/tmp")
+    assert sandbox.model_cache() is None and "ATTENTION_COURSE_CACHE" not in env
+    pretrained.cache_folder().mkdir()
+    env = sandbox._environment(sandbox.Limits(), "/tmp")
+    assert sandbox.model_cache() == pretrained.cache_folder() and env["ATTENTION_COURSE_CACHE"] == str(tmp_path)
+    assert str(pretrained.cache_folder()) in sandbox._readonly_paths()
+
+
 @pytest.mark.parametrize("folder", [None, Path("/tmp/attention-grade-1-x")], ids=["bwrap-tmpfs", "own-tmpfs"])
 def test_a_package_under_tmp_stays_visible_in_the_sandbox(monkeypatch, folder):
     """bwrap mounts in order: the private /tmp (bubblewrap's tmpfs, or the grader's own, limited in files too)

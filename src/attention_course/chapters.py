@@ -1,11 +1,15 @@
 """The chapter index: one row per chapter, naming its notebook, the library modules it teaches and the checks topics
 that grade its exercises; its mistakes are the catalogue's section ``chapter=N`` (:mod:`attention_course.mistakes`).
+The capstones are a table of their own, keyed ``capstone1``, ``capstone2``, ... (their notebooks
+``capstoneK_name_exercises``, their mistakes ``chapter="capstoneK"``), never numbered like chapters: a new chapter
+takes the next number and renames no capstone.
 
 A new chapter adds its module, its checks topic, one section of mistakes and one row here. The tests hold every
 other list to this one: each notebook's first-line "Library:" modules, CONTRIBUTING's chapter -> module map, the
 mistakes' chapters and topics, and the checks' lazy table (``tests/test_chapters.py``).
 
-``python -m attention_course.chapters 14`` prints chapter 14's modules, checks and mistake codes.
+``python -m attention_course.chapters 14`` prints chapter 14's modules, checks and mistake codes;
+``python -m attention_course.chapters capstone1`` a capstone's chapters, checks and codes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ class Chapter(NamedTuple):
     number: int
     notebook: str | None
     modules: tuple[str, ...]
+    checks: tuple[str, ...]
+
+
+class Capstone(NamedTuple):
+    """One capstone: ``key`` (``capstoneK``), ``notebook`` its exercises' file name without folder and suffix,
+    ``chapters`` the chapters it puts together, ``checks`` its topic modules of ``attention_course.checks``."""
+
+    key: str
+    notebook: str
+    chapters: tuple[int, ...]
     checks: tuple[str, ...]
 
 
@@ -44,7 +58,11 @@ CHAPTERS = (
     Chapter(17, "17_linear_attention", ("linear_attention",), ("linear",)),
     Chapter(18, "18_serving", ("kv_cache", "serving"), ("serving",)),
     Chapter(19, "19_sparse_attention", ("sparse",), ("sparse",)),
-    Chapter(20, None, (), ("capstone",)),
+)
+CAPSTONES = (
+    Capstone("capstone1", "capstone1_tiny_gpt_exercises", (10, 11, 12, 13), ("capstone",)),
+    Capstone("capstone2", "capstone2_real_model_exercises", (14, 15, 16, 17, 18),
+             ("blocks", "capstone_model")),
 )
 SHARED_CHECKS = ("runner", "questions")  # used by every chapter's exercises: running student code, questions
 
@@ -57,10 +75,25 @@ def chapter(number: int) -> Chapter:
     raise ValueError(f"no chapter {number!r}: the chapters are 1 to {CHAPTERS[-1].number}")
 
 
-def describe(number: int) -> str:
-    """Chapter ``number``'s modules, checks topics and mistake codes, one line each."""
+def capstone(key: str) -> Capstone:
+    """The row of capstone ``key`` (``"capstone1"``); ValueError naming the capstones there are."""
+    for row in CAPSTONES:
+        if row.key == key:
+            return row
+    raise ValueError(f"no capstone {key!r}: the capstones are {', '.join(r.key for r in CAPSTONES)}")
+
+
+def checks_of(key: int | str) -> tuple[str, ...]:
+    """The checks topics of chapter ``key`` (a number) or capstone ``key`` (``"capstone1"``)."""
+    return chapter(key).checks if isinstance(key, int) else capstone(key).checks
+
+
+def describe(number: int | str) -> str:
+    """Chapter ``number``'s (or capstone ``number``'s) modules, checks topics and mistake codes, one line each."""
     from . import mistakes
 
+    if isinstance(number, str):
+        return _describe_capstone(capstone(number), [m.code for m in mistakes.in_chapter(number)])
     row = chapter(number)
     codes = [m.code for m in mistakes.in_chapter(number)]
     return "\n".join([
@@ -71,13 +104,22 @@ def describe(number: int) -> str:
     ])
 
 
+def _describe_capstone(row: Capstone, codes: list[str]) -> str:
+    return "\n".join([
+        f"{row.key}: {row.notebook}",
+        "chapters: " + ", ".join(map(str, row.chapters)),
+        "checks: " + ", ".join(f"attention_course.checks.{c}" for c in row.checks),
+        "mistakes: " + (", ".join(codes) or "none"),
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m attention_course.chapters N", file=sys.stderr)
+    if len(args) != 1 or not (args[0].isdigit() or args[0].startswith("capstone")):
+        print("usage: python -m attention_course.chapters N|capstoneK", file=sys.stderr)
         return 2
     try:
-        print(describe(int(args[0])))
+        print(describe(int(args[0]) if args[0].isdigit() else args[0]))
     except ValueError as err:
         print(err, file=sys.stderr)
         return 2

@@ -43,6 +43,7 @@ _LAZY = {
     "check_capstone_block": "capstone", "check_capstone_generation": "capstone",
     "check_capstone_induction_scores": "capstone", "check_capstone_sharding": "capstone",
     "check_capstone_training": "capstone", "check_rope_cached_attention": "capstone",
+    "check_llama_attention": "capstone_model", "check_smollm2_logits": "capstone_model",
     "check_attention_one_query": "core", "check_float_mask_attention": "core", "check_numpy_attention": "core",
     "check_scaled_dot_product_attention": "core", "check_softmax": "core", "check_streaming_attention": "core",
     "check_copy_and_sum": "distributed", "check_row_parallel_output": "distributed",

@@ -796,7 +796,7 @@ def _check_split(counts, share: int, case: str) -> None:
 
 
 choice_question(
-    "19.induction-layer",
+    "capstone1.induction-layer",
     answer="B",
     why="to attend to the token AFTER an earlier copy of the current one, a key must carry what came just before "
         "it; only a first-layer head (a previous-token head) can write that into the stream, so the head that "

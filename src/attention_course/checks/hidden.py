@@ -78,6 +78,7 @@ class Topic(enum.IntEnum):
     SCHEDULE = 18  # chapter 18's scheduling policy
     SPECULATIVE = 19  # chapter 18's sampled verify pass
     SPEEDUP = 20  # chapter 18's best number of proposals
+    CAPSTONE2 = 21  # capstone 2's real model: attention sizes, prompts, workloads
 
 
 def _rng(topic: Topic) -> np.random.Generator:
@@ -360,3 +361,27 @@ def speedup_cases() -> list[tuple[float, float, int]]:
     rng = _rng(Topic.SPEEDUP)
     return [(round(float(rng.uniform(0.3, 0.95)), 3), round(float(rng.uniform(0.01, 0.5)), 3), _n(rng, 6, 24))
             for _ in range(3)]
+
+
+def capstone2_attention_sizes() -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """(d_model, num_heads, num_kv_heads, chunk lengths) of a hidden capstone-2 attention case: 2 to 4 key/value
+    heads shared by 2 or 3 query heads each, a head width of 4 to 8 (even), a prompt then chunks of 1 to 3."""
+    if not active():
+        return []
+    rng = _rng(Topic.CAPSTONE2)
+    kv, rep, dh = _n(rng, 2, 4), _n(rng, 2, 3), 2 * _n(rng, 2, 4)
+    chunks, total = [_n(rng, 3, 6)], _n(rng, 8, 12)
+    while sum(chunks) < total:
+        chunks.append(_n(rng, 1, 3))
+    return [(kv * rep * dh, kv * rep, kv, tuple(chunks))]
+
+
+def capstone2_prompts(vocab_size: int) -> list[list[int]]:
+    """Hidden prompts for the real model: two of random token ids (6 to 12 tokens), the second with a repeated
+    stretch (what an induction head copies)."""
+    if not active():
+        return []
+    rng = _rng(Topic.CAPSTONE2)
+    first = [int(t) for t in rng.integers(100, vocab_size, size=_n(rng, 6, 12))]
+    stretch = [int(t) for t in rng.integers(100, vocab_size, size=_n(rng, 4, 6))]
+    return [first, stretch + [int(rng.integers(100, vocab_size))] + stretch]

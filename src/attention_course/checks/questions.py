@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from ..mistakes import MISTAKES
 from .runner import DEFAULT_TIMEOUT, as_number, call, fail, run_check, type_name
 
-_ID = re.compile(r"^\d+\.[a-z][a-z0-9-]*$")
+_ID = re.compile(r"^(\d+|capstone\d+)\.[a-z][a-z0-9-]*$")  # a chapter's number or a capstone's key
 _LETTER = re.compile(r"^[A-Z]$")
 
 
@@ -91,7 +91,8 @@ def _explanation(qid: str, what: str, value) -> tuple[str, str]:
 
 def _register(question):
     if not isinstance(question.qid, str) or not _ID.match(question.qid):
-        raise ValueError(f"qid must look like '<chapter>.<name>', e.g. '10.pairing', got {question.qid!r}")
+        raise ValueError(f"qid must look like '<chapter>.<name>', e.g. '10.pairing' or 'capstone1.heads', "
+                         f"got {question.qid!r}")
     if question.qid in QUESTIONS:
         raise ValueError(f"question {question.qid!r} is already registered")
     if not isinstance(question.why, str) or not question.why.strip():

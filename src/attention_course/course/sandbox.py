@@ -293,11 +293,24 @@ def _readonly_paths() -> list[str]:
     paths = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", *ETC, sys.base_prefix, sys.prefix,
              str(Path(sys.executable).resolve().parents[1]), str(_package_root())]
     paths += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    paths += [str(folder)] if (folder := model_cache()) else []
     unique = []
     for p in paths:
         if p and os.path.exists(p) and p not in unique:
             unique.append(p)
     return unique
+
+
+def model_cache() -> Path | None:
+    """The de-quantised SmolLM2's cache folder (:func:`attention_course.pretrained.cache_folder`), where the
+    grader's user has built it: read-only in the sandbox, named by ``ATTENTION_COURSE_CACHE``, so that a notebook
+    that loads the model (capstone 2) reads it in about a second instead of de-quantising the wheel there (about
+    20 s of CPU and 513 MB written into a tmpfs of 512 MB). Under bwrap the sandbox's user is the grader's; under
+    rlimit an unprivileged user may not be able to read it, and the notebook then fails to load the model."""
+    from ..pretrained import cache_folder
+
+    folder = cache_folder()
+    return folder if folder.is_dir() else None
 
 
 def _environment(limits: Limits, home: str) -> dict:
@@ -311,6 +324,8 @@ def _environment(limits: Limits, home: str) -> dict:
         # Triton reads this when it is first imported, whatever the notebook imports first
         "TRITON_INTERPRET": "1",
     })
+    if folder := model_cache():
+        env["ATTENTION_COURSE_CACHE"] = str(folder.parent)
     return env
 
 

@@ -23,7 +23,7 @@ class Mistake:
     code: str
     description: str
     hint: str = ""
-    chapter: int | None = None
+    chapter: int | str | None = None  # a chapter's number, a capstone's key ("capstone1"), None: any
     topic: str = "runner"
     examples: tuple[Example, ...] = ()
 
@@ -45,7 +45,7 @@ def split_code(message: str) -> tuple[str | None, str]:
     return (match.group(1), message[match.end():]) if match else (None, message)
 
 
-def mistake(code: str, description: str, hint: str = "", *, chapter: int | None = None, topic: str = "runner",
+def mistake(code: str, description: str, hint: str = "", *, chapter: int | str | None = None, topic: str = "runner",
             examples: tuple[tuple[str, str], ...] = ()) -> Mistake:
     """Add a mistake to the catalogue; ``examples`` are (bug_zoo name, check name) pairs."""
     if not isinstance(code, str) or not _CODE.match(code):
@@ -80,8 +80,8 @@ def example(impl_name: str) -> tuple[str, str]:
         raise ValueError(f"bug_zoo.{impl_name} is the example of no mistake in the catalogue") from None
 
 
-def in_chapter(chapter: int) -> list[Mistake]:
-    """The mistakes a chapter teaches, in catalogue order."""
+def in_chapter(chapter: int | str) -> list[Mistake]:
+    """The mistakes a chapter (a number) or a capstone (its key, ``"capstone1"``) teaches, in catalogue order."""
     return [m for m in MISTAKES.values() if m.chapter == chapter]
 
 
