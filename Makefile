@@ -10,6 +10,8 @@
 #   make portability  nbval over every notebook three times: one thread, default threads, generic CPU kernels
 #   make outputs  re-execute notebooks in place (NB="book/01_soft_lookup.ipynb" for one)
 #   make bench    run the benchmarks and regenerate benchmarks/README.md
+#   make format   the library's source at the page's width (79 columns, src/ruff.toml): ruff format, then
+#                 docstrings, comments and long strings (tools/format_source.py); idempotent
 # Each target creates .venv and installs requirements.txt first, once: re-running installs nothing new.
 # The interpreter: PYTHON=... if given, else the first of python3.11, python3.12, python3.13, python3 that is >= 3.11.
 
@@ -121,6 +123,10 @@ exercises: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
+
+.PHONY: format
+format: $(STAMP)
+	$(BIN)/python tools/format_source.py
 
 clean:
 	rm -rf _build

@@ -14,7 +14,8 @@ these rules:
 - at 1280 px no line of a code cell is longer than the code column holds (measured in characters of its font; the
   notebook lint keeps code within 79) and no code block needs a scroll bar, and no printed table or verdict line is
   longer than the output column holds (messages that read as sentences may wrap);
-- listings of library code (show_source, lines up to 120 characters) never wrap: they scroll in their own box;
+- listings of library code (show_source; the library keeps to 79 columns, src/ruff.toml, `make format`) never wrap,
+  and at 1280 px none needs a scroll bar (on a phone one scrolls in its own box);
 - every cell shows each of its output streams in one box (`nb_merge_streams`), however the kernel chunked it;
 - exercise pages show a failing check's message, not its traceback; solution pages show no BEGIN/END SOLUTION
   markers; the install cell's toggle says what it hides;
@@ -118,12 +119,8 @@ INSPECT_LAYOUT = """() => {
     .filter(e => e.getBoundingClientRect().right > width + 1 && !scrollsItself(e)).slice(0, 5)
     .map(e => `${name(e)} (right edge ${Math.round(e.getBoundingClientRect().right)} px): `
       + e.textContent.trim().slice(0, 60));
-  // A listing of library source (show_source: a Markdown code block in a cell's output) scrolls in its own box.
+  // A listing of library source (show_source: a Markdown code block in a cell's output): measured below.
   const isListing = pre => !!pre.closest("div.cell_output > div[class*='highlight-']:not(.output)");
-  const listings = Array.from(document.querySelectorAll("main div.cell_output pre")).filter(isListing)
-    .map(pre => { const style = getComputedStyle(pre);
-      return {whiteSpace: style.whiteSpace, overflow: style.overflowX, wide: pre.scrollWidth > pre.clientWidth + 1,
-              text: pre.textContent.trim().slice(0, 60)}; });
   const clipped = Array.from(document.querySelectorAll("main pre"))
     .filter(pre => !isListing(pre) && pre.scrollWidth > pre.clientWidth + 1)
     .map(pre => `${pre.scrollWidth} px of text in ${pre.clientWidth} px: ` + pre.textContent.trim().slice(0, 60));
@@ -140,6 +137,15 @@ INSPECT_LAYOUT = """() => {
   const columnChars = pre => { const style = getComputedStyle(pre); canvas.font = style.font;
     const inner = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
     return Math.floor(inner / canvas.measureText("0123456789").width * 10); };
+  // Each listing: how it lays out its lines, whether it needs a scroll bar, its longest line against what its
+  // column holds (characters of its font), and its first line (which names the function or class shown).
+  const listings = Array.from(document.querySelectorAll("main div.cell_output pre")).filter(isListing)
+    .map(pre => { const style = getComputedStyle(pre);
+      const lines = pre.textContent.split("\\n").map(line => line.trimEnd());
+      return {whiteSpace: style.whiteSpace, overflow: style.overflowX, wide: pre.scrollWidth > pre.clientWidth + 1,
+              scrollWidth: pre.scrollWidth, clientWidth: pre.clientWidth, holds: columnChars(pre),
+              longest: Math.max(...lines.map(line => line.length)),
+              text: (lines.find(line => line.trim()) || "").trim().slice(0, 70)}; });
   const codeLines = [];
   document.querySelectorAll("main div.cell_input pre").forEach(pre => {
     if (pre.offsetParent === null || pre.closest("details:not([open])")) return;  // behind a toggle: the install cell
@@ -413,9 +419,22 @@ def test_no_printed_table_or_verdict_wraps_on_a_laptop(layouts):
     assert not problems, f"printed lines that wrap at {DESKTOP} px ({len(problems)}):\n" + _report(problems)
 
 
+def test_library_listings_fit_a_laptop_column(layouts):
+    """At 1280 px no show_source listing needs a horizontal scroll bar: the library keeps to 79 columns
+    (src/ruff.toml; `make format` runs tools/format_source.py) and course.css sets listings in a size whose column
+    holds them. Reported with the chapter and the listing's first line (the function or class it shows)."""
+    listings = [(docname, x) for docname, r in layouts[DESKTOP, "light"].items() for x in r["listings"]]
+    assert listings, "no show_source listing on any page: expected the chapters' library code"
+    problems = [f"{docname}: a line of {x['longest']} characters, the column holds {x['holds']} "
+                f"({x['scrollWidth']} px of text in {x['clientWidth']} px): {x['text']}"
+                for docname, x in listings if x["wide"]]
+    assert not problems, (f"library listings that scroll sideways at {DESKTOP} px ({len(problems)} of "
+                          f"{len(listings)}; run `make format`, then re-execute the chapters):\n" + _report(problems))
+
+
 def test_library_listings_scroll_instead_of_wrapping(layouts):
-    """show_source's listings of library code (lines up to 120 characters) keep their lines: a wrapped line would
-    land at the left margin and read as a new statement. A long one scrolls inside its own box, at any width."""
+    """show_source's listings of library code keep their lines: a wrapped line would land at the left margin and
+    read as a new statement. Where one is wider than its column (a phone), it scrolls inside its own box."""
     listings = [(docname, width, listing) for (width, scheme), records in layouts.items() if scheme == "light"
                 for docname, r in records.items() for listing in r["listings"]]
     assert listings, "no show_source listing on any page: expected the chapters' library code"

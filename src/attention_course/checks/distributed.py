@@ -225,8 +225,9 @@ def check_copy_and_sum(fn, *, timeout: float = 60.0):
             expected = _copy_sum_reference(mha, (query, key, value), grad_out, p)
             if out.shape == expected.shape and np.allclose(out, expected, atol=_COPY_SUM_ATOL, rtol=0):
                 continue
-            candidates = [(code, "", lambda flags=flags, mha=mha, q=query, k=key, v=value, g=grad_out, p=p: (
-                _copy_sum_simulated(mha, (q, k, v), g, p, *flags), None)) for code, flags in _COPY_SUM_MISTAKES]
+            qkv = (query, key, value)
+            candidates = [(code, "", lambda flags=flags, mha=mha, qkv=qkv, g=grad_out, p=p: (
+                _copy_sum_simulated(mha, qkv, g, p, *flags), None)) for code, flags in _COPY_SUM_MISTAKES]
             diagnose(out, None, candidates, case, expected, None, what="output and gradients",
                      atol=_COPY_SUM_ATOL, rtol=0)
         return (f"✓ {display_name(fn, label)}: {len(_COPY_SUM_CASES)} problems on real processes: every rank's "

@@ -202,7 +202,8 @@ def describe_call(label: str, args: dict) -> str:
         if _has_shape(value):
             parts.append(f"{name} of shape {shape_text(value.shape)}")
         elif isinstance(value, dict) and all(_has_shape(v) for v in value.values()):  # a dict of weights
-            parts.append(f"{name}={{{', '.join(f'{k}: {shape_text(v.shape)}' for k, v in value.items())}}}")
+            shapes = ", ".join(f"{k}: {shape_text(v.shape)}" for k, v in value.items())
+            parts.append(f"{name}={{{shapes}}}")
         else:
             parts.append(f"{name}={_described(value)}")
     return f"{label}({', '.join(parts)})"

@@ -364,7 +364,8 @@ def summary_table(by_student: dict[str, dict[str, NotebookResult]], notebooks: l
             elif r.error:
                 cells.append(f"{'ERROR':>14}")
             else:
-                cells.append(f"{points_text(r.score) + '/' + points_text(r.max_score):>14}")
+                score = points_text(r.score) + "/" + points_text(r.max_score)
+                cells.append(f"{score:>14}")
                 total, top = total + r.score, top + r.max_score
         lines.append(f"{printable(student):<{width}}  " + "  ".join(cells) +
                      f"  {points_text(total) + '/' + points_text(top):>9}")
@@ -552,8 +553,9 @@ def _write_outputs(store: Store, submissions: list[Submission], skipped: list[Sk
     lines = [json.dumps({"student": student, **r.as_dict()}) for (student, _), r in sorted(results.items())]
     _write_atomic(store.out / "results.jsonl", "\n".join(lines) + "\n")
     table = summary_table(by_student, notebooks)
+    not_saved = " (a failure of the grader, not saved: the next run grades it again)"
     errors = [f"ERROR {printable(student)} {printable(r.notebook)}: {printable(r.error)}"
-              f"{' (a failure of the grader, not saved: the next run grades it again)' if r.grader_failed else ''}"
+              f"{not_saved if r.grader_failed else ''}"
               for (student, _), r in sorted(results.items()) if r.error]
     isolations = sorted({r.isolation for r in results.values() if r.isolation})
     not_graded = [f"NOT GRADED {printable(s.path)}: {printable(s.reason)}" for s in skipped]

@@ -299,8 +299,8 @@ def feedback_html(r: NotebookResult, student: str | None = None) -> str:
     else:
         parts.append(f"<p><strong>{points_text(r.score)} of {points_text(r.max_score)} points</strong>, "
                      f"{r.passed} of {r.total} exercises passed.</p>")
-        parts.append("<table><thead><tr><th>Exercise</th><th>Points</th><th>Result</th><th>Time</th>"
-                     "<th>What to look at</th></tr></thead><tbody>")
+        parts.append("<table><thead><tr><th>Exercise</th><th>Points</th>"
+                     "<th>Result</th><th>Time</th><th>What to look at</th></tr></thead><tbody>")
         parts += ["<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in _feedback_rows(r)]
         parts.append("</tbody></table>")
         parts += [f"<p><strong>Note:</strong> {esc(note)}</p>" for note in r.notes]
