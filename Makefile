@@ -101,6 +101,7 @@ grade-course: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests tools benchmarks
+	$(BIN)/ruff format --check --quiet src
 	$(BIN)/python tools/lint_notebooks.py $(NOTEBOOK_DIRS)
 
 nbval: $(STAMP)
