@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from attention_course import modern
-from attention_course.modern.hf import build_hf_attention, hf_forward, relative_error
+from attention_course.interop import hf_models
+from attention_course.interop.hf_models import build_hf_attention, hf_forward, relative_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
@@ -80,7 +81,7 @@ def test_equal_to_transformers(family, dtype):
     for case in range(CASES):
         config, layer_idx = draw_config(family, rng)
         hf = build_hf_attention(family, layer_idx, dtype=dtype, seed=case, **config)
-        ours = modern.hf.FAMILIES[family].from_hf(hf)
+        ours = hf_models.FAMILIES[family].from_hf(hf)
         b, t = int(rng.integers(1, 3)), int(rng.integers(9, 11))
         x = torch.from_numpy(rng.standard_normal((b, t, config["hidden_size"]))).to(dtype)
         offset = int(rng.integers(0, 50))
@@ -114,7 +115,7 @@ def test_each_option_is_needed():
     for family, extra, spoil in cases:
         hf = build_hf_attention(family, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                 **extra)
-        ours = modern.hf.FAMILIES[family].from_hf(hf)
+        ours = hf_models.FAMILIES[family].from_hf(hf)
         ref = hf_forward(hf, x)
         assert relative_error(ours(x), ref) < 1e-6
         spoil(ours)
