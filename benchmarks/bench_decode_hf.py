@@ -1,10 +1,10 @@
 """Sequential greedy decoding, the course's GPT against Hugging Face ``generate`` on the same weights (CPU fp32).
 
 Model: the StarCoder2 twin of a 4-layer GPT (D=128, H=4, H_kv=2, RoPE, vocabulary 256, random seeded weights;
-``serving.hf.to_hf_starcoder2``, SDPA attention on both sides). Workload: 4 prompts of 32 tokens, 64 new tokens each,
-decoded one request at a time: ``GPT.generate`` (a preallocated ``KVCache``) against ``generate(do_sample=False)``
-(HF's ``DynamicCache``). Correctness first: the same tokens. Then both run side by side in rounds (rotating order),
-and torch.profiler counts the aten ops of one cached decode step of each.
+``interop.hf_models.to_hf_starcoder2``, SDPA attention on both sides). Workload: 4 prompts of 32 tokens, 64 new
+tokens each, decoded one request at a time: ``GPT.generate`` (a preallocated ``KVCache``) against
+``generate(do_sample=False)`` (HF's ``DynamicCache``). Correctness first: the same tokens. Then both run side by side
+in rounds (rotating order), and torch.profiler counts the aten ops of one cached decode step of each.
 
 Paged: the same 4 prompts served together, continuous batching on a paged cache: the course's ``serving.Engine``
 (``PagedKVCache``, blocks of 16) against HF's ``generate_batch`` (attention "paged|eager", its paged cache). Each
@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from attention_course.gpt import GPT, GPTConfig
 from attention_course.kv_cache import KVCache
-from attention_course.serving.hf import to_hf_starcoder2
+from attention_course.interop.hf_models import to_hf_starcoder2
 from attention_course.serving.scheduler import Engine, Request
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

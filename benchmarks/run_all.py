@@ -143,8 +143,8 @@ NOTES = {
         "(the verify pass and the draft's passes cost more than the passes saved); counted target passes fall."
     ),
     "bench_decode_hf": (
-        "The same random 4-layer GPT (D=128, H=4, H_kv=2, RoPE) and its StarCoder2 twin (`serving.hf`); both give "
-        "the same greedy tokens (checked first). First table: 4 prompts of 32 tokens decoded one at a time, "
+        "The same random 4-layer GPT (D=128, H=4, H_kv=2, RoPE) and its StarCoder2 twin (`interop.hf_models`); "
+        "both give the same greedy tokens (checked first). First table: 4 prompts of 32 tokens decoded one at a time, "
         "64 new tokens each, `GPT.generate` against HF `generate` (SDPA both). Second: the 4 prompts served "
         "together on a paged cache, the course's `serving.Engine` (blocks of 16) against HF `generate_batch` "
         "(attention \"paged|eager\"); a decode step is the median engine step after the prefill (HF's timed in its "

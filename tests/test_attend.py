@@ -288,3 +288,75 @@ def test_triton_backend_refuses_what_the_kernel_cannot_do(options, named):
     mask = options.pop("mask", None)
     with pytest.raises(ValueError, match=f"backend 'triton' does not take .*{named}"):
         attend(q, k, v, mask, backend="triton", **options)
+
+
+# ---------------------------------------------------------------- grouped-query keys and values (issue 41)
+
+
+def grouped(b, h, h_kv, t_q, t_k, seed=0):
+    """q (B, H, Tq, D) and k, v (B, H_kv, Tk, D) with the NumPy reference's inputs: each kv head repeated in a row.
+    (Equal key and value sizes: torch's CPU flash kernel reads grouped heads in place; its math fallback copies.)"""
+    q, _, _ = qkv(b, h, t_q, t_k, seed=seed, d_v=8)
+    _, k, v = qkv(b, h_kv, t_q, t_k, seed=seed + 1, d_v=8)
+    return q, k, v, k.repeat_interleave(h // h_kv, 1), v.repeat_interleave(h // h_kv, 1)
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("h, h_kv", [(4, 1), (4, 2), (6, 3), (4, 4)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_grouped_keys_and_values_on_every_backend_match_numpy(backend, h, h_kv, is_causal):
+    b, t_q, t_k = 2, 5, 9
+    q, k, v, k_rep, v_rep = grouped(b, h, h_kv, t_q, t_k)
+    mask = random_mask(b, t_q, t_k)
+    full = mask & causal_mask(t_q, t_k) if is_causal else mask
+    mod = alibi_mod(h, t_q, t_k)
+    out, _ = functional._attend(q, k, v, mask, is_causal=is_causal, score_mod=mod, backend=backend)
+    assert out.shape == (b, h, t_q, 8)
+    assert close(out, np_attend(q, k_rep, v_rep, full, mod=("alibi", None))[0])
+
+
+def test_sdpa_reads_grouped_heads_without_copies_and_equals_the_expanded_path(monkeypatch):
+    from torch.profiler import profile
+
+    copies = []
+    expand = functional.expand_kv
+    monkeypatch.setattr(functional, "expand_kv", lambda x, n: copies.append(n) or expand(x, n))
+    q, k, v, k_rep, v_rep = grouped(2, 8, 2, 7, 11, seed=3)
+    mask = random_mask(2, 7, 11, seed=3)
+    with profile() as prof:
+        out, _ = functional._attend(q, k, v, mask, is_causal=True, score_mod=alibi_mod(8, 7, 11), backend="sdpa")
+    ops = {e.name for e in prof.events()}
+    assert copies == [] and not ops & {"aten::repeat_interleave", "aten::repeat"}  # expand_kv not called
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops  # not the math fallback, which repeats
+    old, _ = functional._attend(q, k_rep, v_rep, mask, is_causal=True, score_mod=alibi_mod(8, 7, 11), backend="sdpa")
+    assert close(out, old.numpy(), tol=1e-12)
+    functional._attend(q, k, v, mask, backend="eager")  # the eager math needs one key head per query head
+    assert copies == [4, 4]
+    torch.manual_seed(0)
+    dropped, _ = functional._attend(q, k, v, mask, dropout_p=0.5, backend="sdpa")
+    torch.manual_seed(0)
+    dropped_old, _ = functional._attend(q, k_rep, v_rep, mask, dropout_p=0.5, backend="sdpa")
+    assert close(dropped, dropped_old.numpy(), tol=1e-12)
+
+
+@pytest.mark.parametrize("h_kv", [1, 2])
+def test_a_gqa_layer_on_sdpa_copies_no_heads_and_equals_eager(monkeypatch, h_kv):
+    from attention_course.gpt import GPT, GPTConfig
+    from attention_course.kv_cache import KVCache
+
+    copies = []
+    expand = functional.expand_kv
+    monkeypatch.setattr(functional, "expand_kv", lambda x, n: copies.append(n) or expand(x, n))
+    config = GPTConfig(vocab_size=50, d_model=32, num_heads=4, num_kv_heads=h_kv, num_layers=2, positions="rope")
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for backend in ("sdpa", "eager"):
+        model = GPT(GPTConfig(**{**config.__dict__, "backend": backend}), seed=0).double().eval()
+        cache = KVCache(model.num_layers)
+        with torch.no_grad():
+            logits[backend] = torch.cat([model(ids[:, :6], cache=cache), model(ids[:, 6:], cache=cache)], 1)
+        if backend == "sdpa":
+            assert copies == []
+    # eager: k and v of 2 layers, prefill and decode; one key/value head broadcasts without a copy
+    assert copies == ([] if h_kv == 1 else [4 // h_kv] * 8)
+    assert close(logits["sdpa"], logits["eager"].numpy(), tol=1e-10)

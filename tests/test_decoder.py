@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from attention_course.decoder import Decoder
-from attention_course.modern.hf import random_weights, relative_error
+from attention_course.interop.hf_models import random_weights, relative_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from attention_course import linear_attention as la
+from attention_course.interop.hf_models import relative_error
 from attention_course.linear_attention.cache import HYBRIDS, bytes_table, hybrid_bytes, state_bytes
-from attention_course.modern.hf import relative_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -176,7 +176,7 @@ def test_bad_rule_inputs():
 # ---------------------------------------------------------------- the layers against transformers
 
 transformers = pytest.importorskip("transformers")
-from attention_course.linear_attention.hf import (  # noqa: E402
+from attention_course.interop.hf_models import (  # noqa: E402
     build_hf_attention,
     build_hf_gated_deltanet,
     build_hf_kimi_delta,

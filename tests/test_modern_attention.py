@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from attention_course import modern
-from attention_course.modern.hf import build_hf_attention, hf_forward, relative_error
+from attention_course.interop import hf_models
+from attention_course.interop.hf_models import build_hf_attention, hf_forward, relative_error
+from attention_course.masks import sliding_window_mask
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
@@ -80,7 +82,7 @@ def test_equal_to_transformers(family, dtype):
     for case in range(CASES):
         config, layer_idx = draw_config(family, rng)
         hf = build_hf_attention(family, layer_idx, dtype=dtype, seed=case, **config)
-        ours = modern.hf.FAMILIES[family].from_hf(hf)
+        ours = hf_models.FAMILIES[family].from_hf(hf)
         b, t = int(rng.integers(1, 3)), int(rng.integers(9, 11))
         x = torch.from_numpy(rng.standard_normal((b, t, config["hidden_size"]))).to(dtype)
         offset = int(rng.integers(0, 50))
@@ -114,7 +116,7 @@ def test_each_option_is_needed():
     for family, extra, spoil in cases:
         hf = build_hf_attention(family, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                 **extra)
-        ours = modern.hf.FAMILIES[family].from_hf(hf)
+        ours = hf_models.FAMILIES[family].from_hf(hf)
         ref = hf_forward(hf, x)
         assert relative_error(ours(x), ref) < 1e-6
         spoil(ours)
@@ -197,3 +199,24 @@ def test_softcap_bounds_scores_not_probabilities():
     capped = 2.0 * torch.tanh(scores / 2.0)
     expected = torch.softmax(capped.masked_fill(~modern.attention.causal_mask(4), float("-inf")), -1)
     torch.testing.assert_close(weights, expected)
+
+
+@pytest.mark.parametrize("h, h_kv", [(4, 2), (6, 3), (4, 1)])
+def test_attend_is_a_face_of_functional_attend_with_grouped_heads(h, h_kv):
+    """modern.attend (soft-cap, sinks) on grouped keys and values (B, H_kv, Tk, Dh), Tq != Tk, a sliding mask: equal
+    to the float64 NumPy reference with each key/value head repeated, and to functional.attend itself."""
+    from attention_course import functional
+    from test_attend import np_attend
+
+    g = torch.Generator().manual_seed(h)
+    q = torch.randn(2, h, 5, 8, generator=g, dtype=torch.float64)
+    k, v = torch.randn(2, 2, h_kv, 9, 8, generator=g, dtype=torch.float64).unbind(0)
+    sinks = torch.randn(h, generator=g, dtype=torch.float64)
+    mask = sliding_window_mask(5, 9, 3)
+    out, weights = modern.attend(q, k, v, mask, scale=0.3, softcap=1.5, sinks=sinks)
+    k_rep, v_rep = k.repeat_interleave(h // h_kv, 1), v.repeat_interleave(h // h_kv, 1)
+    ref_out, ref_weights, _ = np_attend(q, k_rep, v_rep, mask, scale=0.3, mod=("softcap", 1.5), sinks=sinks.numpy())
+    np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-12)
+    np.testing.assert_allclose(weights.numpy(), ref_weights, atol=1e-12)
+    same, _ = functional.attend(q, k_rep, v_rep, mask, scale=0.3, score_mod=functional.softcap_mod(1.5), sinks=sinks)
+    assert torch.equal(out, same)

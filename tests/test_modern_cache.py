@@ -13,9 +13,10 @@ import torch
 
 from attention_course import modern
 from attention_course.gpt import GPT, GPTConfig
+from attention_course.interop import hf_models
+from attention_course.interop.hf_models import build_hf_attention, hf_decode, hf_forward, relative_error
 from attention_course.kv_cache import KVCache
 from attention_course.linear_attention import GatedDeltaNet, Qwen3NextAttention
-from attention_course.modern.hf import build_hf_attention, hf_decode, hf_forward, relative_error
 from attention_course.serving import Engine, Request, greedy_reference
 from test_modern_attention import draw_config
 from test_modern_mla import draw_config as draw_mla_config
@@ -49,7 +50,7 @@ def test_cached_decode_equals_full_forward_and_transformers(family):
     for case in range(2):
         config, layer_idx = draw(family, rng)
         hf = build_hf_attention(family, layer_idx, seed=case, **config)
-        ours = modern.hf.FAMILIES[family].from_hf(hf)
+        ours = hf_models.FAMILIES[family].from_hf(hf)
         b, t, prefill = int(rng.integers(1, 3)), int(rng.integers(9, 12)), int(rng.integers(1, 5))
         x = torch.from_numpy(rng.standard_normal((b, t, config["hidden_size"])))
         window = getattr(ours, "window", None)

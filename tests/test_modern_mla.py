@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attention_course import modern
-from attention_course.modern.hf import build_hf_attention, hf_forward, relative_error
+from attention_course.interop.hf_models import build_hf_attention, hf_forward, relative_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")

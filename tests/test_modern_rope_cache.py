@@ -149,7 +149,7 @@ def _tiny_lm_cache(model_class, config, t: int):
 @pytest.mark.parametrize("t", [4, 20])
 def test_transformers_allocates_the_predicted_cache_chunked_llama4(t):
     transformers = pytest.importorskip("transformers")
-    from attention_course.modern.hf import hf_cache_bytes
+    from attention_course.interop.hf_models import hf_cache_bytes
 
     transformers.logging.set_verbosity_error()
     config = transformers.Llama4TextConfig(
@@ -166,7 +166,7 @@ def test_transformers_allocates_the_predicted_cache_chunked_llama4(t):
 
 def test_transformers_allocates_the_predicted_cache_shared_gemma4():
     transformers = pytest.importorskip("transformers")
-    from attention_course.modern.hf import hf_cache_bytes
+    from attention_course.interop.hf_models import hf_cache_bytes
 
     transformers.logging.set_verbosity_error()
     config = transformers.Gemma4TextConfig(
@@ -209,7 +209,7 @@ def test_transformers_caches_the_mla_latent():
     values it attends over (it re-expands them at every step)."""
     import transformers
 
-    from attention_course.modern.hf import hf_cache_bytes
+    from attention_course.interop.hf_models import hf_cache_bytes
     config = transformers.DeepseekV3Config(
         vocab_size=50, hidden_size=24, intermediate_size=16, moe_intermediate_size=8, num_hidden_layers=2,
         num_attention_heads=3, num_key_value_heads=3, q_lora_rank=12, kv_lora_rank=10, qk_rope_head_dim=4,

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from attention_course import pretrained
+from attention_course.interop.hf_models import relative_error
 from attention_course.interpret import prefix_matching_score
-from attention_course.modern.hf import relative_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -14,8 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 from attention_course.gpt import GPT, GPTConfig  # noqa: E402
+from attention_course.interop.hf_models import interleaved_to_halves, to_hf_starcoder2  # noqa: E402
 from attention_course.serving import Engine, Request, greedy_reference, speculative_generate  # noqa: E402
-from attention_course.serving.hf import interleaved_to_halves, to_hf_starcoder2  # noqa: E402
 
 VOCAB = 61
 

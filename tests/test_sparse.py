@@ -12,13 +12,13 @@ import torch
 from attention_course import masks, sparse, tiles
 from attention_course.gpt import GPT, GPTConfig
 from attention_course.kv_cache import KVCache
-from attention_course.modern.hf import build_hf_attention, hf_decode, hf_forward, relative_error
+from attention_course.interop.hf_models import build_hf_attention, hf_decode, hf_forward, relative_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
 
 CLASSES = {"deepseek_v32": sparse.DeepseekV32Attention, "glm_moe_dsa": sparse.GlmMoeDsaAttention}
-TOLERANCE = 1e-6  # float64 layers; HF's RoPE angles, softmax and indexer scores are float32 (see modern/hf.py)
+TOLERANCE = 1e-6  # float64 layers; HF's RoPE angles, softmax and indexer scores are float32 (see interop/hf_models.py)
 
 
 def config(top_k: int, index_heads: int = 16, **sizes) -> dict:

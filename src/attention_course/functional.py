@@ -9,7 +9,9 @@ attend no key gets all-zero weights and a zero output.
 ``score_mod(score, b, h, q_idx, kv_idx)``: ALiBi, relative bias, soft-capping), attention sinks, dropout and the
 log-sum-exp, computed by a named backend of :data:`BACKENDS` ("eager" and "sdpa" here; chapter 9's blockwise
 module registers "blockwise", chapter 15's flex module "flex", chapter 16's flash_triton "triton", each imported
-when first named).
+when first named). Grouped-query keys and values (B, H_kv, Tk, D), from the modules' trusted path, go to the
+backends of :data:`GROUPED` as they are (SDPA's ``enable_gqa`` reads each shared head in place); the others get
+each head repeated for its query heads (:func:`expand_kv`).
 """
 
 from __future__ import annotations
@@ -112,8 +114,12 @@ def attend(
 
 def _attend(q, k, v, mask=None, *, is_causal=False, scale=None, score_mod=None, sinks=None, dropout_p=0.0,
             return_lse=False, backend="eager"):
-    """:func:`attend` on inputs checked already (a module validates at its edge, then trusts)."""
+    """:func:`attend` on inputs checked already (a module validates at its edge, then trusts); k and v may have
+    fewer heads than q (grouped-query attention: (B, H_kv, Tk, D), H_kv dividing H)."""
     run = backend_named(backend)
+    if k.dim() == 4 and k.size(1) not in (1, q.size(1)) and backend not in GROUPED:
+        groups = q.size(1) // k.size(1)  # these backends need one key/value head per query head (or one for all)
+        k, v = expand_kv(k, groups), expand_kv(v, groups)  # (B, H, Tk, D)
     scale = q.size(-1) ** -0.5 if scale is None else float(scale)
     out, weights, lse = run(q, k, v, mask, is_causal=is_causal, scale=scale, score_mod=score_mod,
                             dropout_p=dropout_p, need_lse=return_lse or sinks is not None)
@@ -212,9 +218,10 @@ def sdpa_backend(q, k, v, mask, *, is_causal, scale, score_mod, dropout_p, need_
     if is_causal and (mask is not None or t_q != t_k or score_mod is not None):
         # torch's is_causal is top-left aligned and refuses an extra attn_mask: build our causal mask instead.
         mask, is_causal = causal_with(mask, True, t_q, t_k, q.device), False
+    grouped = k.dim() == 4 and k.size(1) != q.size(1)  # (B, H_kv, Tk, D): read in place, never copied
     attn_mask = mask if score_mod is None else additive_bias(score_mod, q, k, mask)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                                         scale=scale)
+                                         scale=scale, enable_gqa=grouped)
     if mask is None:
         return out, None, None  # (..., Tq, Dv)
     # Depending on the kernel, a query that may attend no key gets NaN: give it a zero output row instead.
@@ -226,7 +233,8 @@ def additive_bias(score_mod: ScoreMod, q: Tensor, k: Tensor, mask: Tensor | None
 
     Only a mod of the form score + bias can go in as a float mask: it is probed at scores 0 and 1.
     """
-    shape = (*broadcast_shape(q.shape[:-2], k.shape[:-2]), q.size(-2), k.size(-2))
+    batch = q.shape[:-2] if k.dim() == 4 and k.size(1) != q.size(1) else broadcast_shape(q.shape[:-2], k.shape[:-2])
+    shape = (*batch, q.size(-2), k.size(-2))  # grouped keys: the query heads
     zeros = torch.zeros(shape, dtype=q.dtype, device=q.device)
     bias = apply_score_mod(score_mod, zeros)
     if not torch.allclose(apply_score_mod(score_mod, zeros + 1) - 1, bias, atol=1e-6):
@@ -249,7 +257,17 @@ def softcap_mod(cap: float) -> ScoreMod:
     return softcap_score_mod
 
 
+def expand_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, H_kv, T, Dh) -> (B, H_kv * n_rep, T, Dh), each head repeated n_rep times in a row, inputs unchecked
+    (:func:`~attention_course.kv_cache.repeat_kv` is the checked face, chapter 8)."""
+    if n_rep == 1:
+        return x
+    b, h_kv, t, dh = x.shape
+    return x[:, :, None].expand(b, h_kv, n_rep, t, dh).reshape(b, h_kv * n_rep, t, dh)
+
+
 BACKENDS: dict[str, Callable] = {"eager": eager_backend, "sdpa": sdpa_backend}
+GROUPED = {"sdpa"}  # backends that read grouped-query keys and values (fewer heads than q) without copying them
 # name -> the module that registers it when imported
 LATER_BACKENDS = {"blockwise": "blockwise", "flex": "flex", "triton": "flash_triton"}
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .functional import _attend, check_backend
+from .functional import _attend, check_backend, expand_kv
 from .heads import merge_heads
 from .masks import sliding_window_mask
 from .params import as_tensors, check_params, linear_params, load_fused_qkv, load_linear
@@ -63,19 +63,11 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 
     Equal to ``x.repeat_interleave(n_rep, dim=1)``: output head h is input head ``h // n_rep``, so the query
     heads of one group share one key/value head. ``expand`` makes the repeat a view; the final reshape copies
-    (PyTorch's SDPA needs equal head counts; fused GPU kernels avoid even that copy).
+    (grouped kernels avoid even that copy: SDPA's ``enable_gqa``, which the layers' "sdpa" backend uses).
     """
     check_rank(x, "x", 4, "(B, H_kv, T, Dh)")
     check_int(n_rep, "n_rep")
     return expand_kv(x, n_rep)
-
-
-def expand_kv(x: Tensor, n_rep: int) -> Tensor:
-    """:func:`repeat_kv` without its input checks, for layers whose inputs are checked already."""
-    if n_rep == 1:
-        return x
-    b, h_kv, t, dh = x.shape
-    return x[:, :, None].expand(b, h_kv, n_rep, t, dh).reshape(b, h_kv * n_rep, t, dh)
 
 
 class Cache(ABC):
@@ -346,8 +338,6 @@ class CausalSelfAttention(nn.Module):
             q, k = rotate(q, rotary), rotate(k, rotary)  # cached keys are stored already rotated
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh), Tk = cached + Tq
-        n_rep = self.num_heads // self.num_kv_heads
-        k, v = expand_kv(k, n_rep), expand_kv(v, n_rep)  # (B, H, Tk, Dh), as repeat_kv
         mask = None if cache is None else cache.mask(layer, q.size(2), k.size(2), x.device)  # None: causal
         heads = self.attend(q, k, v, weights, mask)  # (B, H, Tq, Dh)
         if head_mask is not None:
@@ -367,8 +357,9 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, weights: list | None = None,
                mask: Tensor | None = None) -> Tensor:
-        """(B, H, Tq, Dh) queries, (B, H, Tk, Dh) keys and values -> (B, H, Tq, Dh), through the module's backend of
-        :func:`~attention_course.functional.attend` (inputs checked at the module's edge already). Causal masks are
+        """(B, H, Tq, Dh) queries, (B, H_kv, Tk, Dh) keys and values -> (B, H, Tq, Dh), through the module's backend
+        of :func:`~attention_course.functional.attend` (inputs checked at the module's edge already; "sdpa" reads the
+        shared key/value heads in place, the others repeat them, as :func:`repeat_kv`). Causal masks are
         bottom-right: a single new query (Tq = 1) is the last position and may see every key. A ``mask`` (a paged
         cache's, (Tq, Tk), True = may attend) replaces the causal one: it already holds causality. ALiBi is a score
         mod, so it runs on every backend."""

@@ -3,8 +3,8 @@
 ``rules``: the update, defined once per token, and its recurrent, chunked and parallel forms; ``layer``:
 :class:`GatedDeltaNet`, equal to transformers' ``Qwen3NextGatedDeltaNet``; ``kimi``: :class:`KimiDeltaAttention`
 (a decay per key channel), equal to ``KimiLinearDeltaAttention``; ``gated_attention``: Qwen3-Next's
-softmax layer with its output gate; ``cache``: state and KV bytes of hybrid models; ``hf``: the transformers
-reference (imported on demand).
+softmax layer with its output gate; ``cache``: state and KV bytes of hybrid models. The transformers
+reference lives in :mod:`attention_course.interop.hf_models`.
 """
 
 from .cache import HYBRIDS, HybridConfig, bytes_table, hybrid_bytes, state_bytes

@@ -10,10 +10,10 @@ options the models added, each one line of :meth:`ModernAttention.forward`:
 * ``sinks``: one learned logit per head that joins the softmax but has no value (GPT-OSS);
 * ``inv_freq`` and ``rope_factor``: rescaled RoPE frequencies for long contexts (Llama 3, YaRN).
 
-The scores go through the course's :func:`~attention_course.functional.masked_softmax` and masks, the keys
-and values through :func:`~attention_course.kv_cache.repeat_kv`, the rotations through
-:func:`~attention_course.positions.apply_rope`. Each model's class (:mod:`attention_course.modern.families`)
-only reads its Hugging Face configuration in ``from_hf``.
+The scores go through the course's one :func:`~attention_course.functional.attend` (soft-capping is its score mod,
+a sink one more softmax column; grouped key/value heads repeated as :func:`~attention_course.kv_cache.repeat_kv`
+does), the rotations through :func:`~attention_course.positions.apply_rope`. Each model's class
+(:mod:`attention_course.modern.families`) only reads its Hugging Face configuration in ``from_hf``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from ..block import RMSNorm
-from ..functional import masked_softmax
+from ..functional import _attend, softcap_mod
 from ..interop.hf import HFTwin, check_hf_module, copy_linear, hf_window
-from ..kv_cache import Cache, expand_kv
+from ..kv_cache import Cache
 from ..masks import causal_mask, sliding_window_mask
 from ..positions import KeepsRopeFrequencies, RotaryTable, check_pairing, inverse_frequencies, rope_table, rotate
 from ..validation import INTEGER_DTYPES, check_int, check_rank
@@ -38,21 +38,15 @@ def attend(
 ) -> tuple[Tensor, Tensor]:
     """Attention with a given score scale, optional soft-capping and sinks -> (out (..., Tq, Dv), weights).
 
-    q (B, H, Tq, Dk), k (B, H, Tk, Dk), v (B, H, Tk, Dv); mask boolean (Tq, Tk), True = may attend; sinks (H,).
-    The cap bounds the *scores* (before the mask and the softmax), never the probabilities. A sink is one more
-    column of the softmax with the same logit for every query of its head: it takes weight away from the keys
-    and gives back nothing, so a query may attend "nowhere" (weights summing to less than 1).
+    q (B, H, Tq, Dk), k (B, H_kv, Tk, Dk), v (B, H_kv, Tk, Dv); mask boolean (Tq, Tk), True = may attend; sinks
+    (H,). The cap bounds the *scores* (before the mask and the softmax), never the probabilities:
+    :func:`~attention_course.functional.softcap_mod`. A sink is one more column of the softmax with the same logit
+    for every query of its head: it takes weight away from the keys and gives back nothing, so a query may attend
+    "nowhere" (weights summing to less than 1): :func:`~attention_course.functional.add_sinks`. Chapter 2's
+    attention computes the rest: this is a face of :func:`~attention_course.functional.attend`'s eager backend.
     """
-    scores = q @ k.transpose(-2, -1) * scale  # (B, H, Tq, Tk)
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)  # smooth, within (-cap, cap)
-    if sinks is None:
-        weights = masked_softmax(scores, mask)
-    else:
-        sink = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)  # (B, H, Tq, 1)
-        always = mask.new_ones(*mask.shape[:-1], 1)  # every query may "attend" its head's sink
-        weights = masked_softmax(torch.cat([scores, sink], -1), torch.cat([mask, always], -1))[..., :-1]
-    return weights @ v, weights  # (B, H, Tq, Dv), (B, H, Tq, Tk)
+    score_mod = None if softcap is None else softcap_mod(softcap)  # cap * tanh(score / cap), within (-cap, cap)
+    return _attend(q, k, v, mask, scale=scale, score_mod=score_mod, sinks=sinks)  # (B, H, Tq, Dv), (B, H, Tq, Tk)
 
 
 def check_positions_for(positions, batch: int, t: int) -> Tensor:
@@ -181,8 +175,6 @@ class ModernAttention(KeepsRopeFrequencies):
         q, k = self.rope(q, rotary), self.rope(k, rotary)  # (B, H, T, Dh), (B, H_kv, T, Dh)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H_kv, Tk, Dh): the cached keys and the new ones
-        groups = self.num_heads // self.num_kv_heads
-        k, v = expand_kv(k, groups), expand_kv(v, groups)  # (B, H, Tk, Dh), as repeat_kv
         mask = layer_mask(q.size(2), k.size(2), x.device, cache, layer, self.window)
         out, attention = attend(q, k, v, mask, scale=self.scale, softcap=self.softcap, sinks=self.sinks)
         if weights is not None:
