@@ -11,8 +11,8 @@ import torch
 
 from attention_course import masks, sparse, tiles
 from attention_course.gpt import GPT, GPTConfig
-from attention_course.kv_cache import KVCache
 from attention_course.interop.hf_models import build_hf_attention, hf_decode, hf_forward, relative_error
+from attention_course.kv_cache import KVCache
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")

@@ -7,5 +7,7 @@ import sys
 
 from .course.cli import main
 
-if __name__ == "__main__":  # pragma: no cover - the command line; main() is tested
+if (
+    __name__ == "__main__"
+):  # pragma: no cover - the command line; main() is tested
     sys.exit(main())

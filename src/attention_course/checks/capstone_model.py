@@ -1,11 +1,15 @@
-"""Checks of capstone 2: SmolLM2 from the student's own parts and its real weights, equal to Hugging Face.
+"""Checks of capstone 2: SmolLM2 from the student's own parts and its real
+weights, equal to Hugging Face.
 
-:func:`check_llama_attention` feeds the student's grouped-query RoPE attention a sequence in chunks, carrying its
-cache, and compares every output with float64 NumPy over the whole sequence (RoPE on halves, base of the case,
-key/value heads repeated in groups), then the final cache. The model checks call the student's functions on token
-ids and compare what they return with ``transformers``' ``LlamaForCausalLM`` holding the same weights, loaded here
-(:func:`attention_course.pretrained.load_smollm2`, once per process): in the grader, in its trusted process; the
-student's notebook loads its own copy in the sandbox.
+:func:`check_llama_attention` feeds the student's grouped-query RoPE attention
+a sequence in chunks, carrying its cache, and compares every output with
+float64 NumPy over the whole sequence (RoPE on halves, base of the case,
+key/value heads repeated in groups), then the final cache. The model checks
+call the student's functions on token ids and compare what they return with
+``transformers``' ``LlamaForCausalLM`` holding the same weights, loaded here
+(:func:`attention_course.pretrained.load_smollm2`, once per process): in the
+grader, in its trusted process; the student's notebook loads its own copy in
+the sandbox.
 """
 
 from __future__ import annotations
@@ -21,14 +25,32 @@ from . import hidden
 from .diagnosis import diagnose
 from .positions import rope_variant
 from .questions import choice_question
-from .runner import DEFAULT_TIMEOUT, as_array, call, close, display_name, fail, is_instance, run_check, shape_text
+from .runner import (
+    DEFAULT_TIMEOUT,
+    as_array,
+    call,
+    close,
+    display_name,
+    fail,
+    is_instance,
+    run_check,
+    shape_text,
+)
 
 ROPE_BASE = 100000.0  # SmolLM2's rope_theta
-LOGITS_ATOL = 2e-3  # float32 through 30 layers: the course's Decoder is within about 1e-4 of HF's
-MODEL_TIMEOUT = 240.0  # the real model on a shared CPU: the HF reference and the student's model, each prompt
+# float32 through 30 layers: the course's Decoder is within about 1e-4 of HF's
+LOGITS_ATOL = 2e-3
+# the real model on a shared CPU: the HF reference and the student's model,
+# each prompt
+MODEL_TIMEOUT = 240.0
 
-# (d_model, num_heads, num_kv_heads, chunk lengths): MHA-like, GQA 3:1 as SmolLM2, MQA
-_ATTN_CASES = [(24, 6, 2, (5,)), (36, 9, 3, (4, 1, 1, 2)), (32, 4, 1, (3, 2, 1))]
+# (d_model, num_heads, num_kv_heads, chunk lengths): MHA-like, GQA 3:1 as
+# SmolLM2, MQA
+_ATTN_CASES = [
+    (24, 6, 2, (5,)),
+    (36, 9, 3, (4, 1, 1, 2)),
+    (32, 4, 1, (3, 2, 1)),
+]
 
 
 def _heads(x, h):
@@ -37,39 +59,89 @@ def _heads(x, h):
     return x.reshape(b, t, h, d // h).transpose(0, 2, 1, 3)
 
 
-def llama_attention_variant(x, p, h, hkv, chunks, *, base=ROPE_BASE, pairing="halves", position="ok",
-                            repeat="groups"):
-    """Float64 Llama attention run chunk by chunk with one optional deviation: x (B, T, D), weights ``p`` in
-    ``nn.Linear`` layout (out, in), no biases. Returns out (B, T, D) and the cache (k, v), each (B, Hkv, T, Dh)."""
+def llama_attention_variant(
+    x,
+    p,
+    h,
+    hkv,
+    chunks,
+    *,
+    base=ROPE_BASE,
+    pairing="halves",
+    position="ok",
+    repeat="groups",
+):
+    """Float64 Llama attention run chunk by chunk with one optional deviation:
+    x (B, T, D), weights ``p`` in ``nn.Linear`` layout (out, in), no biases.
+    Returns out (B, T, D) and the cache (k, v), each (B, Hkv, T, Dh)."""
     cache_k = cache_v = None
     outs, start = [], 0
     for length in chunks:
-        xs = x[:, start:start + length]
-        q, k, v = _heads(xs @ p["q"].T, h), _heads(xs @ p["k"].T, hkv), _heads(xs @ p["v"].T, hkv)
-        shift = {"ok": 0, "restart": -start, "plus-one": 1 if start else 0}[position]
+        xs = x[:, start : start + length]
+        q, k, v = (
+            _heads(xs @ p["q"].T, h),
+            _heads(xs @ p["k"].T, hkv),
+            _heads(xs @ p["v"].T, hkv),
+        )
+        shift = {"ok": 0, "restart": -start, "plus-one": 1 if start else 0}[
+            position
+        ]
         positions = np.arange(start, start + length) + shift
-        q, k = (rope_variant(a, positions, pairing=pairing, base=base) for a in (q, k))
-        cache_k = k if cache_k is None else np.concatenate([cache_k, k], axis=2)
-        cache_v = v if cache_v is None else np.concatenate([cache_v, v], axis=2)
+        q, k = (
+            rope_variant(a, positions, pairing=pairing, base=base)
+            for a in (q, k)
+        )
+        cache_k = (
+            k if cache_k is None else np.concatenate([cache_k, k], axis=2)
+        )
+        cache_v = (
+            v if cache_v is None else np.concatenate([cache_v, v], axis=2)
+        )
         n_rep = h // hkv
         if repeat == "groups":  # query head i reads key/value head i // n_rep
-            keys, values = np.repeat(cache_k, n_rep, axis=1), np.repeat(cache_v, n_rep, axis=1)
+            keys, values = (
+                np.repeat(cache_k, n_rep, axis=1),
+                np.repeat(cache_v, n_rep, axis=1),
+            )
         else:
-            keys, values = np.tile(cache_k, (1, n_rep, 1, 1)), np.tile(cache_v, (1, n_rep, 1, 1))
+            keys, values = (
+                np.tile(cache_k, (1, n_rep, 1, 1)),
+                np.tile(cache_v, (1, n_rep, 1, 1)),
+            )
         i, j = np.arange(length)[:, None], np.arange(start + length)[None, :]
-        scores = np.where(j <= i + start, q @ keys.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1]), -np.inf)
+        scores = np.where(
+            j <= i + start,
+            q @ keys.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1]),
+            -np.inf,
+        )
         heads = numpy_ref.softmax(scores) @ values  # (B, H, T, Dh)
-        outs.append(heads.transpose(0, 2, 1, 3).reshape(x.shape[0], length, -1) @ p["o"].T)
+        outs.append(
+            heads.transpose(0, 2, 1, 3).reshape(x.shape[0], length, -1)
+            @ p["o"].T
+        )
         start += length
     return np.concatenate(outs, axis=1), (cache_k, cache_v)
 
 
 _ATTN_VARIANTS = [
-    ("rope-wrong-pairing", "you rotate neighbours (x_2i, x_2i+1); Llama's checkpoints pair the halves "
-     "(x_i, x_i+Dh/2)", {"pairing": "interleaved"}),
-    ("kv-heads-tiled", "query head h read key/value head h % H_kv", {"repeat": "tiled"}),
-    ("rope-position-not-offset", "0: every call starts counting positions again at 0, not at the cache length",
-     {"position": "restart"}),
+    (
+        "rope-wrong-pairing",
+        "you rotate neighbours (x_2i, x_2i+1); Llama's checkpoints pair the "
+        "halves "
+        "(x_i, x_i+Dh/2)",
+        {"pairing": "interleaved"},
+    ),
+    (
+        "kv-heads-tiled",
+        "query head h read key/value head h % H_kv",
+        {"repeat": "tiled"},
+    ),
+    (
+        "rope-position-not-offset",
+        "0: every call starts counting positions again at 0, not at the "
+        "cache length",
+        {"position": "restart"},
+    ),
     ("cache-position-off-by-one", "T_past + 1", {"position": "plus-one"}),
     ("rope-base-default", "", {"base": 10000.0}),
 ]
@@ -78,32 +150,63 @@ _ATTN_VARIANTS = [
 def _attn_params(d, h, hkv, seed):
     rng = np.random.default_rng(seed)
     dh = d // h
-    return {"q": rng.standard_normal((h * dh, d)) / np.sqrt(d), "k": rng.standard_normal((hkv * dh, d)) / np.sqrt(d),
-            "v": rng.standard_normal((hkv * dh, d)) / np.sqrt(d), "o": rng.standard_normal((d, h * dh)) / np.sqrt(d)}
+    return {
+        "q": rng.standard_normal((h * dh, d)) / np.sqrt(d),
+        "k": rng.standard_normal((hkv * dh, d)) / np.sqrt(d),
+        "v": rng.standard_normal((hkv * dh, d)) / np.sqrt(d),
+        "o": rng.standard_normal((d, h * dh)) / np.sqrt(d),
+    }
 
 
 def _load_attention(module, p, case):
     with torch.no_grad():
         for name in "qkvo":
             linear = getattr(module, f"{name}_proj", None)
-            if not is_instance(linear, torch.nn.Linear) or linear.bias is not None:
-                raise fail("missing-attribute", f"Your module needs {name}_proj, an nn.Linear without a bias: the "
-                           "check loads known weights into it.", case=case)
+            if (
+                not is_instance(linear, torch.nn.Linear)
+                or linear.bias is not None
+            ):
+                raise fail(
+                    "missing-attribute",
+                    f"Your module needs {name}_proj, an nn.Linear without a "
+                    "bias: the "
+                    "check loads known weights into it.",
+                    case=case,
+                )
             if tuple(linear.weight.shape) != p[name].shape:
-                raise fail("wrong-shape", f"Your {name}_proj has a weight of shape {shape_text(linear.weight.shape)}"
-                           f", expected {shape_text(p[name].shape)} (out_features, in_features).", case=case)
+                raise fail(
+                    "wrong-shape",
+                    f"Your {name}_proj has a weight of shape "
+                    f"{shape_text(linear.weight.shape)}"
+                    f", expected {shape_text(p[name].shape)} (out_features, "
+                    "in_features).",
+                    case=case,
+                )
             linear.weight.copy_(torch.tensor(p[name], dtype=torch.float32))
 
 
 def _feed(module, x, chunks, case):
-    """Feed x (B, T, D) chunk by chunk with the cache each call returned: (outputs (B, T, D), final cache)."""
+    """Feed x (B, T, D) chunk by chunk with the cache each call returned:
+    (outputs (B, T, D), final cache)."""
     cache, outs, start = None, [], 0
     with torch.no_grad():
         for length in chunks:
-            xs = torch.tensor(x[:, start:start + length], dtype=torch.float32)
-            result = call(module, {"x": xs, "cache": cache}, "forward", positional=1)
-            if not isinstance(result, (tuple, list)) or len(result) != 2 or not isinstance(result[1], (tuple, list)):
-                raise fail("wrong-type", "Your forward must return (out, (k_cache, v_cache)).", case=case)
+            xs = torch.tensor(
+                x[:, start : start + length], dtype=torch.float32
+            )
+            result = call(
+                module, {"x": xs, "cache": cache}, "forward", positional=1
+            )
+            if (
+                not isinstance(result, (tuple, list))
+                or len(result) != 2
+                or not isinstance(result[1], (tuple, list))
+            ):
+                raise fail(
+                    "wrong-type",
+                    "Your forward must return (out, (k_cache, v_cache)).",
+                    case=case,
+                )
             out, cache = result[0], tuple(result[1])
             outs.append(as_array(out, "output", case))
             start += length
@@ -111,11 +214,13 @@ def _feed(module, x, chunks, case):
 
 
 def check_llama_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
-    """Check ``cls(d_model, num_heads, num_kv_heads, rope_base)``: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``
-    (nn.Linear, no bias; keys and values ``num_kv_heads * Dh`` wide) and ``forward(x, cache=None)`` -> ``(out,
-    (k, v))``: causal grouped-query attention with RoPE on halves, the new tokens at positions T_past ...; the
-    cache holds the rotated keys and the values of the key/value heads, each (B, H_kv, T, Dh). Diagnoses the
-    mistakes of :data:`_ATTN_VARIANTS`."""
+    """Check ``cls(d_model, num_heads, num_kv_heads, rope_base)``: ``q_proj``,
+    ``k_proj``, ``v_proj``, ``o_proj`` (nn.Linear, no bias; keys and values
+    ``num_kv_heads * Dh`` wide) and ``forward(x, cache=None)`` -> ``(out, (k,
+    v))``: causal grouped-query attention with RoPE on halves, the new tokens
+    at positions T_past ...; the cache holds the rotated keys and the values of
+    the key/value heads, each (B, H_kv, T, Dh). Diagnoses the mistakes of
+    :data:`_ATTN_VARIANTS`."""
     label = display_name(cls, "module")
     atol, rtol = 2e-5, 1e-4
 
@@ -123,44 +228,93 @@ def check_llama_attention(cls, *, timeout: float = DEFAULT_TIMEOUT):
         rng = np.random.default_rng(44)
         cases = _ATTN_CASES + hidden.capstone2_attention_sizes()
         for n, (d, h, hkv, chunks) in enumerate(cases, 1):
-            base = ROPE_BASE if n % 2 else 500.0  # a small base turns the pairs fast: pairing mistakes show
-            case = (f"case {n} of {len(cases)}: d_model={d}, num_heads={h}, num_kv_heads={hkv}, rope_base={base:g}"
-                    f", chunks of {list(chunks)} tokens")
+            # a small base turns the pairs fast: pairing mistakes show
+            base = ROPE_BASE if n % 2 else 500.0
+            case = (
+                f"case {n} of {len(cases)}: d_model={d}, num_heads={h}, "
+                f"num_kv_heads={hkv}, rope_base={base:g}"
+                f", chunks of {list(chunks)} tokens"
+            )
             p = _attn_params(d, h, hkv, seed=n)
             x = rng.standard_normal((2, sum(chunks), d))
-            module = call(cls, {"d_model": d, "num_heads": h, "num_kv_heads": hkv, "rope_base": base}, label,
-                          positional=4)
+            module = call(
+                cls,
+                {
+                    "d_model": d,
+                    "num_heads": h,
+                    "num_kv_heads": hkv,
+                    "rope_base": base,
+                },
+                label,
+                positional=4,
+            )
             _load_attention(module, p, case)
             out_s, cache = _feed(module, x, chunks, case)
-            ref, (ref_k, ref_v) = llama_attention_variant(x, p, h, hkv, chunks, base=base)
+            ref, (ref_k, ref_v) = llama_attention_variant(
+                x, p, h, hkv, chunks, base=base
+            )
             if not close(out_s, ref, atol, rtol):
-                candidates = [(code, detail, lambda kw=kw: (llama_attention_variant(
-                    x, p, h, hkv, chunks, **{"base": base, **kw})[0], None)) for code, detail, kw in _ATTN_VARIANTS
-                    if kw.get("base") != base]
-                diagnose(out_s, None, candidates, case, ref, None, atol=atol, rtol=rtol)
+                candidates = [
+                    (
+                        code,
+                        detail,
+                        lambda kw=kw: (
+                            llama_attention_variant(
+                                x, p, h, hkv, chunks, **{"base": base, **kw}
+                            )[0],
+                            None,
+                        ),
+                    )
+                    for code, detail, kw in _ATTN_VARIANTS
+                    if kw.get("base") != base
+                ]
+                diagnose(
+                    out_s,
+                    None,
+                    candidates,
+                    case,
+                    ref,
+                    None,
+                    atol=atol,
+                    rtol=rtol,
+                )
             k_s, v_s = (as_array(c, "cache", case) for c in cache)
-            if not (close(k_s, ref_k, atol, rtol) and close(v_s, ref_v, atol, rtol)):
-                raise fail("wrong-output", f"Your outputs are right but your final cache is not: it must hold the "
-                           f"rotated keys and the values of the {hkv} key/value heads, each (B, H_kv, T, Dh) = "
-                           f"{shape_text(ref_k.shape)}; yours are {shape_text(k_s.shape)} and "
-                           f"{shape_text(v_s.shape)}.", case=case)
-        return (f"✓ {label}: {len(cases)} sequences fed in chunks (GQA 3:1 as SmolLM2, MQA, another base) match "
-                "float64 grouped-query RoPE attention over the whole sequence, and the cache holds the rotated "
-                "keys and the values")
+            if not (
+                close(k_s, ref_k, atol, rtol) and close(v_s, ref_v, atol, rtol)
+            ):
+                raise fail(
+                    "wrong-output",
+                    "Your outputs are right but your final cache is not: "
+                    "it must hold the "
+                    f"rotated keys and the values of the {hkv} key/value "
+                    "heads, each (B, H_kv, T, Dh) = "
+                    f"{shape_text(ref_k.shape)}; yours are "
+                    f"{shape_text(k_s.shape)} and "
+                    f"{shape_text(v_s.shape)}.",
+                    case=case,
+                )
+        return (
+            f"✓ {label}: {len(cases)} sequences fed in chunks (GQA 3:1 as "
+            "SmolLM2, MQA, another base) match "
+            "float64 grouped-query RoPE attention over the whole sequence, "
+            "and the cache holds the rotated "
+            "keys and the values"
+        )
 
     run_check(body, timeout)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # The real model: the reference, loaded once per process
-# ----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 
 PROMPTS = ["The capital of France is", "def fib(n):\n    return"]
 
 
 @functools.cache
 def reference_model():
-    """(tokenizer, HF LlamaForCausalLM) of SmolLM2-135M, loaded once per process."""
+    """(tokenizer, HF LlamaForCausalLM) of SmolLM2-135M, loaded once per
+    process."""
     from ..pretrained import load_smollm2
 
     return load_smollm2()
@@ -168,20 +322,26 @@ def reference_model():
 
 def _prompts() -> list[list[int]]:
     tokenizer, model = reference_model()
-    return [tokenizer(text)["input_ids"] for text in PROMPTS] + hidden.capstone2_prompts(model.config.vocab_size)
+    return [
+        tokenizer(text)["input_ids"] for text in PROMPTS
+    ] + hidden.capstone2_prompts(model.config.vocab_size)
 
 
 @torch.no_grad()
 def _hf_logits(ids: list[int]) -> np.ndarray:
-    return reference_model()[1](torch.tensor([ids])).logits[0].double().numpy()  # (T, V)
+    # (T, V)
+    return reference_model()[1](torch.tensor([ids])).logits[0].double().numpy()
 
 
 @contextmanager
 def _variant(kind: str):
-    """The reference model with one deliberate deviation, restored afterwards."""
+    """The reference model with one deliberate deviation, restored
+    afterwards."""
     model = reference_model()[1]
     if kind == "no-final-norm":
-        handle = model.model.norm.register_forward_hook(lambda module, args, out: args[0])
+        handle = model.model.norm.register_forward_hook(
+            lambda module, args, out: args[0]
+        )
         try:
             yield
         finally:
@@ -190,7 +350,9 @@ def _variant(kind: str):
     rotary = model.model.rotary_emb
     saved = rotary.inv_freq.clone()
     dim = saved.numel() * 2
-    rotary.inv_freq.copy_(1.0 / 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    rotary.inv_freq.copy_(
+        1.0 / 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    )
     try:
         yield
     finally:
@@ -202,16 +364,21 @@ def _logit_candidates(ids):
         def run():
             with _variant(kind):
                 return _hf_logits(ids), None
+
         return run
 
-    return [("model-final-norm-missing", "", thunk("no-final-norm")), ("rope-base-default", "", thunk("base"))]
+    return [
+        ("model-final-norm-missing", "", thunk("no-final-norm")),
+        ("rope-base-default", "", thunk("base")),
+    ]
 
 
 def check_smollm2_logits(fn, *, timeout: float = MODEL_TIMEOUT):
-    """Check ``fn(ids)``: ids (1, T) int64 -> logits (1, T, V) of the student's SmolLM2 with the real weights,
-    against HF's ``LlamaForCausalLM`` on the same weights: max |ours - HF| < :data:`LOGITS_ATOL` at every position
-    of each prompt. Diagnoses ``[model-final-norm-missing]`` and ``[rope-base-default]``; else
-    ``[logits-differ-from-hf]``."""
+    """Check ``fn(ids)``: ids (1, T) int64 -> logits (1, T, V) of the student's
+    SmolLM2 with the real weights, against HF's ``LlamaForCausalLM`` on the
+    same weights: max |ours - HF| < :data:`LOGITS_ATOL` at every position of
+    each prompt. Diagnoses ``[model-final-norm-missing]`` and
+    ``[rope-base-default]``; else ``[logits-differ-from-hf]``."""
     label = display_name(fn, "function")
 
     def body():
@@ -219,20 +386,39 @@ def check_smollm2_logits(fn, *, timeout: float = MODEL_TIMEOUT):
         for n, ids in enumerate(prompts, 1):
             case = f"prompt {n} of {len(prompts)}: {len(ids)} tokens"
             with torch.no_grad():
-                got = as_array(call(fn, {"ids": torch.tensor([ids])}, label, positional=1), "logits", case)
+                got = as_array(
+                    call(
+                        fn, {"ids": torch.tensor([ids])}, label, positional=1
+                    ),
+                    "logits",
+                    case,
+                )
             ref = _hf_logits(ids)
             if got.shape != (1, *ref.shape):
-                raise fail("wrong-shape", f"Your logits have shape {shape_text(got.shape)}, expected "
-                           f"{shape_text((1, *ref.shape))} (B, T, V).", case=case)
+                raise fail(
+                    "wrong-shape",
+                    f"Your logits have shape {shape_text(got.shape)}, "
+                    "expected "
+                    f"{shape_text((1, *ref.shape))} (B, T, V).",
+                    case=case,
+                )
             if not close(got[0], ref, LOGITS_ATOL, 0.0):
                 for code, detail, thunk in _logit_candidates(ids):
                     if close(got[0], thunk()[0], LOGITS_ATOL, 0.0):
                         raise fail(code, detail=detail, case=case)
                 worst = np.abs(got[0] - ref).max(axis=-1)
                 first = int(np.argmax(worst > LOGITS_ATOL))
-                raise fail("logits-differ-from-hf", detail=f"first at position {first} of {len(ids)}", case=case)
-        return (f"✓ {label}: the logits of {len(prompts)} prompts equal Hugging Face's LlamaForCausalLM on the "
-                f"same weights (max |ours - HF| < {LOGITS_ATOL:g} at every position)")
+                raise fail(
+                    "logits-differ-from-hf",
+                    detail=f"first at position {first} of {len(ids)}",
+                    case=case,
+                )
+        return (
+            f"✓ {label}: the logits of {len(prompts)} prompts equal Hugging "
+            "Face's LlamaForCausalLM on the "
+            f"same weights (max |ours - HF| < {LOGITS_ATOL:g} at every "
+            "position)"
+        )
 
     run_check(body, timeout)
 
@@ -240,11 +426,18 @@ def check_smollm2_logits(fn, *, timeout: float = MODEL_TIMEOUT):
 choice_question(
     "capstone2.kv-heads",
     answer="B",
-    why="each layer caches one key and one value per key/value head: 3 heads of 64 features, so 2 x 3 x 64 = 384 "
-        "numbers per token per layer, a third of what 9 heads would need; the 9 query heads read them in groups.",
+    why="each layer caches one key and one value per key/value head: 3 "
+    "heads of 64 features, so 2 x 3 x 64 = 384 "
+    "numbers per token per layer, a third of what 9 heads would need; the 9 "
+    "query heads read them in groups.",
     wrong={
-        "A": ("kv-heads-tiled", "the 9 query heads are not cached at all; the cache holds the keys and values of "
-              "the 3 key/value heads, each read by a group of 3 query heads."),
-        "C": "the cache holds keys AND values: two vectors per key/value head, not one per layer.",
+        "A": (
+            "kv-heads-tiled",
+            "the 9 query heads are not cached at all; the cache holds the "
+            "keys and values of "
+            "the 3 key/value heads, each read by a group of 3 query heads.",
+        ),
+        "C": "the cache holds keys AND values: two vectors per key/value "
+        "head, not one per layer.",
     },
 )

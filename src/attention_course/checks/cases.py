@@ -1,5 +1,6 @@
-"""Input cases shared by the checks: seeded random tensors, masks of every kind, and their conversion to the
-framework the student's code takes. Every case comes with a description that failure messages quote."""
+"""Input cases shared by the checks: seeded random tensors, masks of every
+kind, and their conversion to the framework the student's code takes. Every
+case comes with a description that failure messages quote."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from .runner import shape_text
 
 
 def mixed_mask(rng, shape):
-    """Random boolean mask in which every row has at least one True and one False."""
+    """Random boolean mask in which every row has at least one True and one
+    False."""
     mask = rng.random(shape) < 0.5
     t = shape[-1]
     rows = mask.reshape(-1, t)
@@ -38,16 +40,27 @@ def make_mask(kind, rng, batch, tq, tk):
         lengths = rng.integers(1, tk + 1, size=batch[0])
         if kind == "padding-empty":
             lengths[-1] = 0
-        m = numpy_ref.padding_mask(lengths, tk).reshape((batch[0],) + (1,) * (len(batch) - 1) + (1, tk))
-        return m, f"padding mask of shape {shape_text(m.shape)} for lengths {[int(n) for n in lengths]}"
+        m = numpy_ref.padding_mask(lengths, tk).reshape(
+            (batch[0],) + (1,) * (len(batch) - 1) + (1, tk)
+        )
+        return (
+            m,
+            f"padding mask of shape {shape_text(m.shape)} for lengths "
+            f"{[int(n) for n in lengths]}",
+        )
     if kind == "random-empty":
         m = mixed_mask(rng, (tq, tk))
         m[rng.integers(tq)] = False
-        return m, f"random mask of shape {shape_text(m.shape)} with a fully masked row"
+        return (
+            m,
+            f"random mask of shape {shape_text(m.shape)} with a fully "
+            "masked row",
+        )
     raise ValueError(kind)  # pragma: no cover
 
 
-# (batch dims, Tq, Tk, Dk, Dv, mask kind); ordered so that the simplest cases come first.
+# (batch dims, Tq, Tk, Dk, Dv, mask kind); ordered so that the simplest cases
+# come first.
 _SDPA_CASES = [
     ((), 4, 4, 8, 8, None),
     ((2,), 5, 5, 6, 6, None),
@@ -78,25 +91,37 @@ _SDPA_CASES = [
 
 def sdpa_cases(fully_masked_rows: bool, seed: int = 0):
     rng = np.random.default_rng(seed)
-    for batch, tq, tk, dk, dv, kind in _SDPA_CASES + hidden.sdpa_shapes(fully_masked_rows):
-        if not fully_masked_rows and kind is not None and kind.endswith("empty"):
+    for batch, tq, tk, dk, dv, kind in _SDPA_CASES + hidden.sdpa_shapes(
+        fully_masked_rows
+    ):
+        if (
+            not fully_masked_rows
+            and kind is not None
+            and kind.endswith("empty")
+        ):
             continue
         q = rng.standard_normal(batch + (tq, dk))
         k = rng.standard_normal(batch + (tk, dk))
         v = rng.standard_normal(batch + (tk, dv))
         mask, mask_text = make_mask(kind, rng, batch, tq, tk)
-        desc = f"q {shape_text(q.shape)}, k {shape_text(k.shape)}, v {shape_text(v.shape)}, {mask_text}"
+        desc = (
+            f"q {shape_text(q.shape)}, k {shape_text(k.shape)}, v "
+            f"{shape_text(v.shape)}, {mask_text}"
+        )
         yield q, k, v, mask, desc
 
 
 def to_framework(x, framework: str, dtype: str | None = None):
-    """A float64/bool NumPy case array as the student's function receives it: a NumPy copy (float64), or a float32
-    torch tensor / TensorFlow tensor (masks stay boolean); ``dtype`` ("float32", "float64"): another float dtype
-    (see :func:`.hidden.other_dtype`)."""
+    """A float64/bool NumPy case array as the student's function receives it: a
+    NumPy copy (float64), or a float32 torch tensor / TensorFlow tensor (masks
+    stay boolean); ``dtype`` ("float32", "float64"): another float dtype (see
+    :func:`.hidden.other_dtype`)."""
     if x is None:
         return None
     if framework == "numpy":
-        return x.astype(dtype or np.float64) if x.dtype != np.bool_ else x.copy()
+        return (
+            x.astype(dtype or np.float64) if x.dtype != np.bool_ else x.copy()
+        )
     if framework == "tf":
         return to_tf(x)
     if x.dtype == np.bool_:
@@ -117,7 +142,8 @@ def with_neg_inf(rng, shape):
 
 
 def mha_cases(d_model, seed=5):
-    """(query, key, value, mask, description) with B = 2: self-attention, cross-attention, masks."""
+    """(query, key, value, mask, description) with B = 2: self-attention,
+    cross-attention, masks."""
     rng = np.random.default_rng(seed)
     b = 2
 
@@ -127,43 +153,103 @@ def mha_cases(d_model, seed=5):
     cases = []
     s = x(5)
     cases.append((s, s, s, None, "self-attention, x (2, 5, D), no mask"))
-    cases.append((x(4), x(6), x(6), None, "cross-attention, query (2, 4, D), key and value (2, 6, D), no mask"))
+    cases.append(
+        (
+            x(4),
+            x(6),
+            x(6),
+            None,
+            "cross-attention, query (2, 4, D), key and value (2, 6, D), no "
+            "mask",
+        )
+    )
     s = x(6)
-    cases.append((s, s, s, numpy_ref.causal_mask(6), "self-attention, x (2, 6, D), causal mask (6, 6)"))
+    cases.append(
+        (
+            s,
+            s,
+            s,
+            numpy_ref.causal_mask(6),
+            "self-attention, x (2, 6, D), causal mask (6, 6)",
+        )
+    )
     lengths = [6, 3]
-    cases.append((x(3), x(6), x(6), numpy_ref.padding_mask(lengths, 6),
-                  f"cross-attention, query (2, 3, D), key and value (2, 6, D), padding mask (2, 1, 1, 6) for lengths "
-                  f"{lengths}"))
+    cases.append(
+        (
+            x(3),
+            x(6),
+            x(6),
+            numpy_ref.padding_mask(lengths, 6),
+            "cross-attention, query (2, 3, D), key and value (2, 6, D), "
+            "padding mask (2, 1, 1, 6) for lengths "
+            f"{lengths}",
+        )
+    )
     mask = mixed_mask(rng, (b, 1, 5, 4))
-    cases.append((x(5), x(4), x(4), mask, "cross-attention, query (2, 5, D), key and value (2, 4, D), random mask "
-                  "(2, 1, 5, 4)"))
+    cases.append(
+        (
+            x(5),
+            x(4),
+            x(4),
+            mask,
+            "cross-attention, query (2, 5, D), key and value (2, 4, D), "
+            "random mask "
+            "(2, 1, 5, 4)",
+        )
+    )
     s = x(4)
     mask = mixed_mask(rng, (4, 4))
     mask[2] = False
-    cases.append((s, s, s, mask, "self-attention, x (2, 4, D), mask (4, 4) whose row 2 is fully masked"))
+    cases.append(
+        (
+            s,
+            s,
+            s,
+            mask,
+            "self-attention, x (2, 4, D), mask (4, 4) whose row 2 is fully "
+            "masked",
+        )
+    )
     return cases
 
 
 def hidden_batch_cases(d_in, b, t_q, t_k, seed, single_head=False):
-    """Hidden (query, key, value, mask, description) cases of a module with ``b`` >= 5 examples (see
-    :mod:`.hidden`): cross-attention with Tq != Tk and a padding mask of its own per example, then causal
-    self-attention. ``single_head``: the padding mask is (B, 1, Tk), for scores (B, Tq, Tk), not (B, 1, 1, Tk)."""
+    """Hidden (query, key, value, mask, description) cases of a module with
+    ``b`` >= 5 examples (see :mod:`.hidden`): cross-attention with Tq != Tk and
+    a padding mask of its own per example, then causal self-attention.
+    ``single_head``: the padding mask is (B, 1, Tk), for scores (B, Tq, Tk),
+    not (B, 1, 1, Tk)."""
     rng = np.random.default_rng(seed)
     lengths = [int(n) for n in rng.integers(1, t_k + 1, size=b)]
     padding = numpy_ref.padding_mask(lengths, t_k)  # (B, 1, 1, Tk)
     padding = padding[:, 0] if single_head else padding
     x = rng.standard_normal((b, t_q, d_in))
     memory = rng.standard_normal((b, t_k, d_in))
-    return [(rng.standard_normal((b, t_q, d_in)), memory, memory, padding,
-             f"cross-attention, query {shape_text((b, t_q, d_in))}, key and value {shape_text(memory.shape)}, padding "
-             f"mask {shape_text(padding.shape)} for lengths {lengths}"),
-            (x, x, x, numpy_ref.causal_mask(t_q), f"self-attention, x {shape_text(x.shape)}, causal mask "
-             f"{shape_text((t_q, t_q))}")]
+    return [
+        (
+            rng.standard_normal((b, t_q, d_in)),
+            memory,
+            memory,
+            padding,
+            f"cross-attention, query {shape_text((b, t_q, d_in))}, key and "
+            f"value {shape_text(memory.shape)}, padding "
+            f"mask {shape_text(padding.shape)} for lengths {lengths}",
+        ),
+        (
+            x,
+            x,
+            x,
+            numpy_ref.causal_mask(t_q),
+            f"self-attention, x {shape_text(x.shape)}, causal mask "
+            f"{shape_text((t_q, t_q))}",
+        ),
+    ]
 
 
 def mha_cross_dim_cases(d_model, kdim, vdim, seed=6):
-    """Cross-attention cases whose keys and values have their own feature sizes kdim, vdim != d_model: w_k is
-    (kdim, D) and w_v (vdim, D), so code that only works for square weights fails here."""
+    """Cross-attention cases whose keys and values have their own feature sizes
+    kdim, vdim != d_model: w_k is (kdim, D) and w_v (vdim, D), so code that
+    only works for square weights fails here."""
     rng = np.random.default_rng(seed)
 
     def x(t, d):
@@ -171,18 +257,37 @@ def mha_cross_dim_cases(d_model, kdim, vdim, seed=6):
 
     lengths = [5, 2]
     return [
-        (x(4, d_model), x(6, kdim), x(6, vdim), None,
-         "cross-attention, query (2, 4, D), key (2, 6, kdim), value (2, 6, vdim), no mask"),
-        (x(3, d_model), x(5, kdim), x(5, vdim), numpy_ref.padding_mask(lengths, 5),
-         f"cross-attention, query (2, 3, D), key (2, 5, kdim), value (2, 5, vdim), padding mask (2, 1, 1, 5) for "
-         f"lengths {lengths}"),
-        (x(5, d_model), x(4, kdim), x(4, vdim), mixed_mask(rng, (2, 1, 5, 4)),
-         "cross-attention, query (2, 5, D), key (2, 4, kdim), value (2, 4, vdim), random mask (2, 1, 5, 4)"),
+        (
+            x(4, d_model),
+            x(6, kdim),
+            x(6, vdim),
+            None,
+            "cross-attention, query (2, 4, D), key (2, 6, kdim), value (2, "
+            "6, vdim), no mask",
+        ),
+        (
+            x(3, d_model),
+            x(5, kdim),
+            x(5, vdim),
+            numpy_ref.padding_mask(lengths, 5),
+            "cross-attention, query (2, 3, D), key (2, 5, kdim), value (2, "
+            "5, vdim), padding mask (2, 1, 1, 5) for "
+            f"lengths {lengths}",
+        ),
+        (
+            x(5, d_model),
+            x(4, kdim),
+            x(4, vdim),
+            mixed_mask(rng, (2, 1, 5, 4)),
+            "cross-attention, query (2, 5, D), key (2, 4, kdim), value (2, "
+            "4, vdim), random mask (2, 1, 5, 4)",
+        ),
     ]
 
 
 def single_head_params(d_in, d_out, seed):
-    """w_q, w_k, w_v (d_in, d_out) and biases b_* (d_out,) in the x @ W + b convention, float64."""
+    """w_q, w_k, w_v (d_in, d_out) and biases b_* (d_out,) in the x @ W + b
+    convention, float64."""
     rng = np.random.default_rng(seed)
     params = {}
     for name in "qkv":
@@ -192,8 +297,9 @@ def single_head_params(d_in, d_out, seed):
 
 
 def single_head_cases(d_in, seed=7):
-    """(query, key, value, mask, description) with B = 2; key and value are None for self-attention (the module
-    is then called as module(x) or module(x, mask=mask)); masks broadcast to (B, Tq, Tk)."""
+    """(query, key, value, mask, description) with B = 2; key and value are
+    None for self-attention (the module is then called as module(x) or
+    module(x, mask=mask)); masks broadcast to (B, Tq, Tk)."""
     rng = np.random.default_rng(seed)
 
     def x(t):
@@ -203,14 +309,53 @@ def single_head_cases(d_in, seed=7):
     mask = mixed_mask(rng, (4, 4))
     mask[2] = False
     return [
-        (x(5), None, None, None, "self-attention module(x), x (2, 5, d_in), no mask"),
-        (x(4), x(6), x(6), None, "cross-attention, query (2, 4, d_in), key and value (2, 6, d_in), no mask"),
-        (x(6), None, None, numpy_ref.causal_mask(6), "self-attention module(x, mask=mask), x (2, 6, d_in), causal mask "
-         "(6, 6)"),
-        (x(3), x(6), x(6), numpy_ref.padding_mask(lengths, 6)[:, 0], "cross-attention, query (2, 3, d_in), key and "
-         f"value (2, 6, d_in), padding mask (2, 1, 6) for lengths {lengths}"),
-        (x(5), x(4), x(4), mixed_mask(rng, (2, 5, 4)), "cross-attention, query (2, 5, d_in), key and value "
-         "(2, 4, d_in), random mask (2, 5, 4)"),
-        (x(4), None, None, mask, "self-attention module(x, mask=mask), x (2, 4, d_in), mask (4, 4) whose row 2 is "
-         "fully masked"),
+        (
+            x(5),
+            None,
+            None,
+            None,
+            "self-attention module(x), x (2, 5, d_in), no mask",
+        ),
+        (
+            x(4),
+            x(6),
+            x(6),
+            None,
+            "cross-attention, query (2, 4, d_in), key and value (2, 6, "
+            "d_in), no mask",
+        ),
+        (
+            x(6),
+            None,
+            None,
+            numpy_ref.causal_mask(6),
+            "self-attention module(x, mask=mask), x (2, 6, d_in), causal mask "
+            "(6, 6)",
+        ),
+        (
+            x(3),
+            x(6),
+            x(6),
+            numpy_ref.padding_mask(lengths, 6)[:, 0],
+            "cross-attention, query (2, 3, d_in), key and "
+            "value (2, 6, d_in), padding mask (2, 1, 6) for lengths "
+            f"{lengths}",
+        ),
+        (
+            x(5),
+            x(4),
+            x(4),
+            mixed_mask(rng, (2, 5, 4)),
+            "cross-attention, query (2, 5, d_in), key and value "
+            "(2, 4, d_in), random mask (2, 5, 4)",
+        ),
+        (
+            x(4),
+            None,
+            None,
+            mask,
+            "self-attention module(x, mask=mask), x (2, 4, d_in), mask (4, "
+            "4) whose row 2 is "
+            "fully masked",
+        ),
     ]

@@ -1,4 +1,5 @@
-"""``python -m attention_course.distributed --world-size 4``: both schemes on P processes, verdicts printed."""
+"""``python -m attention_course.distributed --world-size 4``: both schemes on P
+processes, verdicts printed."""
 
 from .demos import main
 

@@ -1,6 +1,8 @@
-"""The course's side of Hugging Face ``transformers``: the helpers every ``from_hf`` shares.
+"""The course's side of Hugging Face ``transformers``: the helpers every
+``from_hf`` shares.
 
-``transformers`` is imported only when a conversion needs it (:meth:`HFTwin.load`): the course runs without it.
+``transformers`` is imported only when a conversion needs it
+(:meth:`HFTwin.load`): the course runs without it.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from torch import nn
 
 @dataclass(frozen=True)
 class HFTwin:
-    """The transformers class a course class mirrors (each such class holds one as ``hf_twin``).
+    """The transformers class a course class mirrors (each such class holds one
+    as ``hf_twin``).
 
-    ``module`` is its module under ``transformers.models``, ``name`` the class; ``config`` and ``rotary`` name the
-    config and rotary-embedding classes that build and run one layer of it offline (chapter 14's reference).
+    ``module`` is its module under ``transformers.models``, ``name`` the class;
+    ``config`` and ``rotary`` name the config and rotary-embedding classes that
+    build and run one layer of it offline (chapter 14's reference).
     """
 
     module: str
@@ -25,16 +29,22 @@ class HFTwin:
     rotary: str | None = None
 
     def load(self, name: str | None = None):
-        """The transformers class ``name`` (default: the twin itself) of this module, imported only now."""
-        return getattr(importlib.import_module(f"transformers.models.{self.module}"), name or self.name)
+        """The transformers class ``name`` (default: the twin itself) of this
+        module, imported only now."""
+        return getattr(
+            importlib.import_module(f"transformers.models.{self.module}"),
+            name or self.name,
+        )
 
 
 def check_hf_module(cls, module) -> None:
-    """Raise TypeError unless module is the transformers class that ``cls`` mirrors."""
+    """Raise TypeError unless module is the transformers class that ``cls``
+    mirrors."""
     expected = cls.hf_twin.load()
     if not isinstance(module, expected):
         raise TypeError(
-            f"{cls.__name__}.from_hf mirrors transformers' {expected.__name__}, got "
+            f"{cls.__name__}.from_hf mirrors transformers' "
+            f"{expected.__name__}, got "
             f"{type(module).__module__}.{type(module).__name__}"
         )
 
@@ -47,14 +57,19 @@ def copy_linear(target: nn.Linear, source: nn.Linear) -> None:
 
 
 def hf_window(module) -> int | None:
-    """The window of an HF attention layer (None: plain causal): ``config.sliding_window`` where it is a sliding one.
+    """The window of an HF attention layer (None: plain causal):
+    ``config.sliding_window`` where it is a sliding one.
 
-    Models that mix layer types name each layer in ``config.layer_types``; Mistral, which has none, applies its
-    window (if any) to every layer.
+    Models that mix layer types name each layer in ``config.layer_types``;
+    Mistral, which has none, applies its window (if any) to every layer.
     """
     config = module.config
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types is None:
         return window
-    return window if layer_types[module.layer_idx] == "sliding_attention" else None
+    return (
+        window
+        if layer_types[module.layer_idx] == "sliding_attention"
+        else None
+    )

@@ -2,88 +2,195 @@
 
 from attention_course.mistakes.catalogue import mistake
 
-# ==================================================================================================================
-# Capstone 1, "capstone1" (chapters 10 to 13 together: RoPE attention with a cache, pre-LN blocks, a TinyGPT
-# trained on the induction task, its generation and its induction head, its heads on two processes)
-# ==================================================================================================================
+# =============================================================================
+# Capstone 1, "capstone1" (chapters 10 to 13 together: RoPE attention with a
+# cache, pre-LN blocks, a TinyGPT trained on the induction task, its generation
+# and its induction head, its heads on two processes)
+# =============================================================================
 
-mistake("rope-not-applied", "queries and keys not rotated at all (no RoPE)",
-        "Your attention ignores the positions: your outputs match causal attention WITHOUT RoPE. Rotate the "
-        "queries and the keys of every head by their positions before the scores.",
-        chapter="capstone1", topic="capstone")
-mistake("cache-keys-unrotated", "the KV cache holds the keys before RoPE, rotated again at every call",
-        "Your outputs are right, but your cache holds the keys as projected, before their rotation: every call "
-        "then rotates the whole cache again, work that grows with the cache, and a cache handed to other code "
-        "(or to the check) is not what the exercise asks for. A key's rotation depends on its own position only "
-        "(chapter 10).",
-        chapter="capstone1", topic="capstone")
-mistake("final-norm-missing", "a pre-LN model without its final LayerNorm before the head",
-        "Your logits match the model without its final LayerNorm: in a pre-LN model nothing normalises the "
-        "residual stream after the last block, so the head must read norm(x), not x (chapter 11).",
-        chapter="capstone1", topic="capstone")
-mistake("generate-wrong-position", "greedy generation reads the logits of another position than the last",
-        "Your generated tokens come from the logits of the FIRST position: the logits at position t predict "
-        "token t + 1, so the next token is chosen from the last position's logits, logits[:, -1].",
-        chapter="capstone1", topic="capstone")
-mistake("cache-not-passed-back", "cached generation feeds the new token without the cache of the earlier ones",
-        "With the cache, your model sees only the newest token at each step: its logits match a model called on "
-        "that token alone. Pass the caches the previous call returned back into the next call.",
-        chapter="capstone1", topic="capstone")
-mistake("cache-fed-whole-sequence", "cached generation feeds the whole sequence again on top of the cache",
-        "With the cache, your steps feed the whole sequence AND the cache: every token is cached again and sits "
-        "at a second, later position. Once the prompt is cached, feed only the newest token.",
-        chapter="capstone1", topic="capstone")
-mistake("targets-not-shifted", "next-token training on targets that are the inputs themselves",
-        "Your model predicts the CURRENT token: it was trained with the inputs as their own targets. The logits "
-        "at position t predict token t + 1: compare model(ids[:, :-1]) with ids[:, 1:].",
-        chapter="capstone1", topic="capstone")
-mistake("induction-not-learned", "the trained model does not copy the repeated half",
-        "After your training the model predicts only {detail} of the repeated half's tokens. A 2-layer model "
-        "learns to copy them within a few hundred steps (chapter 12): check that your loss covers every "
-        "position's next token, that training runs (the check calls it without autograd, as the grader does: "
-        "wrap it in torch.enable_grad()), and the learning rate and number of steps.",
-        chapter="capstone1", topic="capstone")
-mistake("cache-kept-in-module", "the attention keeps its cache in the module instead of the cache it is passed",
-        "Your module gives the right outputs for one sequence at a time, but not for {detail} of two sequences fed "
-        "in turns, each with its own cache: your forward reads keys and values from somewhere other than the cache "
-        "it is given (an attribute of the module?). A caller may hold several caches for one module.",
-        chapter="capstone1", topic="capstone")
-mistake("accuracy-not-from-weights", "a trained model whose forward reaches an accuracy its weights do not",
-        "Your model predicts {detail}. The check measures the weights your training produced, with its own causal "
-        "forward: your model's forward does something those weights do not (a position that reads later tokens, "
-        "or predictions computed some other way). Look at the mask in your attention (exercise 2) and at what your "
-        "forward returns.",
-        chapter="capstone1", topic="capstone")
-mistake("scores-from-library", "induction scores computed with the library's own model or score",
-        "Your function calls {detail}: the exercise asks for the scores computed from your own model's attention "
-        "(a forward pre-hook on each block's attn), not from the library's GPT or interpret functions.",
-        chapter="capstone1", topic="capstone")
-mistake("shard-not-split", "tensor-parallel attention in which a process computes more than its own heads",
-        "Every rank's output is right, but {detail}: each rank must compute only its own heads (its rows of w_q, "
-        "w_k, w_v and its columns of w_o), the all-reduce then sums the parts. Look at what each rank computes.",
-        chapter="capstone1", topic="capstone")
+mistake(
+    "rope-not-applied",
+    "queries and keys not rotated at all (no RoPE)",
+    "Your attention ignores the positions: your outputs match causal "
+    "attention WITHOUT RoPE. Rotate the "
+    "queries and the keys of every head by their positions before the scores.",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "cache-keys-unrotated",
+    "the KV cache holds the keys before RoPE, rotated again at every call",
+    "Your outputs are right, but your cache holds the keys as projected, "
+    "before their rotation: every call "
+    "then rotates the whole cache again, work that grows with the cache, "
+    "and a cache handed to other code "
+    "(or to the check) is not what the exercise asks for. A key's rotation "
+    "depends on its own position only "
+    "(chapter 10).",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "final-norm-missing",
+    "a pre-LN model without its final LayerNorm before the head",
+    "Your logits match the model without its final LayerNorm: in a pre-LN "
+    "model nothing normalises the "
+    "residual stream after the last block, so the head must read norm(x), "
+    "not x (chapter 11).",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "generate-wrong-position",
+    "greedy generation reads the logits of another position than the last",
+    "Your generated tokens come from the logits of the FIRST position: the "
+    "logits at position t predict "
+    "token t + 1, so the next token is chosen from the last position's "
+    "logits, logits[:, -1].",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "cache-not-passed-back",
+    "cached generation feeds the new token without the cache of the earlier "
+    "ones",
+    "With the cache, your model sees only the newest token at each step: "
+    "its logits match a model called on "
+    "that token alone. Pass the caches the previous call returned back into "
+    "the next call.",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "cache-fed-whole-sequence",
+    "cached generation feeds the whole sequence again on top of the cache",
+    "With the cache, your steps feed the whole sequence AND the cache: "
+    "every token is cached again and sits "
+    "at a second, later position. Once the prompt is cached, feed only the "
+    "newest token.",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "targets-not-shifted",
+    "next-token training on targets that are the inputs themselves",
+    "Your model predicts the CURRENT token: it was trained with the inputs "
+    "as their own targets. The logits "
+    "at position t predict token t + 1: compare model(ids[:, :-1]) with "
+    "ids[:, 1:].",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "induction-not-learned",
+    "the trained model does not copy the repeated half",
+    "After your training the model predicts only {detail} of the repeated "
+    "half's tokens. A 2-layer model "
+    "learns to copy them within a few hundred steps (chapter 12): check "
+    "that your loss covers every "
+    "position's next token, that training runs (the check calls it without "
+    "autograd, as the grader does: "
+    "wrap it in torch.enable_grad()), and the learning rate and number of "
+    "steps.",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "cache-kept-in-module",
+    "the attention keeps its cache in the module instead of the cache it is "
+    "passed",
+    "Your module gives the right outputs for one sequence at a time, but "
+    "not for {detail} of two sequences fed "
+    "in turns, each with its own cache: your forward reads keys and values "
+    "from somewhere other than the cache "
+    "it is given (an attribute of the module?). A caller may hold several "
+    "caches for one module.",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "accuracy-not-from-weights",
+    "a trained model whose forward reaches an accuracy its weights do not",
+    "Your model predicts {detail}. The check measures the weights your "
+    "training produced, with its own causal "
+    "forward: your model's forward does something those weights do not (a "
+    "position that reads later tokens, "
+    "or predictions computed some other way). Look at the mask in your "
+    "attention (exercise 2) and at what your "
+    "forward returns.",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "scores-from-library",
+    "induction scores computed with the library's own model or score",
+    "Your function calls {detail}: the exercise asks for the scores "
+    "computed from your own model's attention "
+    "(a forward pre-hook on each block's attn), not from the library's GPT "
+    "or interpret functions.",
+    chapter="capstone1",
+    topic="capstone",
+)
+mistake(
+    "shard-not-split",
+    "tensor-parallel attention in which a process computes more than its "
+    "own heads",
+    "Every rank's output is right, but {detail}: each rank must compute "
+    "only its own heads (its rows of w_q, "
+    "w_k, w_v and its columns of w_o), the all-reduce then sums the parts. "
+    "Look at what each rank computes.",
+    chapter="capstone1",
+    topic="capstone",
+)
 
 
-# ==================================================================================================================
-# Capstone 2, "capstone2" (chapters 14 to 18 together: SmolLM2 from the student's own parts, the real weights,
-# equal to Hugging Face). It also names chapter 8's [kv-heads-tiled], chapter 10's [rope-wrong-pairing] and
-# [rope-position-not-offset] and chapter 11's RMSNorm codes: the same mistakes, made in the real model.
-# ==================================================================================================================
+# =============================================================================
+# Capstone 2, "capstone2" (chapters 14 to 18 together: SmolLM2 from the
+# student's own parts, the real weights, equal to Hugging Face). It also names
+# chapter 8's [kv-heads-tiled], chapter 10's [rope-wrong-pairing] and
+# [rope-position-not-offset] and chapter 11's RMSNorm codes: the same mistakes,
+# made in the real model.
+# =============================================================================
 
-mistake("cache-position-off-by-one", "tokens fed after a cache rotated at one position past where they stand",
-        "Your first call is right, but the tokens you feed with a cache are rotated at {detail}: a new token "
-        "stands right after the cached ones, at position T_past (0-based), the cache's length.",
-        chapter="capstone2", topic="capstone_model")
-mistake("rope-base-default", "RoPE with the textbook base 10000 instead of the checkpoint's rope_theta",
-        "Your outputs match RoPE with the textbook base 10000: SmolLM2 was trained with rope_theta = 100000 "
-        "(config.rope_parameters); use the base the model is built with, as chapter 14's from_hf reads it.",
-        chapter="capstone2", topic="capstone_model")
-mistake("model-final-norm-missing", "a Llama's logits read from the last layer without the final RMSNorm",
-        "Your logits match the real model without its final RMSNorm: the head reads norm(x) after the last "
-        "layer (model.norm.weight), not the residual stream itself.",
-        chapter="capstone2", topic="capstone_model")
-mistake("logits-differ-from-hf", "the assembled model's logits differ from Hugging Face's on the same weights",
-        "Your logits differ from Hugging Face's LlamaForCausalLM on the same weights: {detail}. Check each part "
-        "on its own first (exercises 2 and 3), then the order in a layer: x + attn(norm1(x)), then "
-        "x + ffn(norm2(x)); SwiGLU is down(silu(gate(x)) * up(x)); the head is tied to the embedding.",
-        chapter="capstone2", topic="capstone_model")
+mistake(
+    "cache-position-off-by-one",
+    "tokens fed after a cache rotated at one position past where they stand",
+    "Your first call is right, but the tokens you feed with a cache are "
+    "rotated at {detail}: a new token "
+    "stands right after the cached ones, at position T_past (0-based), the "
+    "cache's length.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "rope-base-default",
+    "RoPE with the textbook base 10000 instead of the checkpoint's rope_theta",
+    "Your outputs match RoPE with the textbook base 10000: SmolLM2 was "
+    "trained with rope_theta = 100000 "
+    "(config.rope_parameters); use the base the model is built with, as "
+    "chapter 14's from_hf reads it.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "model-final-norm-missing",
+    "a Llama's logits read from the last layer without the final RMSNorm",
+    "Your logits match the real model without its final RMSNorm: the head "
+    "reads norm(x) after the last "
+    "layer (model.norm.weight), not the residual stream itself.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "logits-differ-from-hf",
+    "the assembled model's logits differ from Hugging Face's on the same "
+    "weights",
+    "Your logits differ from Hugging Face's LlamaForCausalLM on the same "
+    "weights: {detail}. Check each part "
+    "on its own first (exercises 2 and 3), then the order in a layer: x + "
+    "attn(norm1(x)), then "
+    "x + ffn(norm2(x)); SwiGLU is down(silu(gate(x)) * up(x)); the head is "
+    "tied to the embedding.",
+    chapter="capstone2",
+    topic="capstone_model",
+)

@@ -1,6 +1,5 @@
-"""The catalogue's machinery: :class:`Mistake`, :func:`mistake` (add one), the lookups. The entries live in
-the chapter sections beside this module."""
-
+"""The catalogue's machinery: :class:`Mistake`, :func:`mistake` (add one), the
+lookups. The entries live in the chapter sections beside this module."""
 
 from __future__ import annotations
 
@@ -11,8 +10,9 @@ from typing import NamedTuple
 
 
 class Example(NamedTuple):
-    """A bug_zoo implementation that commits a mistake: its ``impl`` name in :mod:`attention_course.bug_zoo` and the
-    ``check`` (a function name of :mod:`attention_course.checks`) that diagnoses it."""
+    """A bug_zoo implementation that commits a mistake: its ``impl`` name in
+    :mod:`attention_course.bug_zoo` and the ``check`` (a function name of
+    :mod:`attention_course.checks`) that diagnoses it."""
 
     impl: str
     check: str
@@ -23,7 +23,8 @@ class Mistake:
     code: str
     description: str
     hint: str = ""
-    chapter: int | str | None = None  # a chapter's number, a capstone's key ("capstone1"), None: any
+    # a chapter's number, a capstone's key ("capstone1"), None: any
+    chapter: int | str | None = None
     topic: str = "runner"
     examples: tuple[Example, ...] = ()
 
@@ -31,33 +32,59 @@ class Mistake:
 #: code -> Mistake, in the order of the sections below.
 MISTAKES: dict[str, Mistake] = {}
 _DESCRIPTIONS: dict[str, str] = {}
-#: code -> one-line description of every code a check can report (a read-only, always up-to-date view).
+#: code -> one-line description of every code a check can report (a read-only,
+#: always up-to-date view).
 CODES = MappingProxyType(_DESCRIPTIONS)
 _EXAMPLES: dict[str, tuple[str, str]] = {}  # bug_zoo name -> (code, check)
 _CODE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
-_MESSAGE_CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]\s*")  # a diagnosis code at the start of a message
+# a diagnosis code at the start of a message
+_MESSAGE_CODE = re.compile(r"^\[([A-Za-z0-9_-]+)\]\s*")
 
 
 def split_code(message: str) -> tuple[str | None, str]:
-    """``("missing-scale", "the rest")`` for ``"[missing-scale] the rest"``; ``(None, message)`` without a code.
-    The one reader of a message's code (the checks, the grader's verdicts and hints)."""
+    """``("missing-scale", "the rest")`` for ``"[missing-scale] the rest"``;
+    ``(None, message)`` without a code. The one reader of a message's code (the
+    checks, the grader's verdicts and hints)."""
     match = _MESSAGE_CODE.match(message)
-    return (match.group(1), message[match.end():]) if match else (None, message)
+    return (
+        (match.group(1), message[match.end() :]) if match else (None, message)
+    )
 
 
-def mistake(code: str, description: str, hint: str = "", *, chapter: int | str | None = None, topic: str = "runner",
-            examples: tuple[tuple[str, str], ...] = ()) -> Mistake:
-    """Add a mistake to the catalogue; ``examples`` are (bug_zoo name, check name) pairs."""
+def mistake(
+    code: str,
+    description: str,
+    hint: str = "",
+    *,
+    chapter: int | str | None = None,
+    topic: str = "runner",
+    examples: tuple[tuple[str, str], ...] = (),
+) -> Mistake:
+    """Add a mistake to the catalogue; ``examples`` are (bug_zoo name, check
+    name) pairs."""
     if not isinstance(code, str) or not _CODE.match(code):
-        raise ValueError(f"code must be lower-case words joined by '-', e.g. 'missing-scale', got {code!r}")
+        raise ValueError(
+            "code must be lower-case words joined by '-', e.g. "
+            f"'missing-scale', got {code!r}"
+        )
     if code in MISTAKES:
         raise ValueError(f"code {code!r} is already in the catalogue")
     if not description or "\n" in description:
         raise ValueError(f"description of {code!r} must be one non-empty line")
-    entry = Mistake(code, description, hint, chapter, topic, tuple(Example(*e) for e in examples))
+    entry = Mistake(
+        code,
+        description,
+        hint,
+        chapter,
+        topic,
+        tuple(Example(*e) for e in examples),
+    )
     for example in entry.examples:
         if example.impl in _EXAMPLES:
-            raise ValueError(f"bug_zoo.{example.impl} is already an example of [{_EXAMPLES[example.impl][0]}]")
+            raise ValueError(
+                f"bug_zoo.{example.impl} is already an example of "
+                f"[{_EXAMPLES[example.impl][0]}]"
+            )
     MISTAKES[code] = entry
     _DESCRIPTIONS[code] = description
     _EXAMPLES.update({e.impl: (code, e.check) for e in entry.examples})
@@ -68,7 +95,9 @@ def hint(code: str, detail: str = "") -> str:
     """The default message of ``code`` with ``{detail}`` filled in."""
     entry = MISTAKES[code]
     if not entry.hint:
-        raise ValueError(f"[{code}] has no default hint: the check must write its message")
+        raise ValueError(
+            f"[{code}] has no default hint: the check must write its message"
+        )
     return entry.hint.format(detail=detail)
 
 
@@ -77,11 +106,15 @@ def example(impl_name: str) -> tuple[str, str]:
     try:
         return _EXAMPLES[impl_name]
     except KeyError:
-        raise ValueError(f"bug_zoo.{impl_name} is the example of no mistake in the catalogue") from None
+        raise ValueError(
+            f"bug_zoo.{impl_name} is the example of no mistake in the "
+            "catalogue"
+        ) from None
 
 
 def in_chapter(chapter: int | str) -> list[Mistake]:
-    """The mistakes a chapter (a number) or a capstone (its key, ``"capstone1"``) teaches, in catalogue order."""
+    """The mistakes a chapter (a number) or a capstone (its key,
+    ``"capstone1"``) teaches, in catalogue order."""
     return [m for m in MISTAKES.values() if m.chapter == chapter]
 
 
