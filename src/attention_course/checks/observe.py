@@ -645,11 +645,29 @@ class KernelStores(_Tracked, _Plain):
             return lambda *args, **kwargs: observer._launch(run, args, kwargs)
 
         KernelInterface.__getitem__ = launch_observed
+        # An output from torch.empty may already hold the very numbers the
+        # kernel stores (the allocator hands back the block a previous run
+        # freed): such a store changes nothing, and would go unseen. Memory
+        # from empty() has no defined content, so NaN is as good as any.
+        self._empties = torch.empty, torch.empty_like
+        torch.empty = _filled_with_nan(torch.empty)
+        torch.empty_like = _filled_with_nan(torch.empty_like)
         return self
 
     def __exit__(self, *exc):
         self._interface.__getitem__ = self._getitem
+        torch.empty, torch.empty_like = self._empties
         return super().__exit__(*exc)
+
+
+def _filled_with_nan(allocate):
+    """``allocate`` whose floating-point results are filled with NaN."""
+
+    def allocate_nan(*args, **kwargs):
+        out = allocate(*args, **kwargs)
+        return out.fill_(math.nan) if out.is_floating_point() else out
+
+    return allocate_nan
 
 
 class PeakMemory(_Tracked, TorchFunctionMode):
