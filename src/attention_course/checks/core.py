@@ -420,14 +420,15 @@ LONG_KEYS = 4096
 
 
 def _require_streamed(fn, rng, n):
-    """The stream's own case: many keys, and the memory the call needs measured
-    (:class:`.observe.PeakMemory`):
-    a stream holds its running values only, code that holds a score per key
-    needs 8 bytes a key or more (in
-    PyTorch: a tensor with an axis of one entry per key). The call runs twice
-    and the smaller measurement counts (a first call may fill caches that
-    stay). The keys count their rows read (:class:`.observe.RowReads`), which
-    tells no loop from a loop that stores, and one pass from several."""
+    """The stream's own case: many keys, and what the call holds at once.
+    A first call runs inside :class:`.observe.PerKeyTensors` (in PyTorch, a
+    tensor with an axis of one entry per key holds a score per key), then two
+    inside :class:`.observe.PeakMemory` alone, whose smaller measurement
+    counts (a first call may fill caches that stay): a stream holds its
+    running values only, code that holds a score per key needs 8 bytes a key
+    or more. Every call counts the key rows read
+    (:class:`.observe.RowReads`), which tells no loop from a loop that stores,
+    and one pass from several."""
     q, k, v = (
         rng.standard_normal(4),
         rng.standard_normal((LONG_KEYS, 4)),
@@ -438,14 +439,16 @@ def _require_streamed(fn, rng, n):
         f"{shape_text(k.shape)}, v {shape_text(v.shape)}"
     )
     here, peaks, per_key = observe.runs_here(fn), [], False
-    for _ in range(2):
-        memory, reads = (
-            observe.PeakMemory(LONG_KEYS, (4, 3)),
-            observe.RowReads(1),
+    for run in range(3):
+        watch = (
+            observe.PerKeyTensors(LONG_KEYS, (4, 3))
+            if run == 0
+            else observe.PeakMemory()
         )
+        reads = observe.RowReads(1)
 
-        def measured(q, k, v, memory=memory, reads=reads):
-            with memory, reads:
+        def measured(q, k, v, watch=watch, reads=reads):
+            with watch, reads:
                 return fn(q, reads.wrap(k) if here else k, v)
 
         out_s, w_s = split_result(
@@ -466,8 +469,10 @@ def _require_streamed(fn, rng, n):
                 atol=1e-8,
                 rtol=1e-6,
             )
-        peaks.append(memory.peak)
-        per_key = per_key or memory.per_key
+        if run == 0:
+            per_key = watch.per_key
+        else:
+            peaks.append(watch.peak)
     # a quarter of a float64 per key, or a tensor of them
     if min(peaks) > 2 * LONG_KEYS or per_key:
         detail = (

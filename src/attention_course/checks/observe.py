@@ -670,53 +670,35 @@ def _filled_with_nan(allocate):
     return allocate_nan
 
 
-class PeakMemory(_Tracked, TorchFunctionMode):
+class PeakMemory(_Tracked, _Plain):
     """Measures, in ``peak``, the most memory the code inside the ``with``
     block held at once beyond what it started with (Python's ``tracemalloc``,
     which sees Python objects and NumPy's arrays, not PyTorch's): "stream over
     the keys, never holding a score for each" is checked by the memory a call
-    needs as the keys grow, which no result shows. PyTorch's tensors are
-    watched instead by shape: ``per_key`` records a tensor created with an axis
-    of ``keys`` (the case's number of keys) and none of the feature widths
-    ``widths`` (a row of scores or weights, not a copy of the keys or values).
-    Under the grader the sandbox's measurements replace this process's (which
-    then also holds the wire's copies)."""
+    needs as the keys grow, which no result shows. No dispatch mode may be
+    active around it: PyTorch's mode dispatch creates attribute names on every
+    call, which CPython's type-attribute cache keeps, and each slot that swaps
+    a long-lived name for a new one counts (up to 35 KiB in 4096 steps, at
+    random with the hash seed). PyTorch's own tensors are watched by
+    :class:`PerKeyTensors`. Under the grader the sandbox's measurement replaces
+    this process's (which then also holds the wire's copies)."""
 
-    def __init__(self, keys: int, widths: tuple[int, ...]):
-        super().__init__()
-        self.keys, self.widths = keys, tuple(widths)
-        self.peak, self.per_key = 0, False
+    def __init__(self):
+        self.peak = 0
         self._remote = None
 
     def spec(self) -> dict:
-        return {
-            "kind": "memory",
-            "keys": self.keys,
-            "widths": list(self.widths),
-        }
+        return {"kind": "memory"}
 
     @classmethod
     def from_spec(cls, spec):
-        return cls(int(spec["keys"]), tuple(int(n) for n in spec["widths"]))
+        return cls()
 
     def result(self) -> dict:
-        return {"peak": self.peak, "per_key": self.per_key}
+        return {"peak": self.peak}
 
     def absorb(self, result) -> None:
-        self._remote = (
-            max((self._remote or (0, False))[0], int(result["peak"])),
-            result["per_key"] is True,
-        )
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if (
-            isinstance(out, torch.Tensor)
-            and self.keys in out.shape
-            and not set(self.widths) & set(out.shape)
-        ):
-            self.per_key = True
-        return out
+        self._remote = max(self._remote or 0, int(result["peak"]))
 
     def __enter__(self):
         import tracemalloc
@@ -735,11 +717,48 @@ class PeakMemory(_Tracked, TorchFunctionMode):
         if self._started:
             tracemalloc.stop()
         if self._remote is not None:
-            self.peak, self.per_key = (
-                self._remote[0],
-                self.per_key or self._remote[1],
-            )
+            self.peak = self._remote
         return super().__exit__(*exc)
+
+
+class PerKeyTensors(_Tracked, TorchFunctionMode):
+    """Records, in ``per_key``, whether the code inside the ``with`` block
+    created a PyTorch tensor with an axis of ``keys`` (the case's number of
+    keys) and none of the feature widths ``widths``: a row of scores or
+    weights, not a copy of the keys or values (what :class:`PeakMemory` cannot
+    see)."""
+
+    def __init__(self, keys: int, widths: tuple[int, ...]):
+        super().__init__()
+        self.keys, self.widths = keys, tuple(widths)
+        self.per_key = False
+
+    def spec(self) -> dict:
+        return {
+            "kind": "per-key",
+            "keys": self.keys,
+            "widths": list(self.widths),
+        }
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["keys"]), tuple(int(n) for n in spec["widths"]))
+
+    def result(self) -> dict:
+        return {"per_key": self.per_key}
+
+    def absorb(self, result) -> None:
+        self.per_key = self.per_key or result["per_key"] is True
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (
+            isinstance(out, torch.Tensor)
+            and self.keys in out.shape
+            and not set(self.widths) & set(out.shape)
+        ):
+            self.per_key = True
+        return out
 
 
 class _RowsCounted(np.ndarray):
@@ -940,6 +959,7 @@ _KINDS = {
     "ranks": RankScores,
     "stores": KernelStores,
     "memory": PeakMemory,
+    "per-key": PerKeyTensors,
     "reads": RowReads,
     "outside-flex": OutsideFlex,
     "flex-calls": FlexCalls,
