@@ -4,6 +4,7 @@ import copy
 import functools
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -517,6 +518,29 @@ def computed_in_parent(module, x, world_size):  # [shard-not-split]: no rank doe
     return torch.stack([out] * world_size)
 
 
+def numpy_heads_rank(rank, world_size, module, x):
+    """Each rank's heads computed in NumPy, out of the check's sight; only the all-reduce is PyTorch's."""
+    local, width = module.num_heads // world_size, module.w_o.in_features // world_size
+    cols = slice(rank * width, (rank + 1) * width)
+    as_np = lambda w: w.detach().double().numpy()  # noqa: E731
+    qkv = [x.double().numpy() @ as_np(w.weight[cols]).T + as_np(w.bias[cols])
+           for w in (module.w_q, module.w_k, module.w_v)]
+    b, t, _ = x.shape
+    q, k, v = (torch.from_numpy(z.reshape(b, t, local, -1).transpose(0, 2, 1, 3).copy()) for z in qkv)
+    pos = torch.arange(t)
+    q, k = (apply_rope(z, pos).numpy() for z in (q, k))
+    scores = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1]) + np.triu(np.full((t, t), -np.inf), 1)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    heads = (weights / weights.sum(-1, keepdims=True)) @ v.numpy()
+    partial = torch.from_numpy(heads.transpose(0, 2, 1, 3).reshape(b, t, width) @ as_np(module.w_o.weight[:, cols]).T)
+    torch.distributed.all_reduce(partial)
+    return (partial + module.w_o.bias.detach().double()).float()
+
+
+def numpy_sharded(module, x, world_size):  # [shard-not-seen]: the ranks' scores computed in NumPy
+    return torch.stack(launch(numpy_heads_rank, world_size, module, x, start_method="fork"))
+
+
 def gather_heads_rank(rank, world_size, module, x):
     """Another style: each rank computes its heads (einsum, the fused kernel), all_gather of the heads, then the
     whole output projection on every rank."""
@@ -545,6 +569,7 @@ CORRECT += [(shard_check, make_sharded()), (shard_check, gather_sharded)]
 PLANTED += [
     (shard_check, gathered_sharded, "shard-not-split"),
     (shard_check, computed_in_parent, "shard-not-split"),
+    (shard_check, numpy_sharded, "shard-not-seen"),
     (shard_check, make_sharded("not-reduced"), "g-forward-not-reduced"),
     (shard_check, make_sharded("bias-per-rank"), "tp-bias-per-rank"),
     (shard_check, make_sharded("reduced-heads"), "allreduce-before-output-projection"),

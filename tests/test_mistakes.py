@@ -84,7 +84,8 @@ def test_topics_and_chapters():
     assert [m.code for m in mistakes.in_chapter("capstone1")] == [
         "rope-not-applied", "cache-keys-unrotated", "final-norm-missing", "generate-wrong-position",
         "cache-not-passed-back", "cache-fed-whole-sequence", "targets-not-shifted", "induction-not-learned",
-        "cache-kept-in-module", "accuracy-not-from-weights", "scores-from-library", "shard-not-split"]
+        "cache-kept-in-module", "accuracy-not-from-weights", "scores-from-library", "shard-not-split",
+        "shard-not-seen"]
     assert [m.code for m in mistakes.in_chapter("capstone2")] == [
         "cache-position-off-by-one", "rope-base-default", "model-final-norm-missing", "logits-differ-from-hf"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))

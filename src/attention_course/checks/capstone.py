@@ -1420,8 +1420,16 @@ def check_capstone_sharding(cls, fn, *, timeout: float = 60.0):
 def _check_split(counts, share: int, case: str) -> None:
     """What ran where: the launching process computes no attention scores, and
     no rank more than its heads' share (``share`` query-key scores). Nothing
-    seen at all (computed outside torch's sight): nothing to judge."""
+    seen at all (scores computed outside PyTorch, or in processes that did not
+    inherit the watch) is refused: a split nobody saw is no split proven."""
     here, ranks = counts
+    if not here and not any(ranks):
+        raise fail(
+            "shard-not-seen",
+            detail="no process computed query-key scores with PyTorch "
+            "where the check can count them",
+            case=case,
+        )
     if here:
         raise fail(
             "shard-not-split",

@@ -558,9 +558,11 @@ class RankScores(_Tracked, TorchDispatchMode):
         import os
 
         out = func(*args, **(kwargs or {}))
+        # fused kernels return (output, log-sum-exp, ...): the output counts
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
         n = (
-            self._scores(func, args, out)
-            if isinstance(out, torch.Tensor)
+            self._scores(func, args, first)
+            if isinstance(first, torch.Tensor)
             else 0
         )
         if n:

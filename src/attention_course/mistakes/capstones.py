@@ -142,6 +142,16 @@ mistake(
     chapter="capstone1",
     topic="capstone",
 )
+mistake(
+    "shard-not-seen",
+    "tensor-parallel attention whose ranks compute out of the check's sight",
+    "Every rank's output is right, but {detail}, so the check cannot see "
+    "that each rank computes only its own heads. Start the ranks as the "
+    'notebook does (launch(..., start_method="fork")) and compute each '
+    "rank's heads with PyTorch.",
+    chapter="capstone1",
+    topic="capstone",
+)
 
 
 # =============================================================================
