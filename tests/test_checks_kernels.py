@@ -380,7 +380,7 @@ def test_a_kernel_not_written_yet_is_not_implemented():
 
 
 def test_tiles_visited_question_is_what_the_kernel_loads():
-    from attention_course import flash_triton
+    from attention_course import tiles
 
     question = QUESTIONS["16.tiles-visited"]
-    assert question.answer() == flash_triton.key_tiles_visited(7, 1000, 1000, 64, 64, True) == 8
+    assert question.answer() == tiles.key_tiles_visited(7, 1000, 1000, 64, 64, True) == 8

@@ -72,3 +72,25 @@ def test_bad_input_is_named():
         tiles.tile_states(torch.ones(4, 4), 4, 4, 2)
     with pytest.raises(ValueError, match="bq"):
         tiles.tile_states(masks.causal(4), 4, 4, 0)
+
+
+@pytest.mark.parametrize("t_q, t_k, block_m, block_n, window, length",
+                         [(100, 100, 16, 16, None, None), (50, 90, 16, 32, 17, None), (90, 50, 32, 16, None, 33),
+                          (64, 64, 16, 16, 20, 40)])
+def test_the_kernels_tile_states_are_the_masks_own(t_q, t_k, block_m, block_n, window, length):
+    """Chapter 16's kernel, by its own bounds, skips exactly the tiles the mask skips (tile_states, the one home of
+    tile states) and runs unmasked only tiles the mask fills; flash_triton keeps no second classification."""
+    from attention_course import flash_triton
+
+    allowed = masks.causal_mask(t_q, t_k) if window is None else masks.sliding_window_mask(t_q, t_k, window)
+    if length is not None:
+        allowed = allowed & (torch.arange(t_k) < length)
+    wanted = tiles.tile_states(allowed, t_q, t_k, block_m, block_n)
+    kernel = tiles.kernel_tile_states(t_q, t_k, block_m, block_n, True, window, length)
+    assert kernel.shape == wanted.shape
+    assert torch.equal(kernel == tiles.SKIP, wanted == tiles.SKIP)
+    assert bool(((kernel == tiles.FULL) <= (wanted == tiles.FULL)).all())
+    visited = [tiles.key_tiles_visited(i, t_q, t_k, block_m, block_n, True, window, length)
+               for i in range(kernel.size(0))]
+    assert visited == (kernel != tiles.SKIP).sum(1).tolist()
+    assert not hasattr(flash_triton, "key_tile_kinds") and not hasattr(flash_triton, "key_range")

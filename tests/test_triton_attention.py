@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 # the course's module first: it chooses the interpreter before Triton is imported (Linux-only wheels: else skip)
 ft = pytest.importorskip("attention_course.flash_triton", reason="Triton has wheels for Linux only")
 
-from attention_course import flash_reference  # noqa: E402
+from attention_course import flash_reference, tiles  # noqa: E402
 from attention_course.blockwise import blockwise_attention  # noqa: E402
 from attention_course.masks import causal_mask, document_mask, padding_mask, sliding_window_mask  # noqa: E402
 
@@ -157,13 +157,14 @@ def test_key_tiles_visited_counts_tiles_with_a_visible_key():
         for tile in range(-(-t_q // bm)):
             cols = visible[tile * bm:(tile + 1) * bm].any(0).nonzero()
             needed = 0 if cols.numel() == 0 else int(cols.max()) // bn + 1
-            assert ft.key_tiles_visited(tile, t_q, t_k, bm, bn, True) == needed
-        assert ft.key_tiles_visited(0, t_q, t_k, bm, bn, False) == -(-t_k // bn)
-        for tile, kinds in enumerate(ft.key_tile_kinds(t_q, t_k, bm, bn, True)):  # no mask: every pair visible
+            assert tiles.key_tiles_visited(tile, t_q, t_k, bm, bn, True) == needed
+        assert tiles.key_tiles_visited(0, t_q, t_k, bm, bn, False) == -(-t_k // bn)
+        states = tiles.kernel_tile_states(t_q, t_k, bm, bn, True).tolist()
+        for tile, kinds in enumerate(states):  # tiles loaded without a mask: every pair visible
             rows = visible[tile * bm:(tile + 1) * bm]
             for j, kind in enumerate(kinds):
                 block = rows[:, j * bn:(j + 1) * bn]
-                assert kind != 1 or (block.all() and block.shape[1] == bn)
+                assert kind != tiles.FULL or (block.all() and block.shape[1] == bn)
 
 
 def qkv(shape=(1, 2, 8, 16), dtype=torch.float32):
@@ -411,12 +412,12 @@ def test_key_tiles_loaded_are_those_with_a_visible_key(t_q, t_k, window, length)
     visible = sliding_window_mask(t_q, t_k, window) if window else causal_mask(t_q, t_k)
     if length is not None:
         visible = visible & (torch.arange(t_k) < length)
-    for tile, kinds in enumerate(ft.key_tile_kinds(t_q, t_k, bm, bn, True, window, length)):
+    for tile, kinds in enumerate(tiles.kernel_tile_states(t_q, t_k, bm, bn, True, window, length).tolist()):
         rows = visible[tile * bm:(tile + 1) * bm]
         for j, kind in enumerate(kinds):
             block = rows[:, j * bn:(j + 1) * bn]
-            assert (kind > 0) == bool(block.any()), (tile, j)
-            assert kind != 1 or (block.all() and block.shape[1] == bn), (tile, j)
+            assert (kind != tiles.SKIP) == bool(block.any()), (tile, j)
+            assert kind != tiles.FULL or (block.all() and block.shape[1] == bn), (tile, j)
 
 
 def test_gpu_check_refuses_without_a_gpu_and_its_checks_run_here(monkeypatch, capsys):

@@ -223,8 +223,9 @@ def _key_range(
     """The key tiles of the query tile at ``start_m``: keys [lo, hi) hold every
     key a row of it may see, and the tiles in [full_lo, full_hi) lie entirely
     inside what every row sees (no mask needed). ``lo``, ``full_lo`` and
-    ``full_hi`` are multiples of BLOCK_N; :func:`key_tile_kinds` is the same
-    arithmetic in Python."""
+    ``full_hi`` are multiples of BLOCK_N;
+    :func:`~attention_course.tiles.kernel_key_range` is the same arithmetic in
+    Python."""
     # the positions of the tile's first and last query
     first = start_m + T_K - T_Q
     last = first + BLOCK_M - 1
@@ -293,6 +294,53 @@ def _narrow(
 
 
 @triton.jit
+def _query_tile_keys(
+    start_m,
+    offs_m,
+    b,
+    LENS,
+    STARTS,
+    ENDS,
+    window,
+    T_Q,
+    T_K,
+    IS_CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_LENGTHS: tl.constexpr,
+    HAS_RANGES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """What the forward and dQ programs of the query tile at ``start_m`` (rows
+    ``offs_m``) of batch row ``b`` walk over: ``(lo, full_lo, full_hi, hi)``
+    as :func:`_key_range` gives them, narrowed to the rows' own key ranges,
+    and what :func:`_visible` needs: the row's key length and the rows'
+    [start, end) (zeros without ranges)."""
+    length = T_K
+    if HAS_LENGTHS:
+        # this batch row's keys: [0, length), the rest is padding
+        length = tl.load(LENS + b)
+    lo, full_lo, full_hi, hi = _key_range(
+        start_m,
+        T_Q,
+        T_K,
+        length,
+        window,
+        IS_CAUSAL,
+        HAS_WINDOW,
+        BLOCK_M,
+        BLOCK_N,
+    )
+    start, end = offs_m * 0, offs_m * 0
+    if HAS_RANGES:
+        start, end = _row_ranges(STARTS, ENDS, b, offs_m, T_Q)
+        lo, full_lo, full_hi, hi = _narrow(
+            lo, full_lo, full_hi, hi, start, end, offs_m, T_Q, T_K, BLOCK_N
+        )
+    return lo, full_lo, full_hi, hi, length, start, end
+
+
+@triton.jit
 def _load(ptrs, rows_ok, offs_d, D: tl.constexpr, BLOCK_D: tl.constexpr):
     """A tile (R, BLOCK_D) of rows: zeros where ``rows_ok`` (R, 1) is False and
     in the features D .. BLOCK_D - 1 that pad a head size to a power of two
@@ -349,10 +397,6 @@ def _forward_kernel(
     # the key/value head its group of GROUP query heads shares (GQA; GROUP = 1:
     # one each)
     h_kv = h // GROUP
-    length = T_K
-    if HAS_LENGTHS:
-        # this batch row's keys: [0, length), the rest is padding
-        length = tl.load(LENS + b)
     offs_m = start_m + tl.arange(0, BLOCK_M)  # (BM,) query rows
     # (BN,) key columns of a tile, from its start
     offs_n = tl.arange(0, BLOCK_N)
@@ -388,23 +432,23 @@ def _forward_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
 
-    lo, full_lo, full_hi, hi = _key_range(
+    lo, full_lo, full_hi, hi, length, start, end = _query_tile_keys(
         start_m,
+        offs_m,
+        b,
+        LENS,
+        STARTS,
+        ENDS,
+        window,
         T_Q,
         T_K,
-        length,
-        window,
         IS_CAUSAL,
         HAS_WINDOW,
+        HAS_LENGTHS,
+        HAS_RANGES,
         BLOCK_M,
         BLOCK_N,
     )
-    start, end = offs_m * 0, offs_m * 0
-    if HAS_RANGES:
-        start, end = _row_ranges(STARTS, ENDS, b, offs_m, T_Q)
-        lo, full_lo, full_hi, hi = _narrow(
-            lo, full_lo, full_hi, hi, start, end, offs_m, T_Q, T_K, BLOCK_N
-        )
     # (BN, 1) all True: the unmasked tiles lie inside the keys
     every = offs_n[:, None] < BLOCK_N
     # tiles every row sees whole: no mask
@@ -748,9 +792,6 @@ def _backward_dq_kernel(
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     h_kv = h // GROUP
-    length = T_K
-    if HAS_LENGTHS:
-        length = tl.load(LENS + b)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
@@ -777,23 +818,23 @@ def _backward_dq_kernel(
     d = tl.load(D + bh * T_Q + offs_m, mask=offs_m < T_Q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
 
-    lo, full_lo, full_hi, hi = _key_range(
+    lo, full_lo, full_hi, hi, length, start, end = _query_tile_keys(
         start_m,
+        offs_m,
+        b,
+        LENS,
+        STARTS,
+        ENDS,
+        window,
         T_Q,
         T_K,
-        length,
-        window,
         IS_CAUSAL,
         HAS_WINDOW,
+        HAS_LENGTHS,
+        HAS_RANGES,
         BLOCK_M,
         BLOCK_N,
     )
-    start, end = offs_m * 0, offs_m * 0
-    if HAS_RANGES:
-        start, end = _row_ranges(STARTS, ENDS, b, offs_m, T_Q)
-        lo, full_lo, full_hi, hi = _narrow(
-            lo, full_lo, full_hi, hi, start, end, offs_m, T_Q, T_K, BLOCK_N
-        )
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k = _load(
@@ -1402,82 +1443,6 @@ class _FlashWithLse(torch.autograd.Function):
             q, k, v, o, lse, do, ctx.is_causal, dlse=dlse
         )
         return dq, dk, dv, None
-
-
-def key_range(
-    start_m: int,
-    t_q: int,
-    t_k: int,
-    block_m: int,
-    block_n: int,
-    is_causal: bool,
-    window: int | None = None,
-    length: int | None = None,
-) -> tuple[int, int, int, int]:
-    """:func:`_key_range` in Python: (lo, full_lo, full_hi, hi) of the query
-    tile at ``start_m``."""
-    first = start_m + t_k - t_q
-    last = first + block_m - 1
-    hi = free_hi = t_k if length is None else min(length, t_k)
-    lo = free_lo = 0
-    if is_causal:
-        hi, free_hi = (
-            min(hi, max(last + 1, 0)),
-            min(free_hi, max(first + 1, 0)),
-        )
-    if window is not None:
-        lo, free_lo = max(first - window + 1, 0), max(last - window + 1, 0)
-    lo = lo // block_n * block_n
-    full_lo = max(-(-free_lo // block_n) * block_n, lo)
-    return lo, full_lo, max(free_hi // block_n * block_n, full_lo), hi
-
-
-def key_tile_kinds(
-    t_q: int,
-    t_k: int,
-    block_m: int,
-    block_n: int,
-    is_causal: bool,
-    window: int | None = None,
-    length: int | None = None,
-) -> list[list[int]]:
-    """What the forward kernel does with each (query tile, key tile), by the
-    kernel's own bounds: 0 never loaded, 1 loaded without a mask (in [full_lo,
-    full_hi)), 2 loaded with the mask (a mask's edge, the ragged end)."""
-    kinds = []
-    for start_m in range(0, t_q, block_m):
-        lo, full_lo, full_hi, hi = key_range(
-            start_m, t_q, t_k, block_m, block_n, is_causal, window, length
-        )
-        kinds.append(
-            [
-                1
-                if full_lo <= start_n < full_hi
-                else 2
-                if lo <= start_n < hi
-                else 0
-                for start_n in range(0, t_k, block_n)
-            ]
-        )
-    return kinds
-
-
-def key_tiles_visited(
-    query_tile: int,
-    t_q: int,
-    t_k: int,
-    block_m: int,
-    block_n: int,
-    is_causal: bool,
-    window: int | None = None,
-    length: int | None = None,
-) -> int:
-    """How many key tiles the forward program of query tile ``query_tile``
-    loads."""
-    kinds = key_tile_kinds(
-        t_q, t_k, block_m, block_n, is_causal, window, length
-    )
-    return sum(kind > 0 for kind in kinds[query_tile])
 
 
 def memory_traffic(

@@ -109,3 +109,90 @@ def causal_block_range(
     # first query sees j <= q_start + offset
     k_free = max(0, min(t_k, q_start + offset + 1))
     return k_stop, k_free
+
+
+def kernel_key_range(
+    start_m: int,
+    t_q: int,
+    t_k: int,
+    block_m: int,
+    block_n: int,
+    is_causal: bool,
+    window: int | None = None,
+    length: int | None = None,
+) -> tuple[int, int, int, int]:
+    """Chapter 16's kernel bounds (its ``_key_range``, in Python) for the
+    query tile at ``start_m``: ``(lo, full_lo, full_hi, hi)``. Keys [lo, hi)
+    hold every key a row of the tile may see; the key tiles in [full_lo,
+    full_hi) are seen whole by every row; lo, full_lo and full_hi are
+    multiples of block_n."""
+    # the positions of the tile's first and last query among the keys
+    first = start_m + t_k - t_q
+    last = first + block_m - 1
+    hi = free_hi = t_k if length is None else min(length, t_k)
+    lo = free_lo = 0
+    if is_causal:
+        hi = min(hi, max(last + 1, 0))
+        free_hi = min(free_hi, max(first + 1, 0))
+    if window is not None:
+        lo, free_lo = max(first - window + 1, 0), max(last - window + 1, 0)
+    lo = lo // block_n * block_n
+    full_lo = max(-(-free_lo // block_n) * block_n, lo)
+    return lo, full_lo, max(free_hi // block_n * block_n, full_lo), hi
+
+
+def kernel_tile_states(
+    t_q: int,
+    t_k: int,
+    block_m: int,
+    block_n: int,
+    is_causal: bool,
+    window: int | None = None,
+    length: int | None = None,
+) -> Tensor:
+    """(n_q, n_k) states of what chapter 16's forward kernel does with each
+    tile, by its own bounds: :data:`SKIP` never loaded, :data:`FULL` loaded
+    without a mask (in [full_lo, full_hi)), :data:`PARTIAL` loaded with the
+    mask (a mask's edge, the ragged end). :func:`tile_states` gives the states
+    the mask itself asks for."""
+    rows = []
+    for start_m in range(0, t_q, block_m):
+        lo, full_lo, full_hi, hi = kernel_key_range(
+            start_m, t_q, t_k, block_m, block_n, is_causal, window, length
+        )
+        rows.append(
+            [
+                FULL
+                if full_lo <= start_n < full_hi
+                else PARTIAL
+                if lo <= start_n < hi
+                else SKIP
+                for start_n in range(0, t_k, block_n)
+            ]
+        )
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def key_tiles_visited(
+    query_tile: int,
+    t_q: int,
+    t_k: int,
+    block_m: int,
+    block_n: int,
+    is_causal: bool,
+    window: int | None = None,
+    length: int | None = None,
+) -> int:
+    """How many key tiles chapter 16's forward program of query tile
+    ``query_tile`` loads."""
+    lo, _, _, hi = kernel_key_range(
+        query_tile * block_m,
+        t_q,
+        t_k,
+        block_m,
+        block_n,
+        is_causal,
+        window,
+        length,
+    )
+    return max(0, -(-(hi - lo) // block_n))

@@ -28,6 +28,7 @@ import sys
 
 import numpy as np
 
+from .. import tiles
 from . import hidden, observe
 from .cases import to_framework
 from .diagnosis import diagnose
@@ -824,15 +825,9 @@ def check_flash_forward(fn, *, timeout: float = TIMEOUT):
 # -----------------------------------------------------------------------------
 
 
-def tiles_visited(query_tile: int, t: int, block: int) -> int:
-    """Key tiles a causal query tile loads (square tiles, Tq == Tk): those up
-    to and including its diagonal tile."""
-    return -(-min((query_tile + 1) * block, t) // block)
-
-
 number_question(
     "16.tiles-visited",
-    answer=lambda: tiles_visited(7, 1000, 64),
+    answer=lambda: tiles.key_tiles_visited(7, 1000, 1000, 64, 64, True),
     why="query tile 7 holds rows 448..511; its last row sees keys "
     "0..511, which fill key tiles 0..7: 8 tiles, the "
     "last one (the diagonal) with the mask, and key tiles 8..15 are never "
