@@ -127,6 +127,23 @@ def test_score_mods_are_written_once_and_run_on_every_backend(backend, mod):
     assert close(out, ref)
 
 
+def test_sdpa_runs_a_bias_mod_over_the_scores_once():
+    """The sdpa backend turns a score + bias mod into a float mask: one pass of the mod over every pair, and a probe
+    of its form on one row of queries (ALiBi ran twice over every pair before)."""
+    b, h, t_q, t_k = 2, 3, 5, 9
+    q, k, v = qkv(b, h, t_q, t_k, seed=2)
+    alibi = torch_mod(("alibi", None), h, t_q, t_k)
+    pairs = []
+
+    def counted(score, b_idx, h_idx, q_idx, kv_idx):
+        pairs.append(score.numel())
+        return alibi(score, b_idx, h_idx, q_idx, kv_idx)
+
+    out, _ = attend(q, k, v, score_mod=counted, backend="sdpa")
+    assert sorted(pairs) == [b * h * t_k, b * h * t_q * t_k]
+    assert close(out, np_attend(q, k, v, None, mod=("alibi", None))[0])
+
+
 @pytest.mark.parametrize("backend", ALL)
 def test_sinks_and_lse_on_every_backend_or_a_clear_refusal(backend):
     b, h, t_q, t_k = 2, 3, 4, 6

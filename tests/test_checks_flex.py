@@ -579,3 +579,34 @@ def test_the_sink_watchers_report_from_the_sandbox():
     assert here[0].calls == [True] and here[1].widened == "(1, 2, 3, 6)" and here[1].scores.endswith(", 3, 5)")
     with pytest.raises(ValueError), observe.FlexCalls():
         observe.absorb([{"calls": ["yes"]}])
+
+
+def test_the_eager_switch_is_restored_after_overlapping_checks_and_errors():
+    """The checks run FlexAttention eagerly by setting PyTorch's module global: overlapping uses (two threads, or a
+    check inside a check) keep it set until the last one leaves, then put back what was there, also after an error."""
+    import threading
+
+    from torch.nn.attention import flex_attention as module
+
+    switch = flex_checks._EAGER_FLEX
+    before = module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    inside, leave = threading.Event(), threading.Event()
+
+    def other_check():
+        with switch:
+            inside.set()
+            leave.wait(10)
+
+    worker = threading.Thread(target=other_check)
+    with switch:  # this check enters first ...
+        worker.start()
+        assert inside.wait(10)
+    # ... and leaves while the other still runs: the switch stays on for it
+    assert module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is True
+    leave.set()
+    worker.join(10)
+    assert module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG == before
+    with pytest.raises(RuntimeError, match="a mod that raised"), switch, switch:
+        assert module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is True
+        raise RuntimeError("a mod that raised")
+    assert module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG == before and switch._users == 0

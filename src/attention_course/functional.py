@@ -380,8 +380,10 @@ def additive_bias(
     """The float mask (..., Tq, Tk) that adds a score_mod's bias and -inf where
     ``mask`` hides a key.
 
-    Only a mod of the form score + bias can go in as a float mask: it is probed
-    at scores 0 and 1.
+    Only a mod of the form score + bias can go in as a float mask: the bias is
+    the mod at scores 0, and the form is probed on one row of queries at
+    scores 1 (a mod that is not score + bias, soft-capping, shows on any row),
+    so a call costs one full pass of the mod, not two.
     """
     batch = (
         q.shape[:-2]
@@ -391,8 +393,11 @@ def additive_bias(
     shape = (*batch, q.size(-2), k.size(-2))  # grouped keys: the query heads
     zeros = torch.zeros(shape, dtype=q.dtype, device=q.device)
     bias = apply_score_mod(score_mod, zeros)
+    first_row = zeros[..., :1, :] + 1
     if not torch.allclose(
-        apply_score_mod(score_mod, zeros + 1) - 1, bias, atol=1e-6
+        apply_score_mod(score_mod, first_row) - 1,
+        bias[..., :1, :],
+        atol=1e-6,
     ):
         raise ValueError(
             "backend 'sdpa' adds a score_mod as a float mask, so the mod "

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 import warnings
 
 import numpy as np
@@ -130,24 +131,47 @@ def _judge_mask(
     )
 
 
-@contextlib.contextmanager
-def _eager_flex():
+class _EagerFlex:
     """FlexAttention's eager path, without the torch.compile(backend="eager")
     wrapper it puts around its higher-order op: after a compiled FlexAttention
     ran in the same process (chapter 15, the tests), that wrapper's
     recompilation check can raise inside PyTorch (``'NoneType' object is not
     subscriptable``) and a right mod would fail. PyTorch's own switch for
-    running the op plainly (named in its warning) is set for the check's calls
-    only; vmap still hands the mod one index at a time, which is what the check
-    is about."""
-    from torch.nn.attention import flex_attention as module
+    running the op plainly (named in its warning) is a module global: it is
+    set while at least one check's call runs, in any thread, and put back as
+    it was when the last one leaves (a lock-guarded count: two overlapping
+    checks that each saved and restored it would leave it set for good, or
+    clear it under the other). vmap still hands the mod one index at a time,
+    which is what the check is about."""
 
-    was = module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
-    module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
-    try:
-        yield
-    finally:
-        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = was
+    def __init__(self):
+        self._lock, self._users, self._was = threading.Lock(), 0, None
+
+    @staticmethod
+    def _module():
+        from torch.nn.attention import flex_attention as module
+
+        return module
+
+    def __enter__(self):
+        module = self._module()
+        with self._lock:
+            if self._users == 0:
+                self._was = module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+                module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+            self._users += 1
+        return self
+
+    def __exit__(self, *exc):
+        module = self._module()
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = self._was
+        return False
+
+
+_EAGER_FLEX = _EagerFlex()
 
 
 def warm_up() -> None:
@@ -159,7 +183,7 @@ def warm_up() -> None:
         flex_attention,
     )
 
-    with warnings.catch_warnings(), _eager_flex():
+    with warnings.catch_warnings(), _EAGER_FLEX:
         warnings.simplefilter("ignore")
         x = torch.zeros(1, 1, 4, 2, dtype=torch.float64)
         flex_attention(
@@ -202,7 +226,7 @@ def _through_flex(
         with (
             warnings.catch_warnings(),
             np.errstate(all="ignore"),
-            _eager_flex(),
+            _EAGER_FLEX,
         ):
             warnings.simplefilter("ignore")
             if allowed is not None:
@@ -851,7 +875,7 @@ def _flex_tiles(fn) -> None:
         f"{list(DOC_WINDOW_CASE['lengths'])} tokens, window {window}"
     )
     try:
-        with warnings.catch_warnings(), _eager_flex():
+        with warnings.catch_warnings(), _EAGER_FLEX:
             warnings.simplefilter("ignore")
             mask = create_block_mask(
                 functools.partial(fn, ids, window),
@@ -1014,7 +1038,7 @@ def _sinks_observed(fn, args: dict, label: str, text: str, t_k: int):
     with contextlib.ExitStack() as stack:
         stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore")
-        stack.enter_context(_eager_flex())
+        stack.enter_context(_EAGER_FLEX)
         library = stack.enter_context(
             observe.LibraryCalls("functional", "modern")
         )
