@@ -104,7 +104,8 @@ def test_a_planted_climb_is_found_directly_and_through_a_cross_cutting_module():
     assert climbs(graph) == ["modern.planted -> linear_attention.gated_attention (chapter 14 -> chapter 17)"]
     graph["modern.planted"] = imported_modules("modern.planted", "from ..interop import hf_models\n")
     assert sorted(climbs(graph)) == ["modern.planted -> linear_attention.gated_attention (chapter 14 -> chapter 17)",
-                                     "modern.planted -> sparse.attention (chapter 14 -> chapter 19)"]
+                                     "modern.planted -> sparse.attention (chapter 14 -> chapter 19)",
+                                     "modern.planted -> sparse.compressed (chapter 14 -> chapter 19)"]
     graph["modern.planted"] = imported_modules("modern.planted", "import attention_course.serving.scheduler\n")
     assert climbs(graph) == ["modern.planted -> serving.scheduler (chapter 14 -> chapter 18)"]
 

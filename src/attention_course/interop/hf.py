@@ -56,20 +56,25 @@ def copy_linear(target: nn.Linear, source: nn.Linear) -> None:
         target.bias.data.copy_(source.bias.data)
 
 
+# the layer types that attend over a sliding window
+WINDOWED = (
+    "sliding_attention",
+    "compressed_sparse_attention",
+    "heavily_compressed_attention",
+)
+
+
 def hf_window(module) -> int | None:
     """The window of an HF attention layer (None: plain causal):
     ``config.sliding_window`` where it is a sliding one.
 
     Models that mix layer types name each layer in ``config.layer_types``;
-    Mistral, which has none, applies its window (if any) to every layer.
+    Mistral, which has none, applies its window (if any) to every layer, and
+    DeepSeek V4's compressed layers keep the window beside their entries.
     """
     config = module.config
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types is None:
         return window
-    return (
-        window
-        if layer_types[module.layer_idx] == "sliding_attention"
-        else None
-    )
+    return window if layer_types[module.layer_idx] in WINDOWED else None

@@ -52,6 +52,7 @@ from ..linear_attention.gated_attention import Qwen3NextAttention
 from ..modern import families
 from ..modern.mla import MultiHeadLatentAttention
 from ..sparse.attention import DeepseekV32Attention, GlmMoeDsaAttention
+from ..sparse.compressed import CompressedAttention
 from .hf import hf_window
 
 # family -> the course class that mirrors its attention layer (its ``hf_twin``
@@ -67,6 +68,7 @@ FAMILIES = {
     "qwen3_next": Qwen3NextAttention,  # chapter 17: gated attention
     "deepseek_v32": DeepseekV32Attention,  # chapter 19: sparse MLA
     "glm_moe_dsa": GlmMoeDsaAttention,
+    "deepseek_v4": CompressedAttention,  # chapter 19: compressed attention
 }
 
 
@@ -184,8 +186,15 @@ def _hf_call(
     twin = _twin(family)
     b, t_q, _ = x.shape
     rotary = twin.load(twin.rotary)(layer.config)
-    rotary_args = (layer.layer_type,) if family == "gemma3" else ()
-    cos, sin = rotary(x, position_ids, *rotary_args)
+    if family == "deepseek_v4":
+        # one table per RoPE kind, and the positions for the compressors
+        tables = {
+            kind: rotary(x, position_ids, layer_type=kind)
+            for kind in ("main", "compress")
+        }
+    else:
+        rotary_args = (layer.layer_type,) if family == "gemma3" else ()
+        tables = rotary(x, position_ids, *rotary_args)
     i, j = torch.arange(t_q)[:, None] + (t_k - t_q), torch.arange(t_k)[None, :]
     allowed = j <= i
     window = hf_window(layer)
@@ -194,8 +203,13 @@ def _hf_call(
     mask = torch.zeros(b, 1, t_q, t_k, dtype=x.dtype).masked_fill(
         ~allowed, torch.finfo(x.dtype).min
     )
+    extra = {"position_ids": position_ids} if family == "deepseek_v4" else {}
     return layer(
-        x, position_embeddings=(cos, sin), attention_mask=mask, cache=cache
+        x,
+        position_embeddings=tables,
+        attention_mask=mask,
+        cache=cache,
+        **extra,
     )[0]
 
 
