@@ -126,6 +126,41 @@ def test_cache_table_matches_hand_computation():
     assert long["Llama-4-Scout"]["published/token"] == 2 * 8 * 128 * 2 * (12 * 131072 + 36 * 8192) / 131072
 
 
+def test_chapter_19s_cache_kinds_in_the_table():
+    """DeepSeek V3.2 adds the indexer's key to MLA's latent; V4 keeps one vector per token for key and value in a
+    window of 128 in every layer, plus one entry per complete block: 23 HCA layers (blocks of 128) and 20 CSA layers
+    (blocks of 4, each entry with its indexer key)."""
+    rows = {row["model"]: row for row in cache.cache_table(context=8192)}
+    assert rows["DeepSeek-V3.2"]["published/token"] == 61 * (512 + 64 + 128) * 2
+    window = 43 * 128 * 512 * 2
+    entries = 23 * (8192 // 128) * 512 * 2 + 20 * (8192 // 4) * (512 + 128) * 2
+    assert rows["DeepSeek-V4"]["published/token"] == (window + entries) / 8192
+    long = {row["model"]: row for row in cache.cache_table(context=131072)}
+    entries = 23 * (131072 // 128) * 512 * 2 + 20 * (131072 // 4) * (512 + 128) * 2
+    assert long["DeepSeek-V4"]["published/token"] == (window + entries) / 131072
+
+
+def test_the_deepseek_rows_are_transformers_configurations():
+    """The typed sizes of the V3.2 and V4 rows against transformers' own configurations (their defaults are the
+    released models')."""
+    import collections
+
+    from transformers import DeepseekV4Config, DeepseekV32Config
+
+    v32, v4 = DeepseekV32Config(), DeepseekV4Config()
+    row = next(c for c in cache.PUBLISHED if c.name == "DeepSeek-V3.2")
+    assert (row.num_layers, row.num_heads, row.latent_dim, row.index_dim) == (
+        v32.num_hidden_layers, v32.num_attention_heads, v32.kv_lora_rank + v32.qk_rope_head_dim, v32.index_head_dim)
+    row = next(c for c in cache.PUBLISHED if c.name == "DeepSeek-V4")
+    kinds = collections.Counter(v4.layer_types)
+    rates = v4.compress_rates
+    assert (row.num_layers, row.num_heads, row.num_kv_heads, row.head_dim, row.local_span) == (
+        v4.num_hidden_layers, v4.num_attention_heads, v4.num_key_value_heads, v4.head_dim, v4.sliding_window)
+    assert row.compressed == (
+        (kinds["heavily_compressed_attention"], rates["heavily_compressed_attention"], v4.head_dim),
+        (kinds["compressed_sparse_attention"], rates["compressed_sparse_attention"], v4.head_dim + v4.index_head_dim))
+
+
 def test_cache_table_fp8_and_long_context():
     fp8 = {row["model"]: row for row in cache.cache_table(context=8192, dtype=torch.float8_e4m3fn)}
     assert fp8["Llama-3-8B"]["GQA"] == 2 * 32 * 8 * 128

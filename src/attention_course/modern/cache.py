@@ -2,10 +2,13 @@
 sliding layers bounded by their window.
 
 Each :class:`PublishedConfig` holds the numbers typed from a model's paper or
-model card (``source`` is the key of the citation in ``references.bib``). The
-bytes come from :func:`~attention_course.kv_cache.cache_bytes_per_token` (keys
-and values of every layer) or, for MLA, from the latent each layer stores
-instead.
+model card (``source`` is the key of the citation in ``references.bib``; for
+DeepSeek V3.2 and V4, the defaults of their ``transformers`` configurations).
+The bytes come from :func:`~attention_course.kv_cache.cache_bytes_per_token`
+(keys and values of every layer) or, for MLA, from the latent each layer stores
+instead; chapter 19's layers add their own kinds: a lightning indexer's key per
+token (V3.2), and V4's one vector per token for key and value, a window, and
+compressed entries of older blocks.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ class PublishedConfig:
     (cross-layer KV sharing, Gemma 3n and 4); the other layers keep every
     token. ``latent_dim`` is MLA's per-layer cache per token (kv_lora_rank +
     qk_rope_head_dim), None for other models.
+
+    Chapter 19's kinds: ``index_dim``, the numbers per token and layer of a
+    lightning indexer's key (DeepSeek V3.2); ``keys_are_values``, one vector
+    per token and key-value head serving as key and value (DeepSeek V4);
+    ``compressed``, (layers, tokens per entry, numbers per entry) of local
+    layers that also keep one entry per complete block of older tokens (V4's
+    HCA, and CSA whose entries carry the indexer's key too).
     """
 
     name: str
@@ -41,6 +51,9 @@ class PublishedConfig:
     latent_dim: int | None = None
     shared_layers: int = 0
     features: tuple[str, ...] = ()
+    index_dim: int = 0
+    keys_are_values: bool = False
+    compressed: tuple[tuple[int, int, int], ...] = ()
 
 
 PUBLISHED = (
@@ -127,6 +140,32 @@ PUBLISHED = (
         latent_dim=512 + 64,
         features=("MLA", "YaRN"),
     ),
+    PublishedConfig(
+        "DeepSeek-V3.2",
+        "wolf2020transformers",
+        61,
+        128,
+        128,
+        128,
+        latent_dim=512 + 64,
+        index_dim=128,
+        features=("MLA", "lightning indexer", "top-k"),
+    ),
+    PublishedConfig(
+        "DeepSeek-V4",
+        "wolf2020transformers",
+        43,
+        64,
+        1,
+        512,
+        local_layers=43,
+        local_span=128,
+        keys_are_values=True,
+        # 23 HCA layers: an entry per 128 tokens; 20 CSA layers: an entry
+        # and an indexer key per 4 tokens
+        compressed=((23, 128, 512), (20, 4, 512 + 128)),
+        features=("K = V", "window", "CSA/HCA", "sinks"),
+    ),
 )
 
 
@@ -172,14 +211,19 @@ def published_cache_bytes(
     only its last ``local_span`` tokens (the keys a step reads), ``span - 1``
     with ``between_steps`` (the next token brings its own key: what
     transformers' sliding-window cache holds between steps); a shared layer
-    keeps none.
+    keeps none. An indexer's key is kept for every token a layer keeps, a
+    compressed entry for every complete block of the context.
     """
     check_int(context, "context")
     scheme = "MLA" if config.latent_dim is not None else "GQA"
+    size = torch.empty((), dtype=dtype).element_size()
     # one layer, one token
     per_layer = (
         scheme_bytes_per_token(config, scheme, dtype) // config.num_layers
     )
+    if config.keys_are_values:  # one vector serves as key and value
+        per_layer //= 2
+    per_layer += config.index_dim * size  # a lightning indexer's key
     full_layers = (
         config.num_layers - config.local_layers - config.shared_layers
     )
@@ -188,8 +232,14 @@ def published_cache_bytes(
         if config.local_layers
         else 0
     )
-    return per_layer * (
-        full_layers * context + config.local_layers * local_tokens
+    entries = sum(
+        layers * (context // per_entry) * numbers * size
+        for layers, per_entry, numbers in config.compressed
+    )
+    return (
+        per_layer
+        * (full_layers * context + config.local_layers * local_tokens)
+        + entries
     )
 
 
