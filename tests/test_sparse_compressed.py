@@ -29,11 +29,11 @@ def x_of(b, t, seed=1):
     return torch.randn(b, t, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
-def course_decode(ours, x, prefill):
-    """The course layer through the course's cache: ``prefill`` tokens at once, then one at a time."""
-    cache, outputs = KVCache(1, windows=[ours.window]), []
+def course_decode(ours, x, prefill, chunk=1):
+    """The course layer through the course's cache: ``prefill`` tokens at once, then ``chunk`` at a time."""
+    cache, outputs, t = KVCache(1, windows=[ours.window]), [], x.size(1)
     with torch.no_grad():
-        for start, end in [(0, prefill), *((p, p + 1) for p in range(prefill, x.size(1)))]:
+        for start, end in [(0, prefill), *((p, min(p + chunk, t)) for p in range(prefill, t, chunk))]:
             outputs.append(ours(x[:, start:end], cache=cache, layer=0))
     return torch.cat(outputs, dim=1), cache
 
@@ -58,6 +58,35 @@ def test_each_kind_equals_transformers_in_prefill_and_cached_decode(kind, b, t, 
         rate = ours.rate
         assert cache.state(0)["entries"].entries.shape == (b, t // rate, 16)
         assert cache.state(0)["entries"].pending.size(1) == t % rate
+
+
+@pytest.mark.parametrize("kind", ["sliding", "csa", "hca"])
+@pytest.mark.parametrize("prefill", [4, 5])
+def test_chunked_prefill_across_block_boundaries(kind, prefill):
+    """Chunks of 3 queries over a cache (Tq = 3, Tk up to 16): a chunk ends mid-block (rates 2 and 4) and the next
+    completes it; each side's cache equals HF's one shot and the course's own forward. The CSA indexer has 8 heads
+    here: with 3, ReLU zeros tie and the chunked top-k may differ from the one shot's (the trap, tested below)."""
+    hf = hf_layer(kind, index_heads=8)
+    ours = CompressedAttention.from_hf(hf)
+    x = x_of(2, 16, seed=2)
+    with torch.no_grad():
+        whole = ours(x)
+    chunked = course_decode(ours, x, prefill, chunk=3)[0]
+    assert relative_error(chunked, whole) < 1e-12
+    assert relative_error(chunked, hf_decode(hf, x, prefill, chunk=3)) < 1e-6
+
+
+def test_the_ties_trap_reaches_v4s_indexer_and_transformers_falls_in_alike():
+    """With 3 indexer heads the ReLU leaves tied zero scores over compressed entries: chunked prefill picks other
+    entries than the one shot does (far apart), and HF's chunked run picks the same ones as the course's (equal)."""
+    hf = hf_layer("csa", index_heads=3)
+    ours = CompressedAttention.from_hf(hf)
+    x = x_of(2, 16, seed=2)
+    with torch.no_grad():
+        whole = ours(x)
+    chunked, hf_chunked = course_decode(ours, x, 5, chunk=3)[0], hf_decode(hf, x, 5, chunk=3)
+    assert relative_error(chunked, whole) > 1e-2 and relative_error(hf_chunked, hf_forward(hf, x)) > 1e-2
+    assert relative_error(chunked, hf_chunked) < 1e-6
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 8])

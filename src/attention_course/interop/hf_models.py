@@ -134,12 +134,12 @@ def hf_forward(layer, x: Tensor, positions: Tensor | None = None) -> Tensor:
         return _hf_call(layer, x, positions.expand(b, t), t)
 
 
-def hf_decode(layer, x: Tensor, prefill: int) -> Tensor:
+def hf_decode(layer, x: Tensor, prefill: int, *, chunk: int = 1) -> Tensor:
     """Run a transformers attention layer through Hugging Face's own cache
     (``DynamicCache`` built from the layer's
     config: a sliding layer keeps its window) as generation does: the first
-    ``prefill`` positions of x (B, T, D) at once, then one token at a time ->
-    (B, T, D)."""
+    ``prefill`` positions of x (B, T, D) at once, then ``chunk`` tokens at a
+    time (1: one token, as decoding; more: chunked prefill) -> (B, T, D)."""
     from transformers import DynamicCache
 
     cache, b, t = DynamicCache(config=layer.config), x.size(0), x.size(1)
@@ -147,7 +147,7 @@ def hf_decode(layer, x: Tensor, prefill: int) -> Tensor:
     with torch.no_grad():
         for start, end in [
             (0, prefill),
-            *((p, p + 1) for p in range(prefill, t)),
+            *((p, min(p + chunk, t)) for p in range(prefill, t, chunk)),
         ]:
             # what the cache still holds
             kept = start if window is None else min(start, window - 1)
