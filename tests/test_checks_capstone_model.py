@@ -1,6 +1,8 @@
 """Capstone 2's checks: right answers pass; each planted wrong one is diagnosed with its code. The attention on
 random weights (float64 reference), the whole model on SmolLM2's real weights against Hugging Face's."""
 
+import functools
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -70,9 +72,15 @@ def _hf():
     return capstone_model.reference_model()[1]
 
 
+@functools.cache
+def _course_model():
+    """The course's Decoder (chapter 14) on the same weights, built once."""
+    return Decoder.from_hf(_hf())
+
+
 def course_logits(ids):
-    """The course's Decoder (chapter 14) on the same weights: another style of a right answer."""
-    return Decoder.from_hf(_hf())(ids)
+    """The course's Decoder on the same weights: another style of a right answer."""
+    return _course_model()(ids)
 
 
 def hf_variant_logits(kind):
@@ -89,9 +97,48 @@ def shifted_logits(ids):
     return out
 
 
+@torch.no_grad()
+def hf_generate(ids, max_new_tokens, bug=None):
+    """Greedy decoding with Hugging Face's model and its own cache; ``bug`` plants one mistake."""
+    model, past, fed, new, rows = _hf(), None, ids, [], []
+    for step in range(max_new_tokens):
+        if step:
+            fed = {"recompute": torch.cat([ids, torch.cat(new, 1)], 1), "drop-cache": new[-1]}.get(bug, new[-1])
+            past = None if bug in ("recompute", "drop-cache") else past
+        out = model(fed, cache=past, use_cache=True)
+        past = out.cache
+        rows.append(out.logits[:, -1])
+        token = rows[-1].topk(2).indices[:, 1:] if bug == "second-best" else rows[-1].argmax(-1, keepdim=True)
+        new.append(token)
+    logits = torch.stack(rows, 1)
+    if bug == "logits-of-the-prompt":
+        logits = logits + 0.05
+    return torch.cat(new, 1), logits
+
+
+@torch.no_grad()
+def course_generate(ids, max_new_tokens):
+    """The course's Decoder (chapter 14) through the course's KVCache: another style of a right answer."""
+    from attention_course.kv_cache import KVCache
+
+    model = _course_model()
+    cache, fed, new, rows = KVCache(model.num_layers), ids, [], []
+    for _ in range(max_new_tokens):
+        rows.append(model(fed, cache=cache)[:, -1])
+        fed = rows[-1].argmax(-1, keepdim=True)
+        new.append(fed)
+    return torch.cat(new, 1), torch.stack(rows, 1)
+
+
+def generate_with(bug):
+    return lambda ids, max_new_tokens: hf_generate(ids, max_new_tokens, bug)
+
+
 CORRECT = [
     (checks.check_llama_attention, Attention),
     (checks.check_smollm2_logits, course_logits),
+    (checks.check_greedy_decoding, hf_generate),
+    (checks.check_greedy_decoding, course_generate),
 ]
 PLANTED = [
     (checks.check_llama_attention, planted("neighbours"), "rope-wrong-pairing"),
@@ -102,6 +149,10 @@ PLANTED = [
     (checks.check_smollm2_logits, hf_variant_logits("no-final-norm"), "model-final-norm-missing"),
     (checks.check_smollm2_logits, hf_variant_logits("base"), "rope-base-default"),
     (checks.check_smollm2_logits, shifted_logits, "logits-differ-from-hf"),
+    (checks.check_greedy_decoding, generate_with("recompute"), "decode-recomputes-prefix"),
+    (checks.check_greedy_decoding, generate_with("drop-cache"), "decode-cache-dropped"),
+    (checks.check_greedy_decoding, generate_with("second-best"), "wrong-output"),
+    (checks.check_greedy_decoding, generate_with("logits-of-the-prompt"), "logits-differ-from-hf"),
 ]
 
 

@@ -87,7 +87,8 @@ def test_topics_and_chapters():
         "cache-kept-in-module", "accuracy-not-from-weights", "scores-from-library", "shard-not-split",
         "shard-not-seen"]
     assert [m.code for m in mistakes.in_chapter("capstone2")] == [
-        "cache-position-off-by-one", "rope-base-default", "model-final-norm-missing", "logits-differ-from-hf"]
+        "cache-position-off-by-one", "rope-base-default", "model-final-norm-missing", "logits-differ-from-hf",
+        "decode-cache-dropped", "decode-recomputes-prefix"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

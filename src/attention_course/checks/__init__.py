@@ -62,6 +62,7 @@ _LAZY = {
     "check_rope_cached_attention": "capstone",
     "check_llama_attention": "capstone_model",
     "check_smollm2_logits": "capstone_model",
+    "check_greedy_decoding": "capstone_model",
     "check_attention_one_query": "core",
     "check_float_mask_attention": "core",
     "check_numpy_attention": "core",

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .. import numpy_ref
-from . import hidden
+from . import hidden, observe
 from .diagnosis import diagnose
 from .positions import rope_variant
 from .questions import choice_question
@@ -418,6 +418,129 @@ def check_smollm2_logits(fn, *, timeout: float = MODEL_TIMEOUT):
             "Face's LlamaForCausalLM on the "
             f"same weights (max |ours - HF| < {LOGITS_ATOL:g} at every "
             "position)"
+        )
+
+    run_check(body, timeout)
+
+
+# new tokens each greedy-decoding case generates
+DECODE_STEPS = 6
+
+
+def _new_and_logits(result, case, steps, vocab):
+    """The student's (new ids (1, N), logits (1, N, V)) as arrays."""
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        raise fail(
+            "wrong-output",
+            "Return a pair (new ids (1, N), logits (1, N, V)), got "
+            f"{type(result).__name__}.",
+            case=case,
+        )
+    new, logits = (
+        as_array(result[0], "new ids", case),
+        as_array(result[1], "logits", case),
+    )
+    if new.shape != (1, steps) or logits.shape != (1, steps, vocab):
+        raise fail(
+            "wrong-shape",
+            f"Your new ids are {shape_text(new.shape)} and logits "
+            f"{shape_text(logits.shape)}; expected {shape_text((1, steps))} "
+            f"and {shape_text((1, steps, vocab))}: one row per new token.",
+            case=case,
+        )
+    return new[0].astype(np.int64), logits[0]
+
+
+@torch.no_grad()
+def _logits_token_alone(ids: list[int], new: np.ndarray) -> np.ndarray:
+    """(N, V): the prompt's last logits, then each new token's given alone,
+    at position 0 (steps that drop the cache)."""
+    model = reference_model()[1]
+    rows = [_hf_logits(ids)[-1]]
+    for token in new[:-1]:
+        rows.append(
+            model(torch.tensor([[int(token)]])).logits[0, -1].double().numpy()
+        )
+    return np.stack(rows)
+
+
+def _check_fed(fed: list[int], prompt: int, steps: int, case: str) -> None:
+    """The model's token lookups: the prompt once, then one token a step."""
+    if not fed:
+        raise fail(
+            "wrong-output",
+            "The check saw your model look up no token embedding "
+            "(nn.Embedding or F.embedding): decode with your SmolLM2, "
+            "whose embed is an nn.Embedding.",
+            case=case,
+        )
+    if fed[0] != prompt or any(n != 1 for n in fed[1:]) or len(fed) < steps:
+        raise fail(
+            "decode-recomputes-prefix",
+            detail=f"tokens fed to your model, call by call: {fed}",
+            case=case,
+        )
+
+
+def check_greedy_decoding(fn, *, timeout: float = MODEL_TIMEOUT):
+    """Check ``fn(ids, max_new_tokens)``: ids (1, T) -> (new ids (1, N),
+    logits (1, N, V)), greedy decoding with the student's SmolLM2 and its
+    cache. Each new id must be the argmax of its row of logits; the logits
+    must equal HF's ``LlamaForCausalLM``'s on the sequence the student
+    generated (so a near-tie decided the other way is no error), within
+    :data:`LOGITS_ATOL`; and the model's embedding lookups, watched
+    (:class:`~.observe.TokensFed`), must be the prompt once, then one token
+    per step. Diagnoses ``[decode-cache-dropped]`` and
+    ``[decode-recomputes-prefix]``; else ``[logits-differ-from-hf]``."""
+    label = display_name(fn, "function")
+
+    def body():
+        # one fixed prompt (each step is a pass of the real model), then
+        # the hidden ones when grading
+        prompts = _prompts()[:1] + _prompts()[len(PROMPTS) :]
+        vocab = reference_model()[1].config.vocab_size
+        for n, ids in enumerate(prompts, 1):
+            case = (
+                f"prompt {n} of {len(prompts)}: {len(ids)} tokens, "
+                f"{DECODE_STEPS} new"
+            )
+            with observe.TokensFed(vocab) as watched, torch.no_grad():
+                result = call(
+                    fn,
+                    {
+                        "ids": torch.tensor([ids]),
+                        "max_new_tokens": DECODE_STEPS,
+                    },
+                    label,
+                    positional=2,
+                )
+            new, logits = _new_and_logits(result, case, DECODE_STEPS, vocab)
+            if not np.array_equal(new, logits.argmax(-1)):
+                raise fail(
+                    "wrong-output",
+                    "A new id is not the argmax of the logits you returned "
+                    "for it: greedy decoding takes the most likely token.",
+                    case=case,
+                )
+            ref = _hf_logits(ids + new[:-1].tolist())[len(ids) - 1 :]
+            if not close(logits, ref, LOGITS_ATOL, 0.0):
+                alone = _logits_token_alone(ids, new)
+                if close(logits, alone, LOGITS_ATOL, 0.0):
+                    raise fail("decode-cache-dropped", case=case)
+                worst = np.abs(logits - ref).max(axis=-1)
+                raise fail(
+                    "logits-differ-from-hf",
+                    detail="first at new token "
+                    f"{int(np.argmax(worst > LOGITS_ATOL))}",
+                    case=case,
+                )
+            _check_fed(watched.fed, len(ids), DECODE_STEPS, case)
+        return (
+            f"✓ {label}: {len(prompts)} "
+            f"prompt{'s' if len(prompts) > 1 else ''}, {DECODE_STEPS} greedy "
+            "tokens each, the logits equal Hugging Face's on the sequence you "
+            "generated; after the prompt, one new token a step through your "
+            "cache"
         )
 
     run_check(body, timeout)

@@ -763,6 +763,57 @@ class PerKeyTensors(_Tracked, TorchFunctionMode):
         return out
 
 
+class TokensFed(_Tracked, _Plain):
+    """Records, in ``fed``, how many token ids each lookup in an embedding
+    table of ``vocab`` rows reads, in order (``nn.Embedding`` and
+    ``F.embedding``, watched by wrapping ``torch.nn.functional.embedding``
+    while the ``with`` block runs: a dispatch mode would see every operator
+    of a 30-layer model and make a decoding step ten times slower): "after
+    the prompt, feed the model one new token per step" is checked by what the
+    model is given, which no output shows (recomputing the whole sequence at
+    every step gives the same tokens)."""
+
+    def __init__(self, vocab: int):
+        self.vocab, self.fed = vocab, []
+
+    def spec(self) -> dict:
+        return {"kind": "tokens-fed", "vocab": self.vocab}
+
+    @classmethod
+    def from_spec(cls, spec):
+        return cls(int(spec["vocab"]))
+
+    def result(self) -> dict:
+        return {"fed": self.fed}
+
+    def absorb(self, result) -> None:
+        if not all(
+            isinstance(n, int) and not isinstance(n, bool)
+            for n in result["fed"]
+        ):
+            raise ValueError("the sandbox's token counts are not integers")
+        self.fed += result["fed"]
+
+    def __enter__(self):
+        from torch.nn import functional
+
+        self._embedding = original = functional.embedding
+
+        def embedding(input, weight, *args, **kwargs):
+            if weight.dim() == 2 and weight.size(0) == self.vocab:
+                self.fed.append(int(input.numel()))
+            return original(input, weight, *args, **kwargs)
+
+        functional.embedding = embedding
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        from torch.nn import functional
+
+        functional.embedding = self._embedding
+        return super().__exit__(*exc)
+
+
 class _RowsCounted(np.ndarray):
     """An array whose rows count, in ``reads`` (a one-item list), being read
     one at a time (``for row in a``, ``a[j]``); arrays derived from it count
@@ -965,6 +1016,7 @@ _KINDS = {
     "reads": RowReads,
     "outside-flex": OutsideFlex,
     "flex-calls": FlexCalls,
+    "tokens-fed": TokensFed,
 }
 
 

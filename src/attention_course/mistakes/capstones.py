@@ -204,3 +204,23 @@ mistake(
     chapter="capstone2",
     topic="capstone_model",
 )
+mistake(
+    "decode-cache-dropped",
+    "greedy decoding that feeds each new token without the cache",
+    "Your first logits are right, then each step's match the new token "
+    "given alone, at position 0: the caches your model returned were not "
+    "passed back. Keep them from the prompt's call and pass them with each "
+    "new token.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "decode-recomputes-prefix",
+    "greedy decoding that runs the model over the whole sequence at every "
+    "step",
+    "Your tokens are right, but {detail}: after the prompt, each step must "
+    "feed only the newest token, with the caches, so a step costs one "
+    "token's work instead of the whole sequence's.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
