@@ -497,7 +497,8 @@ def check_greedy_decoding(fn, *, timeout: float = MODEL_TIMEOUT):
     def body():
         # one fixed prompt (each step is a pass of the real model), then
         # the hidden ones when grading
-        prompts = _prompts()[:1] + _prompts()[len(PROMPTS) :]
+        prompts = _prompts()
+        prompts = prompts[:1] + prompts[len(PROMPTS) :]
         vocab = reference_model()[1].config.vocab_size
         for n, ids in enumerate(prompts, 1):
             case = (

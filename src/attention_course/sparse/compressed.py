@@ -36,7 +36,7 @@ from ..block import RMSNorm
 from ..functional import attend
 from ..interop.hf import HFTwin, check_hf_module, copy_linear
 from ..kv_cache import Cache
-from ..masks import sliding_window_mask
+from ..modern.attention import layer_mask, layer_positions
 from ..positions import RotaryTable, rope_table, rotate
 from ..validation import check_int
 from .indexer import index_scores
@@ -360,28 +360,19 @@ class CompressedAttention(nn.Module):
         (once: the values are the same vectors) and, as the layer's state, the
         compressors' (:class:`CompressorState`)."""
         b, t, _ = x.shape
-        if positions is None:
-            positions = (
-                torch.arange(t, device=x.device)
-                if cache is None
-                else cache.positions(layer, t, x.device)
-            )
+        positions = layer_positions(x, positions, cache, layer)
         rotary = rope_table(positions, self.inv_freq, x.dtype)
         q_latent = self.q_a_norm(self.q_a_proj(x))
         q = self.queries(q_latent, rotary)  # (B, H, T, Dh)
         kv = rotate_tail(self.kv_norm(self.kv_proj(x))[:, None], rotary)
-        if cache is None:
-            states = {}
-            mask = sliding_window_mask(t, t, self.window, device=x.device)
-        else:
-            states = dict(cache.state(layer) or {})
+        states = {} if cache is None else dict(cache.state(layer) or {})
+        if cache is not None:
             # K = V: the keys are stored once, beside empty values
             kv, _ = cache.update(layer, kv, kv[..., :0])
-            mask = cache.mask(
-                layer, t, kv.size(2), x.device, window=self.window
-            )
         # (B, 1, T, Tk): the window over the raw tokens
-        mask = mask.expand(b, 1, t, kv.size(2))
+        mask = layer_mask(
+            t, kv.size(2), x.device, cache, layer, window=self.window
+        ).expand(b, 1, t, kv.size(2))
         if self.kind != "sliding":
             entries, states["entries"] = self.compressor(
                 x, self.inv_freq, states.get("entries")
