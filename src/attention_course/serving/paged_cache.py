@@ -176,7 +176,8 @@ class PagedKVCache(Cache):
         num_kv_heads, head_dim: H_kv and Dh of the keys (and of the values,
         unless ``value_dim`` differs:
             MLA's latent layer stores its latent as "keys" and its rotated key
-            as "values").
+            as "values"; 0 for a layer whose keys are its values, K = V,
+            DeepSeek V4's).
         dtype, device: of the pool.
         read: "gather" (copy each sequence's keys out of the pool, packed) or
             "blocks" (read them in place: the pool itself and the block tables
@@ -206,9 +207,9 @@ class PagedKVCache(Cache):
             ("block_size", block_size),
             ("num_kv_heads", num_kv_heads),
             ("head_dim", head_dim),
-            ("value_dim", value_dim),
         ):
             check_int(value, name)
+        check_int(value_dim, "value_dim", minimum=0)
         self.num_layers, self.block_size = num_layers, block_size
         self.allocator = BlockAllocator(num_blocks)
         self.keys = [
@@ -541,8 +542,9 @@ class PagedKVCache(Cache):
             )
         out = []
         for pool, new in ((self.keys[layer], k), (self.values[layer], v)):
-            # (num_blocks * block_size, H_kv, Dh)
-            flat = pool.view(-1, *pool.shape[2:])
+            # (num_blocks * block_size, H_kv, Dh), a view (flatten, not
+            # view(-1): an empty value pool, K = V, has no size to infer)
+            flat = pool.flatten(0, 1)
             # (T_new, H_kv, Dh)
             flat[self.step.write_slots] = new[0].transpose(0, 1).to(pool.dtype)
             # blocks: no copy
@@ -641,7 +643,7 @@ class PagedKVCache(Cache):
             self.block_size,
         )
         return tuple(
-            pool.view(-1, *pool.shape[2:])[slots].transpose(0, 1)[None]
+            pool.flatten(0, 1)[slots].transpose(0, 1)[None]
             for pool in (self.keys[layer], self.values[layer])
         )
 

@@ -142,12 +142,12 @@ class Engine:
             raise ValueError(
                 f"policy must be one of {POLICIES}, got policy={policy!r}"
             )
-        if prefix_sharing and not all(
-            hasattr(block.attn, "cache_shape") for block in model.blocks
+        if prefix_sharing and any(
+            keeps_state(block.attn) for block in model.blocks
         ):
             raise ValueError(
                 "prefix sharing reuses cached keys and values: a recurrent "
-                "layer's state cannot be shared"
+                "layer's state cannot be shared (nor a compressor's)"
             )
         self.model = model.eval()
         self.cache = PagedKVCache.for_model(
@@ -381,6 +381,13 @@ class Engine:
         free again)."""
         if self.index is not None:
             self.index.clear()
+
+
+def keeps_state(attn) -> bool:
+    """Whether a layer keeps a state per sequence in the cache: a recurrent
+    layer (no keys: no ``cache_shape``) or one that says so
+    (``keeps_state``: V4's compressors)."""
+    return getattr(attn, "keeps_state", not hasattr(attn, "cache_shape"))
 
 
 def position_limit(model) -> int | None:

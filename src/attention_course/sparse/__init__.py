@@ -9,7 +9,7 @@ from .attention import (
     GlmMoeDsaAttention,
     SparseLatentAttention,
 )
-from .compressed import BlockCompressor, CompressedAttention
+from .compressed import BlockCompressor, CompressedAttention, v4_layers
 from .indexer import LightningIndexer, index_scores
 from .topk import top_k, top_k_selection
 
@@ -19,6 +19,7 @@ __all__ = [
     "GlmMoeDsaAttention",
     "CompressedAttention",
     "BlockCompressor",
+    "v4_layers",
     "LightningIndexer",
     "index_scores",
     "top_k",

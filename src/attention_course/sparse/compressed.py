@@ -27,7 +27,9 @@ the attention is :func:`~attention_course.functional.attend` with sinks.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -37,10 +39,13 @@ from ..functional import attend
 from ..interop.hf import HFTwin, check_hf_module, copy_linear
 from ..kv_cache import Cache
 from ..modern.attention import layer_mask, layer_positions
-from ..positions import RotaryTable, rope_table, rotate
+from ..positions import RotaryTable, inverse_frequencies, rope_table, rotate
 from ..validation import check_int
 from .indexer import index_scores
 from .topk import top_k_selection
+
+if TYPE_CHECKING:
+    from ..gpt import GPTConfig
 
 KINDS = ("sliding", "csa", "hca")
 
@@ -199,6 +204,22 @@ def entries_visible(positions: Tensor, entries: int, rate: int) -> Tensor:
     return (n[None, :] + 1) * rate <= positions[:, None] + 1
 
 
+def own_entries(seen: list[Tensor], segments: list[tuple]) -> Tensor:
+    """Block-diagonal (B, T, N): the queries of each segment (seq, start,
+    end) of a packed row see, of all the entries side by side, only their own
+    sequence's, as ``seen`` (B, end - start, N_s) says."""
+    b, t = seen[0].size(0), segments[-1][2]
+    widths = [s.size(-1) for s in seen]
+    mask = seen[0].new_zeros(b, t, sum(widths))
+    column = 0
+    for (_, start, end), sees, width in zip(
+        segments, seen, widths, strict=True
+    ):
+        mask[:, start:end, column : column + width] = sees
+        column += width
+    return mask
+
+
 class CompressedAttention(nn.Module):
     """One attention layer of DeepSeek V4, of kind ``"sliding"``, ``"csa"``
     or ``"hca"`` (:data:`KINDS`); mirrors transformers'
@@ -280,10 +301,12 @@ class CompressedAttention(nn.Module):
         self.norm_eps = norm_eps
         self.kv_proj = nn.Linear(d_model, head_dim, bias=False)
         self.kv_norm = RMSNorm(head_dim, eps=norm_eps)
-        # (groups, o_lora_rank, heads' features per group)
+        # (groups, o_lora_rank, heads' features per group), drawn as a
+        # Linear's weight (zeros would silence the layer in a model)
+        fan_in = num_heads * head_dim // o_groups
         self.o_a = nn.Parameter(
-            torch.zeros(
-                o_groups, o_lora_rank, num_heads * head_dim // o_groups
+            torch.empty(o_groups, o_lora_rank, fan_in).uniform_(
+                -(fan_in**-0.5), fan_in**-0.5
             )
         )
         self.o_b_proj = nn.Linear(o_groups * o_lora_rank, d_model, bias=False)
@@ -347,6 +370,17 @@ class CompressedAttention(nn.Module):
         low = torch.einsum("btgi,goi->btgo", grouped, self.o_a)
         return self.o_b_proj(low.flatten(2))
 
+    @property
+    def keeps_state(self) -> bool:
+        """Whether the layer keeps a state per sequence in the cache (its
+        compressors'): a shared prompt prefix cannot share it."""
+        return self.kind != "sliding"
+
+    def cache_shape(self) -> tuple[int, int, int]:
+        """What one token puts in a cache: one key-value head of Dh, and no
+        value (K = V: the key is stored once)."""
+        return 1, self.head_dim, 0
+
     def forward(
         self,
         x: Tensor,
@@ -354,18 +388,23 @@ class CompressedAttention(nn.Module):
         *,
         cache: Cache | None = None,
         layer: int = 0,
+        rotary: RotaryTable | None = None,
+        head_mask: Tensor | None = None,
+        weights: list | None = None,
     ) -> Tensor:
         """x (B, T, D) -> (B, T, D). Positions (T,) default to 0..T-1, or to
         those after the cached tokens. The cache keeps the window's keys
-        (once: the values are the same vectors) and, as the layer's state, the
-        compressors' (:class:`CompressorState`)."""
+        (once: the values are the same vectors) and, as the state of each
+        sequence, its compressors' (:class:`CompressorState`). A GPT's
+        ``rotary`` is not used (each kind has its own frequencies);
+        ``head_mask`` (H,) scales each head's output, ``weights`` (a list)
+        receives the weights (B, H, T, Tk + N): the keys, then the entries."""
         b, t, _ = x.shape
         positions = layer_positions(x, positions, cache, layer)
         rotary = rope_table(positions, self.inv_freq, x.dtype)
         q_latent = self.q_a_norm(self.q_a_proj(x))
         q = self.queries(q_latent, rotary)  # (B, H, T, Dh)
         kv = rotate_tail(self.kv_norm(self.kv_proj(x))[:, None], rotary)
-        states = {} if cache is None else dict(cache.state(layer) or {})
         if cache is not None:
             # K = V: the keys are stored once, beside empty values
             kv, _ = cache.update(layer, kv, kv[..., :0])
@@ -374,23 +413,68 @@ class CompressedAttention(nn.Module):
             t, kv.size(2), x.device, cache, layer, window=self.window
         ).expand(b, 1, t, kv.size(2))
         if self.kind != "sliding":
-            entries, states["entries"] = self.compressor(
-                x, self.inv_freq, states.get("entries")
+            # (B, N, Dh), (B, T, N)
+            entries, seen = self.compressed(
+                x, q_latent, positions, cache, layer
             )
-            seen = entries_visible(positions, entries.size(1), self.rate)
-            if self.kind == "csa":
-                keys, states["index"] = self.index_compressor(
-                    x, self.inv_freq, states.get("index")
-                )
-                seen = self.index_selection(
-                    x, q_latent, positions, keys[:, None]
-                )[:, None]
             kv = torch.cat([kv, entries[:, None]], dim=2)
-            mask = torch.cat([mask, seen.expand(b, 1, t, -1)], dim=-1)
-            if cache is not None:
-                cache.set_state(layer, states, 0)
-        heads, _ = attend(q, kv, kv, mask, sinks=self.sinks)
+            mask = torch.cat([mask, seen[:, None]], dim=-1)
+        heads, attention = attend(q, kv, kv, mask, sinks=self.sinks)
+        if weights is not None:
+            weights.append(attention)
+        if head_mask is not None:
+            # (H, 1, 1) over (B, H, T, Dh)
+            heads = heads * head_mask[:, None, None]
         return self.output(heads, rotary)
+
+    def compressed(
+        self,
+        x: Tensor,
+        q_latent: Tensor,
+        positions: Tensor,
+        cache: Cache | None,
+        layer: int,
+    ) -> tuple[Tensor, Tensor]:
+        """The entries the new tokens may attend to (B, N, Dh) and which each
+        query sees (B, T, N). With a cache, each sequence of the row (its
+        segment: a paged cache packs several) continues from its own
+        compressors' state and sees its own entries only."""
+        if cache is None:
+            entries, seen, _ = self.compress(x, q_latent, positions, {})
+            return entries, seen
+        segments = cache.segments(x.size(1))
+        entries, seen = [], []
+        for seq, start, end in segments:
+            span = slice(start, end)
+            new, sees, state = self.compress(
+                x[:, span],
+                q_latent[:, span],
+                positions[..., span],
+                dict(cache.state(layer, seq) or {}),
+            )
+            # the length advanced in update already
+            cache.set_state(layer, state, 0, seq)
+            entries.append(new)
+            seen.append(sees)
+        return torch.cat(entries, dim=1), own_entries(seen, segments)
+
+    def compress(
+        self, x: Tensor, q_latent: Tensor, positions: Tensor, state: dict
+    ) -> tuple[Tensor, Tensor, dict]:
+        """One sequence's tokens x (B, T, D) after its compressors' ``state``
+        -> (its entries so far (B, N, Dh), which each query sees (B, T, N),
+        the state after x)."""
+        entries, state["entries"] = self.compressor(
+            x, self.inv_freq, state.get("entries")
+        )
+        if self.kind == "hca":
+            seen = entries_visible(positions, entries.size(1), self.rate)
+            return entries, seen.expand(x.size(0), -1, -1), state
+        keys, state["index"] = self.index_compressor(
+            x, self.inv_freq, state.get("index")
+        )
+        seen = self.index_selection(x, q_latent, positions, keys[:, None])
+        return entries, seen, state
 
     @classmethod
     def from_hf(cls, module) -> CompressedAttention:
@@ -447,3 +531,51 @@ class CompressedAttention(nn.Module):
             copy_linear(ours.index_q_proj, indexer.q_b_proj)
             copy_linear(ours.index_weights, indexer.scorer.weights_proj)
         return ours.to(module.kv_proj.weight.dtype)
+
+
+def v4_layers(
+    kinds: Sequence[str],
+    *,
+    head_dim: int,
+    window: int,
+    q_lora_rank: int,
+    rope_dim: int,
+    o_groups: int,
+    o_lora_rank: int,
+    rates: dict[str, int] | None = None,
+    index_heads: int | None = None,
+    index_head_dim: int | None = None,
+    top_k: int | None = None,
+    rope_base: float = 10000.0,
+) -> Callable[[GPTConfig, int], CompressedAttention]:
+    """A :class:`~attention_course.gpt.GPT`'s ``attention`` factory: layer i
+    is a :class:`CompressedAttention` of kind ``kinds[i % len(kinds)]`` (V4
+    interleaves them), of the config's width and heads; ``rates`` gives each
+    compressed kind its block size (V4: {"csa": 4, "hca": 128}), the other
+    sizes are every layer's (see :class:`CompressedAttention`)."""
+    rates = {"csa": 4, "hca": 128} if rates is None else rates
+    if not kinds or any(kind not in KINDS for kind in kinds):
+        raise ValueError(
+            f"kinds must name at least one of {KINDS}, got {list(kinds)}"
+        )
+
+    def attention(config: GPTConfig, layer: int) -> CompressedAttention:
+        kind = kinds[layer % len(kinds)]
+        return CompressedAttention(
+            config.d_model,
+            config.num_heads,
+            head_dim,
+            kind=kind,
+            window=window,
+            q_lora_rank=q_lora_rank,
+            rope_dim=rope_dim,
+            inv_freq=inverse_frequencies(rope_dim, rope_base),
+            o_groups=o_groups,
+            o_lora_rank=o_lora_rank,
+            rate=rates.get(kind),
+            index_heads=index_heads,
+            index_head_dim=index_head_dim,
+            top_k=top_k,
+        )
+
+    return attention
