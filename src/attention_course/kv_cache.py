@@ -109,8 +109,11 @@ class Cache(ABC):
     fixed-size state per sequence instead of keys: :meth:`state`,
     :meth:`set_state`; chapter 17's Gated DeltaNet), indexed (a latent layer
     whose "values" also carry the lightning indexer's key, chapter 19's sparse
-    MLA), paged (:class:`~attention_course.serving.paged_cache.PagedKVCache`,
-    chapter 18: many sequences in one pool).
+    MLA), compressed (chapter 19's DeepSeek V4: the window's keys, which are
+    also the values, so the values are empty, plus each sequence's compressor
+    state, run segment by segment as a recurrent layer's), paged
+    (:class:`~attention_course.serving.paged_cache.PagedKVCache`, chapter 18:
+    many sequences in one pool).
     """
 
     @abstractmethod
@@ -159,8 +162,9 @@ class Cache(ABC):
 
     @abstractmethod
     def set_state(self, layer: int, state, t_new: int, seq=0) -> None:
-        """Keep a recurrent layer's state after ``t_new`` more tokens of
-        sequence ``seq``."""
+        """Keep a layer's state (recurrent, or V4's compressors) after
+        ``t_new`` more tokens of sequence ``seq`` (0 when the layer's
+        :meth:`update` counted them already)."""
 
 
 class KVCache(Cache):
