@@ -156,6 +156,25 @@ def test_each_planted_serving_mistake_changes_some_request(monkeypatch, plant):
     assert sum(served[r.id] != expected[r.id] for r in requests) >= 2
 
 
+def test_a_preempted_sequence_recomputes_its_compressors_from_scratch(monkeypatch):
+    """A pool of 9 blocks of 2 preempts sequences: each is freed with its states and recomputed from its tokens
+    alone; a pool that kept a preempted sequence's stale state (planted) would pool its blocks twice."""
+    model, requests = v4_gpt(seed=3), workload(3)
+    expected = solo(model, requests)
+    engine = Engine(model, num_blocks=9, block_size=2, max_seqs=3, max_batch_tokens=5)
+    assert engine.run(requests) == expected and engine.preemptions >= 3
+    free = PagedKVCache.free_sequence
+
+    def keeps_states(self, seq_id):
+        states = dict(self.states)
+        free(self, seq_id)
+        self.states = states
+
+    monkeypatch.setattr(PagedKVCache, "free_sequence", keeps_states)
+    served = Engine(model, num_blocks=9, block_size=2, max_seqs=3, max_batch_tokens=5).run(requests)
+    assert sum(served[r.id] != expected[r.id] for r in requests) >= 2
+
+
 def test_compressor_states_are_per_sequence_and_cannot_be_shared_or_cropped():
     with pytest.raises(ValueError, match="nor a compressor's"):
         Engine(v4_gpt(), 8, 2, prefix_sharing=True)
@@ -177,4 +196,11 @@ def test_compressor_states_are_per_sequence_and_cannot_be_shared_or_cropped():
     with pytest.raises(ValueError, match="the step packs 1 new tokens"):
         engine.model(torch.tensor([[1, 2]]), cache=cache)
     cache.abort_step()
-    assert cache.state(1, "a")["entries"].pending.size(1) == 1
+    # a step that fails after the CSA layer (1) has moved its state on, in the HCA layer (2): the state comes back
+    engine.model.blocks[2].attn.output = lambda heads, rotary: 1 / 0
+    cache.begin_step([("a", 1)])
+    with pytest.raises(ZeroDivisionError):
+        engine.model(torch.tensor([[1]]), cache=cache)
+    assert cache.state(1, "a")["entries"].pending.size(1) == 0  # block 3 completed, in the failed step
+    cache.abort_step()
+    assert cache.state(1, "a")["entries"].pending.size(1) == 1 and cache.seq_len("a") == 5
