@@ -414,7 +414,7 @@ class CompressedAttention(nn.Module):
         ).expand(b, 1, t, kv.size(2))
         if self.kind != "sliding":
             # (B, N, Dh), (B, T, N)
-            entries, seen = self.compressed(
+            entries, seen = self.entries_for_row(
                 x, q_latent, positions, cache, layer
             )
             kv = torch.cat([kv, entries[:, None]], dim=2)
@@ -427,7 +427,7 @@ class CompressedAttention(nn.Module):
             heads = heads * head_mask[:, None, None]
         return self.output(heads, rotary)
 
-    def compressed(
+    def entries_for_row(
         self,
         x: Tensor,
         q_latent: Tensor,
@@ -440,13 +440,15 @@ class CompressedAttention(nn.Module):
         segment: a paged cache packs several) continues from its own
         compressors' state and sees its own entries only."""
         if cache is None:
-            entries, seen, _ = self.compress(x, q_latent, positions, {})
+            entries, seen, _ = self.entries_for_sequence(
+                x, q_latent, positions, {}
+            )
             return entries, seen
         segments = cache.segments(x.size(1))
         entries, seen = [], []
         for seq, start, end in segments:
             span = slice(start, end)
-            new, sees, state = self.compress(
+            new, sees, state = self.entries_for_sequence(
                 x[:, span],
                 q_latent[:, span],
                 positions[..., span],
@@ -458,7 +460,7 @@ class CompressedAttention(nn.Module):
             seen.append(sees)
         return torch.cat(entries, dim=1), own_entries(seen, segments)
 
-    def compress(
+    def entries_for_sequence(
         self, x: Tensor, q_latent: Tensor, positions: Tensor, state: dict
     ) -> tuple[Tensor, Tensor, dict]:
         """One sequence's tokens x (B, T, D) after its compressors' ``state``
