@@ -176,6 +176,8 @@ def test_a_preempted_sequence_recomputes_its_compressors_from_scratch(monkeypatc
 
 
 def test_compressor_states_are_per_sequence_and_cannot_be_shared_or_cropped():
+    with pytest.raises(ValueError, match="kinds must name at least one of"):
+        v4_layers(("sliding", "dense"), head_dim=8, window=4, q_lora_rank=8, rope_dim=4, o_groups=2, o_lora_rank=4)
     with pytest.raises(ValueError, match="nor a compressor's"):
         Engine(v4_gpt(), 8, 2, prefix_sharing=True)
     Engine(v4_gpt(("sliding",)), 8, 2, prefix_sharing=True)  # a sliding layer keeps keys only: shareable
