@@ -539,12 +539,15 @@ def capstone2_prompts(vocab_size: int) -> list[list[int]]:
 
 def capstone2_lookup_prompts(vocab_size: int) -> list[list[int]]:
     """Hidden prompts for prompt-lookup decoding: a stretch of 5 to 8 random
-    token ids twice, then its first 2 or 3 again, so that the last two tokens
-    occur earlier (what the lookup finds, and the induction heads copy)."""
+    token ids three times, then its first 2 or 3 again, so that the last two
+    tokens occur earlier (what the lookup finds, and the induction heads
+    copy). The ids come from the tokenizer's first merges (100 to 2000,
+    common pieces), which SmolLM2 goes on repeating more often than rare
+    ones: 4.4 passes for 12 new tokens on average over 8 draws, against 9.3
+    with ids from the whole vocabulary and two copies."""
     if not active():
         return []
     rng = _rng(Topic.CAPSTONE2, 6)  # exercise 6's own stream
-    stretch = [
-        int(t) for t in rng.integers(100, vocab_size, size=_n(rng, 5, 8))
-    ]
-    return [stretch * 2 + stretch[: _n(rng, 2, 3)]]
+    common = min(2000, vocab_size)
+    stretch = [int(t) for t in rng.integers(100, common, size=_n(rng, 5, 8))]
+    return [stretch * 3 + stretch[: _n(rng, 2, 3)]]
