@@ -134,11 +134,78 @@ def generate_with(bug):
     return lambda ids, max_new_tokens: hf_generate(ids, max_new_tokens, bug)
 
 
+def _accepted(draft, best):
+    """How many draft tokens equal the model's choices (best[i]: its choice after draft token i - 1)."""
+    kept = 0
+    while kept < len(draft) and draft[kept] == best[kept]:
+        kept += 1
+    return kept
+
+
+@torch.no_grad()
+def hf_speculate(ids, max_new_tokens, k, bug=None):
+    """Prompt-lookup decoding on Hugging Face's model, its DynamicCache cropped; ``bug`` plants one mistake."""
+    from transformers import DynamicCache
+
+    model, cache = _hf(), DynamicCache(config=_hf().config)
+    logits = model(ids, cache=cache, use_cache=True).logits  # the prompt, once
+    seq, rows = ids[0].tolist(), [logits[0, -1]]
+    seq.append(int(rows[-1].argmax()))
+    while len(rows) < max_new_tokens:
+        want = 0 if bug == "no-draft" else min(k, max_new_tokens - len(rows) - 1)
+        draft = capstone_model.lookup_draft(seq, want)
+        if bug == "recompute":  # the whole sequence again, without the cache
+            cache = DynamicCache(config=model.config)
+            logits = model(torch.tensor([seq + draft]), cache=cache, use_cache=True).logits[:, len(seq) - 1:]
+        else:
+            logits = model(torch.tensor([seq[-1:] + draft]), cache=cache, use_cache=True).logits  # (1, 1 + d, V)
+        best = logits[0].argmax(-1).tolist()
+        kept = _accepted(draft, best)
+        if bug == "unverified":
+            seq, kept = seq + draft + [best[len(draft)]], len(draft)
+        elif bug == "off-by-one" and kept < len(draft):
+            seq = seq + draft[: kept + 1]
+        else:
+            seq = seq + draft[:kept] + [best[kept]]
+        rows += list(logits[0, : kept + 1])
+        if bug != "no-crop":
+            cache.crop(len(seq) - 1 - cache.get_seq_length())  # all but the newest token
+    return torch.tensor([seq[len(seq) - len(rows):]])[:, :max_new_tokens], torch.stack(rows[:max_new_tokens])[None]
+
+
+@torch.no_grad()
+def course_speculate(ids, max_new_tokens, k):
+    """The course's Decoder through the course's KVCache, cropped to the kept tokens: another right style (a draft
+    always k long, the extra tokens cut at the end)."""
+    from attention_course.kv_cache import KVCache
+
+    model = _course_model()
+    cache, seq, new_rows = KVCache(model.num_layers), ids[0].tolist(), []
+    logits = model(ids, cache=cache)
+    new_rows.append(logits[0, -1])
+    seq.append(int(new_rows[-1].argmax()))
+    while len(new_rows) < max_new_tokens:
+        draft = capstone_model.lookup_draft(seq, k)
+        logits = model(torch.tensor([seq[-1:] + draft]), cache=cache)[0]  # (1 + d, V)
+        kept = _accepted(draft, logits.argmax(-1).tolist())
+        seq += draft[:kept] + [int(logits[kept].argmax())]
+        new_rows += list(logits[: kept + 1])
+        cache.crop(len(seq) - 1)
+    start = len(seq) - len(new_rows)
+    return torch.tensor([seq[start: start + max_new_tokens]]), torch.stack(new_rows[:max_new_tokens])[None]
+
+
+def speculate_with(bug):
+    return lambda ids, max_new_tokens, k: hf_speculate(ids, max_new_tokens, k, bug)
+
+
 CORRECT = [
     (checks.check_llama_attention, Attention),
     (checks.check_smollm2_logits, course_logits),
     (checks.check_greedy_decoding, hf_generate),
     (checks.check_greedy_decoding, course_generate),
+    (checks.check_prompt_lookup, hf_speculate),
+    (checks.check_prompt_lookup, course_speculate),
 ]
 PLANTED = [
     (checks.check_llama_attention, planted("neighbours"), "rope-wrong-pairing"),
@@ -153,6 +220,11 @@ PLANTED = [
     (checks.check_greedy_decoding, generate_with("drop-cache"), "decode-cache-dropped"),
     (checks.check_greedy_decoding, generate_with("second-best"), "wrong-output"),
     (checks.check_greedy_decoding, generate_with("logits-of-the-prompt"), "logits-differ-from-hf"),
+    (checks.check_prompt_lookup, speculate_with("unverified"), "lookup-draft-unverified"),
+    (checks.check_prompt_lookup, speculate_with("off-by-one"), "lookup-keeps-mismatch"),
+    (checks.check_prompt_lookup, speculate_with("no-crop"), "lookup-cache-not-cropped"),
+    (checks.check_prompt_lookup, speculate_with("no-draft"), "lookup-too-many-passes"),
+    (checks.check_prompt_lookup, speculate_with("recompute"), "decode-recomputes-prefix"),
 ]
 
 
@@ -163,3 +235,35 @@ def test_the_reference_model_is_restored_after_a_variant():
         hf_variant_logits("base")(ids)
         hf_variant_logits("no-final-norm")(ids)
         assert torch.equal(_hf()(ids).logits, before)
+
+
+def test_lookup_draft_copies_what_followed_the_latest_occurrence():
+    assert capstone_model.lookup_draft([1, 2, 3, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]  # the latest, not the first
+    assert capstone_model.lookup_draft([1, 2, 3, 1, 2], 9) == [3, 1, 2]  # up to the end
+    assert capstone_model.lookup_draft([7, 1, 2, 3], 2) == []  # never seen before
+    assert capstone_model.lookup_draft([5, 5, 5], 2) == [5]  # overlapping occurrence
+
+
+def test_lookup_passes_replays_the_drafts():
+    # prompt [1, 2, 3, 1], first new token 2 from the prompt's pass; draft [3, 1] (k = 2): 3 kept, then 9 chosen;
+    # draft after (3, 9): none, one token; the last token needs no draft
+    assert capstone_model.lookup_passes([1, 2, 3, 1, 2, 3, 9, 8, 7], 4, 2) == [4, 3, 1, 1]
+
+
+def test_the_lookup_prompt_takes_at_most_half_the_passes():
+    """On the fixed prompt, greedy decoding by prompt lookup needs at most half as many passes as new tokens after the
+    prompt's pass, with a draft rejected on the way (without one, the planted mistakes would go unseen)."""
+    ids = capstone_model.reference_model()[0](capstone_model.LOOKUP_PROMPT)["input_ids"]
+    steps, k = capstone_model.LOOKUP_STEPS, capstone_model.LOOKUP_K
+    new, _ = hf_speculate(torch.tensor([ids]), steps, k)
+    passes = capstone_model.lookup_passes(ids + new[0].tolist(), len(ids), k)
+    assert 3 <= len(passes) - 1 <= steps // 2 and sum(passes[1:]) > steps - 1, passes
+
+
+def test_hidden_lookup_prompts_repeat_their_last_two_tokens():
+    from attention_course.checks import hidden
+
+    assert hidden.capstone2_lookup_prompts(49152) == []
+    with hidden.drawn_from(3):
+        (prompt,) = hidden.capstone2_lookup_prompts(49152)
+    assert 17 <= len(prompt) <= 27 and capstone_model.lookup_draft(prompt, 4)

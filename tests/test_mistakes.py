@@ -88,7 +88,8 @@ def test_topics_and_chapters():
         "shard-not-seen"]
     assert [m.code for m in mistakes.in_chapter("capstone2")] == [
         "cache-position-off-by-one", "rope-base-default", "model-final-norm-missing", "logits-differ-from-hf",
-        "decode-cache-dropped", "decode-recomputes-prefix"]
+        "decode-cache-dropped", "decode-recomputes-prefix", "lookup-draft-unverified", "lookup-keeps-mismatch",
+        "lookup-cache-not-cropped", "lookup-too-many-passes"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

@@ -547,6 +547,219 @@ def check_greedy_decoding(fn, *, timeout: float = MODEL_TIMEOUT):
     run_check(body, timeout)
 
 
+# -----------------------------------------------------------------------------
+# Exercise 6: prompt-lookup speculative decoding through the student's cache
+# -----------------------------------------------------------------------------
+
+# A text the model continues by repeating it: most drafts are kept, and one
+# is rejected on the way (" mat" where the model says " rug"), so that a
+# draft kept unverified, one token too many or a cache left uncropped all
+# change the tokens
+LOOKUP_PROMPT = (
+    "The cat sat on the mat. The dog sat on the rug. "
+    "The cat sat on the mat. The dog sat"
+)
+LOOKUP_STEPS = 12  # new tokens each case generates
+LOOKUP_K = 4  # draft tokens at most per pass
+
+
+def lookup_draft(seq: list[int], k: int) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the
+    last two tokens of ``seq`` ([] where they never occurred before)."""
+    tail = seq[-2:]
+    for start in range(len(seq) - 3, -1, -1):
+        if seq[start : start + 2] == tail:
+            return seq[start + 2 : start + 2 + k]
+    return []
+
+
+def _kept(draft: list[int], choices: list[int]) -> int:
+    """How many draft tokens equal the model's choices (``choices[i]``: its
+    choice after draft token i - 1)."""
+    kept = 0
+    while kept < len(draft) and draft[kept] == choices[kept]:
+        kept += 1
+    return kept
+
+
+def _made(draft: list[int], choices: list[int], rule: str) -> list[int]:
+    """The tokens one verify pass adds: the draft tokens the model agrees
+    with, then its own choice; or, by a mistaken ``rule``, the whole draft
+    and the choice after it ("unverified"), or the agreed tokens and the
+    first draft token it disagrees with ("off-by-one")."""
+    kept = _kept(draft, choices)
+    if rule == "unverified":
+        return draft + [choices[len(draft)]]
+    if rule == "off-by-one" and kept < len(draft):
+        return draft[: kept + 1]
+    return draft[:kept] + [choices[kept]]
+
+
+def _replay(seq, prompt, k, choices=None, rule="right") -> list[int] | None:
+    """Replay prompt-lookup decoding on ``seq`` (the prompt's ``prompt``
+    tokens, then the new ones): the tokens each pass feeds (the prompt, then
+    the newest token and its draft). ``choices``: the model's choice for each
+    new token given the tokens before it in ``seq``; where given, None unless
+    every pass adds the tokens ``rule`` keeps."""
+    fed, end = [prompt], prompt + 1  # the prompt's pass chose one token
+    if choices is not None and seq[prompt] != choices[0]:
+        return None
+    while end < len(seq):
+        draft = lookup_draft(seq[:end], min(k, len(seq) - end - 1))
+        if choices is None:  # seq's own tokens are the model's choices
+            made = _made(draft, seq[end:], rule)
+        else:
+            at = end - prompt
+            made = _made(draft, choices[at : at + len(draft) + 1], rule)
+            made = made[: len(seq) - end]
+            if seq[end : end + len(made)] != made:
+                return None
+        fed.append(1 + len(draft))
+        end += len(made)
+    return fed
+
+
+def lookup_passes(seq: list[int], prompt: int, k: int) -> list[int]:
+    """The tokens each pass of prompt-lookup decoding feeds to produce
+    ``seq`` (the prompt's ``prompt`` tokens, then the new ones): the prompt,
+    then per pass the newest token and its draft, of which the tokens equal
+    to ``seq``'s are kept, plus the model's own next token."""
+    return _replay(seq, prompt, k)
+
+
+@torch.no_grad()
+def _uncropped_lookup(ids: list[int], steps: int, k: int) -> np.ndarray:
+    """The new tokens of prompt-lookup decoding with HF's model and a cache
+    never cropped (the rejected draft tokens stay in it)."""
+    from transformers import DynamicCache
+
+    model = reference_model()[1]
+    cache = DynamicCache(config=model.config)
+    logits = model(torch.tensor([ids]), cache=cache, use_cache=True).logits
+    seq = [*ids, int(logits[0, -1].argmax())]
+    while len(seq) - len(ids) < steps:
+        draft = lookup_draft(seq, min(k, steps - (len(seq) - len(ids)) - 1))
+        logits = model(
+            torch.tensor([seq[-1:] + draft]), cache=cache, use_cache=True
+        ).logits  # (1, 1 + len(draft), V)
+        seq += _made(draft, logits[0].argmax(-1).tolist(), "right")
+    return np.array(seq[len(ids) :][:steps])
+
+
+def _diagnose_lookup(ids, new, choices, case) -> None:
+    """Raise the code of the mistake whose tokens the student's are, if any:
+    replayed with ``choices``, HF's choice for each new token given the
+    student's tokens before it; the uncropped cache run with HF's model."""
+    seq = ids + new.tolist()
+    if _replay(seq, len(ids), LOOKUP_K, choices) is None:
+        for code, rule in (
+            ("lookup-draft-unverified", "unverified"),
+            ("lookup-keeps-mismatch", "off-by-one"),
+        ):
+            if _replay(seq, len(ids), LOOKUP_K, choices, rule) is not None:
+                raise fail(code, case=case)
+    if np.array_equal(new, _uncropped_lookup(ids, len(new), LOOKUP_K)):
+        raise fail("lookup-cache-not-cropped", case=case)
+
+
+def _check_lookup_fed(fed: list[int], seq: list[int], prompt: int, case):
+    """The model's token lookups: the prompt once, then at most k + 1 tokens
+    a pass, in no more passes than the lookup needs for these tokens."""
+    if not fed:
+        raise fail(
+            "wrong-output",
+            "The check saw your model look up no token embedding "
+            "(nn.Embedding or F.embedding): decode with your SmolLM2, "
+            "whose embed is an nn.Embedding.",
+            case=case,
+        )
+    if fed[0] != prompt or any(n > LOOKUP_K + 1 for n in fed[1:]):
+        raise fail(
+            "decode-recomputes-prefix",
+            detail=f"tokens fed to your model, pass by pass: {fed}",
+            case=case,
+        )
+    needed = lookup_passes(seq, prompt, LOOKUP_K)
+    if len(fed) > len(needed):
+        raise fail(
+            "lookup-too-many-passes",
+            detail=f"{len(fed) - 1} passes after the prompt, fed {fed[1:]}; "
+            f"the lookup needs {len(needed) - 1}, fed {needed[1:]}",
+            case=case,
+        )
+
+
+def check_prompt_lookup(fn, *, timeout: float = MODEL_TIMEOUT):
+    """Check ``fn(ids, max_new_tokens, k)``: ids (1, T) -> (new ids (1, N),
+    logits (1, N, V)), greedy decoding with the student's SmolLM2 and its
+    caches, drafting up to ``k`` tokens by prompt lookup (what followed the
+    latest earlier occurrence of the last two tokens) and verifying each
+    draft in one pass. The tokens must be greedy decoding's, judged as
+    :func:`check_greedy_decoding` judges them (the logits equal HF's on the
+    student's sequence, within :data:`LOGITS_ATOL`); the model's embedding
+    lookups (:class:`~.observe.TokensFed`) must be the prompt once, then at
+    most k + 1 tokens a pass, in no more passes than :func:`lookup_passes`
+    counts for the student's own tokens (on :data:`LOOKUP_PROMPT`, 3 for 12
+    tokens). Diagnoses ``[lookup-draft-unverified]``,
+    ``[lookup-keeps-mismatch]``, ``[lookup-cache-not-cropped]``,
+    ``[decode-recomputes-prefix]`` and ``[lookup-too-many-passes]``."""
+    label = display_name(fn, "function")
+
+    def body():
+        tokenizer, model = reference_model()
+        vocab = model.config.vocab_size
+        prompts = [
+            tokenizer(LOOKUP_PROMPT)["input_ids"]
+        ] + hidden.capstone2_lookup_prompts(vocab)
+        for n, ids in enumerate(prompts, 1):
+            case = (
+                f"prompt {n} of {len(prompts)}: {len(ids)} tokens, "
+                f"{LOOKUP_STEPS} new, k = {LOOKUP_K}"
+            )
+            with observe.TokensFed(vocab) as watched, torch.no_grad():
+                result = call(
+                    fn,
+                    {
+                        "ids": torch.tensor([ids]),
+                        "max_new_tokens": LOOKUP_STEPS,
+                        "k": LOOKUP_K,
+                    },
+                    label,
+                    positional=3,
+                )
+            new, logits = _new_and_logits(result, case, LOOKUP_STEPS, vocab)
+            ref = _hf_logits(ids + new[:-1].tolist())[len(ids) - 1 :]
+            greedy = np.array_equal(new, logits.argmax(-1))
+            if not (greedy and close(logits, ref, LOGITS_ATOL, 0.0)):
+                _diagnose_lookup(ids, new, ref.argmax(-1).tolist(), case)
+                if not greedy:
+                    raise fail(
+                        "wrong-output",
+                        "A new id is not the argmax of the logits you "
+                        "returned for it: keep a draft token only where it "
+                        "is your model's greedy choice.",
+                        case=case,
+                    )
+                worst = np.abs(logits - ref).max(axis=-1)
+                raise fail(
+                    "logits-differ-from-hf",
+                    detail="first at new token "
+                    f"{int(np.argmax(worst > LOGITS_ATOL))}",
+                    case=case,
+                )
+            _check_lookup_fed(watched.fed, ids + new.tolist(), len(ids), case)
+        return (
+            f"✓ {label}: {len(prompts)} "
+            f"prompt{'s' if len(prompts) > 1 else ''}, {LOOKUP_STEPS} greedy "
+            "tokens each, the logits equal Hugging Face's on the sequence you "
+            f"generated; after the prompt, drafts of up to {LOOKUP_K} tokens "
+            "verified in one pass each, in no more passes than the lookup "
+            "needs"
+        )
+
+    run_check(body, timeout)
+
+
 choice_question(
     "capstone2.kv-heads",
     answer="B",

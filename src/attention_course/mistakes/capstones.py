@@ -219,8 +219,54 @@ mistake(
     "greedy decoding that runs the model over the whole sequence at every "
     "step",
     "Your tokens are right, but {detail}: after the prompt, each step must "
-    "feed only the newest token, with the caches, so a step costs one "
-    "token's work instead of the whole sequence's.",
+    "feed only the newest token (and, when speculating, its draft), with "
+    "the caches, so a step costs one token's work instead of the whole "
+    "sequence's.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "lookup-draft-unverified",
+    "prompt-lookup drafts kept without comparing them with the model's "
+    "choices",
+    "Your tokens are those of a lookup that keeps every draft token: a "
+    "draft is only a guess copied from earlier in the text. Feed the newest "
+    "token and the draft in one pass; row i of its logits is your model's "
+    "choice after draft token i - 1: keep draft tokens while they equal "
+    "those choices, then the model's own next token.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "lookup-keeps-mismatch",
+    "the first draft token that differs from the model's choice kept (one "
+    "too many)",
+    "Your tokens are those of a lookup that also keeps the first draft "
+    "token the model disagrees with: where draft token i differs from row "
+    "i's argmax, keep row i's argmax instead and throw away draft token i "
+    "and everything after it.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "lookup-cache-not-cropped",
+    "caches that keep the keys and values of rejected draft tokens",
+    "Your tokens are those of a lookup whose caches keep the rejected draft "
+    "tokens: the next pass attends to tokens that are not in the sequence, "
+    "at positions shifted by them. After each pass, cut every layer's cache "
+    "back to the tokens kept (all but the newest one, which the next pass "
+    "feeds): k[:, :, :length], v[:, :, :length].",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "lookup-too-many-passes",
+    "speculative decoding that takes more model passes than its drafts allow",
+    "Your tokens are right, but you ran {detail}: each pass should feed the "
+    "newest token with a draft of up to k tokens (what followed the latest "
+    "earlier occurrence of the last two tokens) and keep every draft token "
+    "the model agrees with, so that a repetitive text takes few passes. One "
+    "token a pass is plain greedy decoding, not speculation.",
     chapter="capstone2",
     topic="capstone_model",
 )
