@@ -1,5 +1,7 @@
 """Induction heads (chapter 12): the chapter's recipe forms them, the head scores find both halves of the circuit,
-ablation breaks the copying, and GPT-2's initialisation forms none within the same budget.
+and ablation breaks the copying. That GPT-2's initialisation forms none within the same budget is the chapter's own
+comparison, checked where it is shown: chapter 12 trains that model (same seed, 600 steps) and prints verdicts against
+these thresholds, which nbval compares in `make test` (training it here too cost 15 s of a CI worker).
 
 The recipe is trained once per model for the module. Every threshold is the one the chapter (or its exercises) prints a
 verdict against; seeds 0-5 measured copy accuracy 0.87-0.89 at step 600, 0.08-0.09 at step 200, prefix-matching
@@ -54,12 +56,6 @@ def trained_model(tie_embeddings, embedding_std, seed=0):
 def inductor():
     """The chapter's recipe: attention only, an untied head, std-1 embeddings."""
     return trained_model(tie_embeddings=False, embedding_std=1.0)
-
-
-@pytest.fixture(scope="module")
-def gpt2_style():
-    """The same model with GPT-2's defaults: a tied head, std-0.02 embeddings."""
-    return trained_model(tie_embeddings=True, embedding_std=0.02)
 
 
 def accuracy_without(run, *heads):
@@ -133,8 +129,7 @@ def test_the_induction_heads_ov_circuits_copy(inductor):
     assert max(copying_score(ov_circuit(untrained, 1, h)) for h in range(4)) < 0.1
 
 
-def test_gpt2_defaults_form_no_induction_head(gpt2_style, inductor):
-    assert copy_accuracy(gpt2_style["model"], TEST_IDS, TEST_COPY) < 0.35
-    assert (gpt2_style["prefix"] < 0.3).all()
-    assert stream_write_ratio(gpt2_style["model"], TEST_IDS) > 5  # layer 1 swamps the embeddings
+def test_the_recipes_layer_1_writes_no_more_than_twice_the_embeddings(inductor):
+    """Std-1 embeddings keep the residual stream's token information legible to layer 2 (the chapter's contrast: GPT-2's
+    std-0.02 embeddings are swamped, a ratio above 5)."""
     assert stream_write_ratio(inductor["model"], TEST_IDS) < 2

@@ -4,9 +4,13 @@
 * `clock`: `start<TAB>time<TAB>0`, then one line per phase as it ends, `name<TAB>time<TAB>exit status` (times in
   seconds since the epoch), appended by the Makefile;
 * `pytest.json`: written by this module as a pytest plugin (`-p tools.timings`): every item's duration, its setup,
-  call and teardown together (an nbval item is one cell; its notebook's kernel starts in its first cell's setup).
-Then `python tools/timings.py _build/times` prints the phase table, the ten slowest notebooks (their cells summed)
-and the ten slowest tests. `make test` prints it at the end, and also when a phase fails.
+  call and teardown together (an nbval item is one cell; its notebook's kernel starts in its first cell's setup);
+* `cpu.json` (where the machine has /proc/stat): the session's wall time and how many CPU-seconds the whole machine
+  spent busy meanwhile. On an idle machine this says whether the workers keep every core busy (a busy share well
+  under 100 % means more workers would help) and how much of the wall time no test accounts for (collection,
+  start-up, the coverage report).
+Then `python tools/timings.py _build/times` prints the phase table, the ten slowest notebooks (their cells summed),
+the ten slowest tests and the CPU line. `make test` prints it at the end, and also when a phase fails.
 
 `python tools/timings.py --cells NOTEBOOK...` runs each notebook in a fresh kernel (the course's kernel environment,
 the thread count of OMP_NUM_THREADS) and prints its slowest cells with their wall time and the kernel's CPU time:
@@ -14,7 +18,9 @@ on a shared, loaded machine the CPU seconds are the number to hold against a cha
 """
 
 import json
+import os
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -36,10 +42,24 @@ def pytest_configure(config):
         config.pluginmanager.register(Recorder(Path(config.getoption(OPTION))), "timings-recorder")
 
 
+def cpu_seconds(stat="/proc/stat"):
+    """(busy, all) CPU-seconds the machine has spent since it started, summed over its cores, or None where there is
+    no /proc/stat (macOS). Busy is everything but idle and I/O wait."""
+    try:
+        with open(stat, encoding="ascii") as f:
+            fields = [int(n) for n in f.readline().split()[1:]]
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / ticks, sum(fields) / ticks
+
+
 class Recorder:
     def __init__(self, folder):
         self.folder = folder
         self.durations = defaultdict(float)
+        self.started = (time.time(), cpu_seconds())
 
     def pytest_runtest_logreport(self, report):
         self.durations[report.nodeid] += report.duration
@@ -48,6 +68,11 @@ class Recorder:
     def pytest_sessionfinish(self):
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "pytest.json").write_text(json.dumps(self.durations, indent=0), encoding="utf-8")
+        (start, cpu), now = self.started, cpu_seconds()
+        if cpu is not None and now is not None:
+            usage = {"wall": time.time() - start, "busy": now[0] - cpu[0], "all": now[1] - cpu[1],
+                     "cores": os.cpu_count()}
+            (self.folder / "cpu.json").write_text(json.dumps(usage), encoding="utf-8")
 
 
 # --- the report ----------------------------------------------------------------------------------------------------
@@ -90,6 +115,13 @@ def table(title, rows):
     return "\n".join([title] + [f"  {name:<{width}}  {clock(seconds)}" for name, seconds in rows])
 
 
+def cpu_line(usage, durations):
+    """One line: the share of the machine's CPU time spent busy during pytest, and the tests' durations summed."""
+    share = usage["busy"] / usage["all"] if usage["all"] else 0.0
+    return (f"pytest: {usage['wall']:.0f} s; the machine's {usage['cores']} cores busy {share:.0%} of that time; "
+            f"the tests' durations sum to {sum(durations.values()):.0f} s")
+
+
 def report(folder):
     """The two lists of the slowest (from pytest.json) and the phase table (from clock), as far as they exist."""
     folder = Path(folder)
@@ -103,6 +135,9 @@ def report(folder):
     if (folder / "clock").exists():
         lines = (folder / "clock").read_text(encoding="utf-8").splitlines()
         sections.append(table("make test, phase by phase:", phase_table(lines)))
+    if (folder / "cpu.json").exists() and (folder / "pytest.json").exists():
+        durations = json.loads((folder / "pytest.json").read_text(encoding="utf-8"))
+        sections.append(cpu_line(json.loads((folder / "cpu.json").read_text(encoding="utf-8")), durations))
     return "\n\n".join(sections)
 
 
