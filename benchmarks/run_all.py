@@ -103,10 +103,12 @@ NOTES = {
         "sort per row: on a CPU with PyTorch's eager kernels the indexer's own quadratic cost is larger than fused "
         "dense attention's at every length here, by a ratio that stays roughly constant (both are quadratic in T). "
         "Sparse attention wins at decode, from the lengths where the top-k gather costs less than reading every "
-        "key, and the indexer's share of a sparse step grows with T. The sparse attention itself is "
-        "not timed at prefill (gathering k keys per query is a kernel's job). Bytes per token and layer: this "
-        "run's float32 caches, and DeepSeek V3.2's (bfloat16 latent, FP8 indexer key with one float32 scale per "
-        "128 numbers)."
+        "key, and the indexer's share of a sparse step grows with T. At prefill T = 8192, *sparse* is the "
+        "indexer's blocks and then each query over its own 2048 keys, gathered 32 queries at a time: with eager "
+        "PyTorch every gather copies H x 32 x 2048 keys and values (256 MiB), and these copies, not the arithmetic, "
+        "make its time (*sparse / sdpa*); a GPU kernel (DeepSeek's FlashMLA) reads the chosen keys in place. "
+        "Bytes per token and layer: this run's float32 caches, and DeepSeek V3.2's (bfloat16 latent, FP8 indexer "
+        "key with one float32 scale per 128 numbers)."
     ),
     "bench_training": (
         "One step = forward, cross-entropy, backward and AdamW on the same batch. The nn.TransformerEncoder model "
