@@ -283,8 +283,8 @@ def main(repeats: int = 2) -> dict:
     print()
     print(common.markdown_table(["target", "measured", "result"], targets))
     common.save("bench_serving", config, table={"headers": headers, "rows": rows},
-                reads={"headers": read_headers, "rows": read_rows},
-                speculative={"headers": SPEC_HEADERS, "rows": spec_rows}, targets=targets)
+                extra_tables=[{"headers": read_headers, "rows": read_rows},
+                              {"headers": SPEC_HEADERS, "rows": spec_rows}], targets=targets)
     return {"continuous_over_static": continuous_over_static, "waste": waste, "saved": saved, "speedup": best[1],
             "reads": read_ratios}
 
