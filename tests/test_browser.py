@@ -73,8 +73,14 @@ from student_toc import toc_docnames  # noqa: E402
 DOCNAMES = toc_docnames(ROOT / "_toc.yml")
 
 # Waits for MathJax's first typesetting of the page (if MathJax is there); returns its error, if any.
-MATHJAX_DONE = """() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise
-  ? window.MathJax.startup.promise.then(() => null, error => String(error)) : null"""
+# Every wait in the page is bounded (WAIT_MS): page.evaluate has no timeout of its own, and on 2026-11-28 a crawl on a
+# machine at load 10-23 twice stopped for over 10 minutes in chapter 10 with the renderer idle, waiting on a promise
+# that never settled. A bounded wait turns that into a reported error (MathJax) or a measurement as the page stands.
+WAIT_MS = 60_000
+MATHJAX_DONE = f"""() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise
+  ? Promise.race([window.MathJax.startup.promise.then(() => null, error => String(error)),
+                  new Promise(resolve => setTimeout(resolve, {WAIT_MS}, "not typeset after {WAIT_MS} ms"))])
+  : null"""
 
 # Run in the page after MathJax has finished: everything the tests need, in one round trip.
 INSPECT_PAGE = """() => {
@@ -195,10 +201,11 @@ MEASURE_LOADED = f"""async () => {{
 }}"""
 # Run after the window was resized: waits until the transitions it started (the theme's sliding sidebars) have ended,
 # so the layout is the one the page has when loaded at that width, then INSPECT_LAYOUT.
-SETTLED = """async () => {
-  await Promise.all(document.getAnimations()
-    .filter(a => a.effect && a.effect.getComputedTiming().endTime !== Infinity).map(a => a.finished.catch(() => null)));
-}"""
+SETTLED = f"""async () => {{
+  await Promise.race([Promise.all(document.getAnimations()
+    .filter(a => a.effect && a.effect.getComputedTiming().endTime !== Infinity).map(a => a.finished.catch(() => null))),
+    new Promise(resolve => setTimeout(resolve, {WAIT_MS}))]);
+}}"""
 MEASURE_RESIZED = f"""async () => {{
   await ({SETTLED})();
   return ({INSPECT_LAYOUT})();
