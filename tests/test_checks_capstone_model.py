@@ -3,7 +3,6 @@ random weights (float64 reference), the whole model on SmolLM2's real weights ag
 
 import functools
 
-import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -242,8 +241,8 @@ def hf_serve(prompts, max_new_tokens, max_running, block_size, num_blocks, bug=N
     for running in schedule(max_new_tokens, max_running, static):
         step = []
         for r in list(running):
-            if r not in caches:
-                caches[r], tables[r], fed = DynamicCache(config=model.config), [], prompts[r]
+            if r not in caches or bug == "recompute":  # "recompute": the whole sequence again, a fresh cache
+                caches[r], tables[r], fed = DynamicCache(config=model.config), tables.get(r, []), prompts[r] + new[r]
             else:
                 fed = new[r][-1:]
             logits = model(torch.tensor([fed]), cache=caches[r], use_cache=True).logits[0, -1]
@@ -338,6 +337,7 @@ PLANTED = [
     (checks.check_serving, serve_with("shared"), "serve-blocks-shared"),
     (checks.check_serving, serve_with("no-free"), "serve-blocks-not-freed"),
     (checks.check_serving, serve_with("second-best"), "serve-tokens-differ"),
+    (checks.check_serving, serve_with("recompute"), "decode-recomputes-prefix"),
 ]
 
 
@@ -405,10 +405,8 @@ def test_hidden_serving_workloads_tell_the_mistakes_apart():
         assert never_freed > capstone_model.serving_pool_size(prompts, new, running, size)
 
 
-def test_serving_passes_and_diagnoses_on_a_hidden_workload():
+def test_serving_passes_on_a_hidden_workload():
     from attention_course.checks import hidden
 
     with hidden.drawn_from(5):
         checks.check_serving(course_serve)
-        with pytest.raises(AssertionError, match=r"^\[serve-blocks-not-freed\]"):
-            checks.check_serving(serve_with("no-free"))
