@@ -199,6 +199,110 @@ def speculate_with(bug):
     return lambda ids, max_new_tokens, k: hf_speculate(ids, max_new_tokens, k, bug)
 
 
+
+class Pool:
+    """Block ids of a paged cache: ``bug`` "no-free" never reuses a block, "shared" hands one block out again and
+    again."""
+
+    def __init__(self, num_blocks, bug=None):
+        self.free, self.next, self.bug = list(range(num_blocks)), num_blocks, bug
+
+    def take(self):
+        if self.bug == "no-free":
+            self.next += 1
+            return self.next - 1 - len(self.free)
+        return self.free[-1] if self.bug == "shared" else self.free.pop()  # "shared": read, never taken off
+
+    def give_back(self, table):
+        if self.bug != "no-free":
+            self.free += table[::-1]
+
+
+def schedule(max_new_tokens, max_running, static=False):
+    """Continuous batching, first come first served: yields each step's running requests (their list, which the
+    caller's loop retires from when each finishes)."""
+    waiting, running = list(range(len(max_new_tokens))), []
+    while waiting or running:
+        if not static or not running:
+            while waiting and len(running) < max_running + (1 if static == "one-more" else 0):
+                running.append(waiting.pop(0))
+        yield running
+
+
+@torch.no_grad()
+def hf_serve(prompts, max_new_tokens, max_running, block_size, num_blocks, bug=None):
+    """Round-robin over Hugging Face's model, one DynamicCache per request, the block tables kept as bookkeeping;
+    ``bug`` plants one mistake."""
+    from transformers import DynamicCache
+
+    model, pool = _hf(), Pool(num_blocks, bug)
+    new, caches, tables, steps = [[] for _ in prompts], {}, {}, []
+    static = {"static": True, "too-many": "one-more"}.get(bug, False)
+    for running in schedule(max_new_tokens, max_running, static):
+        step = []
+        for r in list(running):
+            if r not in caches or bug == "recompute":  # "recompute": the whole sequence again, a fresh cache
+                caches[r], tables[r], fed = DynamicCache(config=model.config), tables.get(r, []), prompts[r] + new[r]
+            else:
+                fed = new[r][-1:]
+            logits = model(torch.tensor([fed]), cache=caches[r], use_cache=True).logits[0, -1]
+            new[r].append(int(logits.topk(2).indices[1] if bug == "second-best" and r == 1 else logits.argmax()))
+            held = len(prompts[r]) + max_new_tokens[r] - 1 if bug == "reserve" else caches[r].get_seq_length()
+            want = -(-held // block_size)  # "reserve": for its longest length up front
+            while len(tables[r]) < want:
+                tables[r].append(pool.take())
+            step.append((r, list(tables[r])))
+            if len(new[r]) == max_new_tokens[r]:
+                running.remove(r)
+                pool.give_back(tables[r])
+        steps.append(step)
+    return new, steps
+
+
+@torch.no_grad()
+def course_serve(prompts, max_new_tokens, max_running, block_size, num_blocks):
+    """The course's Decoder with its keys and values really in blocks: a pool (L, num_blocks, H_kv, block_size, Dh),
+    gathered into a KVCache for each request's pass and the new positions written back."""
+    from attention_course.kv_cache import KVCache
+
+    model = _course_model()
+    cfg = _hf().config
+    dh = cfg.hidden_size // cfg.num_attention_heads
+    shape = (model.num_layers, num_blocks, cfg.num_key_value_heads, block_size, dh)
+    keys, values, pool = torch.zeros(shape), torch.zeros(shape), Pool(num_blocks)
+    new, lengths, tables, steps = [[] for _ in prompts], {}, {}, []
+    for running in schedule(max_new_tokens, max_running):
+        step = []
+        for r in list(running):
+            fed = new[r][-1:] if r in tables else prompts[r]
+            past, tables[r] = lengths.get(r, 0), tables.get(r, [])
+            cache = KVCache(model.num_layers)
+            if past:
+                for layer in range(model.num_layers):  # (1, H_kv, past, Dh) from the table's blocks
+                    cache.keys[layer], cache.values[layer] = (
+                        a[layer, tables[r]].transpose(0, 1).flatten(1, 2)[None, :, :past] for a in (keys, values))
+                cache.lengths = [past] * model.num_layers
+            new[r].append(int(model(torch.tensor([fed]), cache=cache)[0, -1].argmax()))
+            lengths[r] = past + len(fed)
+            while len(tables[r]) * block_size < lengths[r]:
+                tables[r].append(pool.take())
+            for pos in range(past, lengths[r]):
+                block, slot = tables[r][pos // block_size], pos % block_size
+                for layer in range(model.num_layers):
+                    keys[layer, block, :, slot] = cache.keys[layer][0, :, pos]
+                    values[layer, block, :, slot] = cache.values[layer][0, :, pos]
+            step.append((r, list(tables[r])))
+            if len(new[r]) == max_new_tokens[r]:
+                running.remove(r)
+                pool.give_back(tables[r])
+        steps.append(step)
+    return new, steps
+
+
+def serve_with(bug):
+    return lambda prompts, max_new_tokens, max_running, block_size, num_blocks: hf_serve(
+        prompts, max_new_tokens, max_running, block_size, num_blocks, bug)
+
 CORRECT = [
     (checks.check_llama_attention, Attention),
     (checks.check_smollm2_logits, course_logits),
@@ -206,6 +310,8 @@ CORRECT = [
     (checks.check_greedy_decoding, course_generate),
     (checks.check_prompt_lookup, hf_speculate),
     (checks.check_prompt_lookup, course_speculate),
+    (checks.check_serving, hf_serve),
+    (checks.check_serving, course_serve),
 ]
 PLANTED = [
     (checks.check_llama_attention, planted("neighbours"), "rope-wrong-pairing"),
@@ -225,6 +331,13 @@ PLANTED = [
     (checks.check_prompt_lookup, speculate_with("no-crop"), "lookup-cache-not-cropped"),
     (checks.check_prompt_lookup, speculate_with("no-draft"), "lookup-too-many-passes"),
     (checks.check_prompt_lookup, speculate_with("recompute"), "decode-recomputes-prefix"),
+    (checks.check_serving, serve_with("too-many"), "serve-too-many-running"),
+    (checks.check_serving, serve_with("static"), "serve-static-batching"),
+    (checks.check_serving, serve_with("reserve"), "serve-blocks-reserved"),
+    (checks.check_serving, serve_with("shared"), "serve-blocks-shared"),
+    (checks.check_serving, serve_with("no-free"), "serve-blocks-not-freed"),
+    (checks.check_serving, serve_with("second-best"), "serve-tokens-differ"),
+    (checks.check_serving, serve_with("recompute"), "decode-recomputes-prefix"),
 ]
 
 
@@ -267,3 +380,33 @@ def test_hidden_lookup_prompts_repeat_their_last_two_tokens():
     with hidden.drawn_from(3):
         (prompt,) = hidden.capstone2_lookup_prompts(49152)
     assert 17 <= len(prompt) <= 27 and capstone_model.lookup_draft(prompt, 4)
+
+
+def test_serving_schedule_refills_a_freed_slot_at_the_next_step():
+    assert capstone_model.serving_schedule([4, 2, 5, 3], 2) == [[0, 1], [0, 1], [0, 2], [0, 2], [2, 3], [2, 3], [2, 3]]
+    assert capstone_model.serving_schedule([4, 2, 5, 3], 2, static=True)[4] == [2, 3]  # steps 3, 4: request 0 alone
+    # prompts of 5 and 3 tokens, blocks of 2: step 2 holds 6 + 4 tokens in 3 + 2 blocks
+    assert capstone_model.serving_pool_size([[1] * 5, [1] * 3], [3, 2], 2, 2) == 5
+
+
+def test_hidden_serving_workloads_tell_the_mistakes_apart():
+    """Every hidden workload (8 draws) differs under static batching, and a pool that never frees needs more blocks
+    than the check's pool holds: the planted mistakes stay visible on them."""
+    from attention_course.checks import hidden
+
+    assert hidden.capstone2_serving_workloads(49152) == []
+    for seed in range(8):
+        with hidden.drawn_from(seed):
+            ((prompts, new, running, size),) = hidden.capstone2_serving_workloads(49152)
+        assert len(prompts) == 4 and sorted(new) == [2, 3, 4, 5] and running in (2, 3)
+        static = capstone_model.serving_schedule(new, running, static=True)
+        assert static != capstone_model.serving_schedule(new, running)
+        never_freed = sum(-(-(len(p) + n - 1) // size) for p, n in zip(prompts, new, strict=True))
+        assert never_freed > capstone_model.serving_pool_size(prompts, new, running, size)
+
+
+def test_serving_passes_on_a_hidden_workload():
+    from attention_course.checks import hidden
+
+    with hidden.drawn_from(5):
+        checks.check_serving(course_serve)

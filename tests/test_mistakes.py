@@ -89,7 +89,8 @@ def test_topics_and_chapters():
     assert [m.code for m in mistakes.in_chapter("capstone2")] == [
         "cache-position-off-by-one", "rope-base-default", "model-final-norm-missing", "logits-differ-from-hf",
         "decode-cache-dropped", "decode-recomputes-prefix", "lookup-draft-unverified", "lookup-keeps-mismatch",
-        "lookup-cache-not-cropped", "lookup-too-many-passes"]
+        "lookup-cache-not-cropped", "lookup-too-many-passes", "serve-too-many-running", "serve-static-batching",
+        "serve-blocks-reserved", "serve-blocks-shared", "serve-blocks-not-freed", "serve-tokens-differ"]
     assert all(m.chapter is None for m in mistakes.MISTAKES.values() if m.topic in ("runner", "questions"))
 
 

@@ -64,6 +64,7 @@ _LAZY = {
     "check_smollm2_logits": "capstone_model",
     "check_greedy_decoding": "capstone_model",
     "check_prompt_lookup": "capstone_model",
+    "check_serving": "capstone_model",
     "check_attention_one_query": "core",
     "check_float_mask_attention": "core",
     "check_numpy_attention": "core",

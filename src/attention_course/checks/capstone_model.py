@@ -760,6 +760,361 @@ def check_prompt_lookup(fn, *, timeout: float = MODEL_TIMEOUT):
     run_check(body, timeout)
 
 
+# -----------------------------------------------------------------------------
+# Exercise 7: serving with a paged cache and continuous batching
+# -----------------------------------------------------------------------------
+
+# the public workload: requests finish at different steps, so that a freed
+# slot (and its blocks) goes to a waiting request
+SERVE_TEXTS = [
+    "The capital of France is",
+    "def fib(n):",
+    "Once upon a time",
+    "1, 2, 3,",
+]
+SERVE_NEW = [4, 2, 5, 3]  # new tokens per request
+SERVE_RUNNING = 2  # max_running
+SERVE_BLOCK = 4  # block_size
+
+
+def serving_schedule(
+    new: list[int], max_running: int, static: bool = False
+) -> list[list[int]]:
+    """The requests each step runs, admitted in order: a request runs its
+    prompt in its first step, then one token a step, ``new[r]`` steps in
+    all. Continuous batching fills a slot at the step after it frees;
+    ``static`` batching only once the whole batch has finished."""
+    waiting, running, left, steps = list(range(len(new))), [], list(new), []
+    while waiting or running:
+        if not static or not running:
+            while waiting and len(running) < max_running:
+                running.append(waiting.pop(0))
+        steps.append(list(running))
+        for r in running:
+            left[r] -= 1
+        running = [r for r in running if left[r]]
+    return steps
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def serving_pool_size(prompts, new, max_running, block_size) -> int:
+    """The blocks the busiest step holds: a request ``j`` steps in has
+    ``len(prompt) + j - 1`` tokens cached (its newest token is fed at the
+    next step), in ceil(tokens / block_size) blocks."""
+    seen = [0] * len(prompts)
+    peak = 0
+    for step in serving_schedule(new, max_running):
+        for r in step:
+            seen[r] += 1
+        held = [len(prompts[r]) + seen[r] - 1 for r in step]
+        peak = max(peak, sum(_blocks(t, block_size) for t in held))
+    return peak
+
+
+def _ints(value, what: str, case: str) -> list[int]:
+    """A student's list of ids (a list, array or tensor) as Python ints."""
+    arr = as_array(value, what, case, kind="int")
+    if arr.ndim != 1 or not np.array_equal(arr, np.round(arr)):
+        raise fail(
+            "wrong-type",
+            f"Your {what} must be one list of integer ids, got "
+            f"{shape_text(arr.shape)}.",
+            case=case,
+        )
+    return [int(t) for t in arr]
+
+
+def _served(result, new: list[int], case: str):
+    """The student's (tokens per request, steps of (request, table) pairs)
+    as lists of ints."""
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        raise fail(
+            "wrong-output",
+            "Return a pair (new ids per request, steps), got "
+            f"{type(result).__name__}.",
+            case=case,
+        )
+    tokens, steps = result
+    if not isinstance(tokens, tuple | list) or len(tokens) != len(new):
+        raise fail(
+            "wrong-output",
+            f"Return one list of new ids per request ({len(new)}).",
+            case=case,
+        )
+    tokens = [
+        _ints(t, f"request {r}'s new ids", case) for r, t in enumerate(tokens)
+    ]
+    for r, (got, n) in enumerate(zip(tokens, new, strict=True)):
+        if len(got) != n:
+            raise fail(
+                "wrong-shape",
+                f"Request {r} asked for {n} new tokens; you returned "
+                f"{len(got)}.",
+                case=case,
+            )
+    if not isinstance(steps, tuple | list) or not all(
+        isinstance(step, tuple | list)
+        and all(
+            isinstance(pair, tuple | list) and len(pair) == 2 for pair in step
+        )
+        for step in steps
+    ):
+        raise fail(
+            "wrong-output",
+            "Your steps must be a list with one entry per step: the list "
+            "of (request index, block table) pairs it ran, in order.",
+            case=case,
+        )
+    parsed = []
+    for step in steps:
+        pairs = []
+        for r, table in step:
+            r = _ints([r], "request index", case)[0]
+            if not 0 <= r < len(new):
+                raise fail(
+                    "wrong-output",
+                    f"Your steps name request {r}; there are {len(new)}.",
+                    case=case,
+                )
+            pairs.append((r, _ints(list(table), "block table", case)))
+        parsed.append(pairs)
+    return tokens, parsed
+
+
+def _check_schedule(runs: list[list[int]], new, max_running, case) -> None:
+    """Replay the steps against the rules of continuous batching."""
+    for s, step in enumerate(runs, 1):
+        if len(step) > max_running:
+            raise fail(
+                "serve-too-many-running",
+                detail=f"{len(step)} requests at step {s}, {step} "
+                f"(max_running = {max_running})",
+                case=case,
+            )
+    at = {
+        r: [s for s, step in enumerate(runs) if r in step]
+        for r in range(len(new))
+    }
+    for r, mine in at.items():
+        if (
+            len(mine) != new[r]
+            or mine != list(range(mine[0], mine[0] + len(mine)))
+            or any(runs[s].count(r) != 1 for s in mine)
+        ):
+            raise fail(
+                "wrong-output",
+                f"Request {r} ran at steps {[s + 1 for s in mine]}: it must "
+                f"run once in each of {new[r]} consecutive steps (its "
+                "prompt in the first, then one token a step).",
+                case=case,
+            )
+    starts = [at[r][0] for r in range(len(new))]
+    if starts != sorted(starts):
+        raise fail(
+            "wrong-output",
+            f"Your requests started at steps {[s + 1 for s in starts]}: "
+            "admit them in order (first come, first served).",
+            case=case,
+        )
+    for s, step in enumerate(runs):
+        late = [r for r in range(len(new)) if starts[r] > s]
+        if len(step) < max_running and late:
+            raise fail(
+                "serve-static-batching",
+                detail=f"step {s + 1} ran {len(step)} of max_running = "
+                f"{max_running}, request {late[0]} waited until step "
+                f"{starts[late[0]] + 1}",
+                case=case,
+            )
+
+
+def _check_tables(steps, prompts, new, block_size, num_blocks, case):
+    """Each request's table after each of its steps: exactly the blocks its
+    cached tokens fill, grown at its end, of the pool, its own until it
+    finishes (its blocks may go to a request run later in the same step)."""
+    tables: dict[int, list[int]] = {}
+    seen = [0] * len(prompts)
+    owner: dict[int, int] = {}  # block -> the unfinished request holding it
+    for s, step in enumerate(steps, 1):
+        for r, table in step:
+            seen[r] += 1
+            tokens = len(prompts[r]) + seen[r] - 1
+            need = _blocks(tokens, block_size)
+            where = f"request {r} at step {s}: {tokens} tokens cached"
+            if len(table) > need:
+                raise fail(
+                    "serve-blocks-reserved",
+                    detail=f"{len(table)} blocks for {where} (blocks of "
+                    f"{block_size}: {need})",
+                    case=case,
+                )
+            if len(table) < need or table[: len(tables.get(r, []))] != (
+                tables.get(r, [])
+            ):
+                raise fail(
+                    "wrong-output",
+                    f"The block table of {where}, is {table}; after "
+                    f"{tables.get(r, [])} it must hold {need} blocks (of "
+                    f"{block_size} tokens), the earlier ones kept in "
+                    "order, a new one added at the end when the last is "
+                    "full.",
+                    case=case,
+                )
+            tables[r] = table
+            if len(set(table)) != len(table):
+                raise fail(
+                    "serve-blocks-shared",
+                    detail=f"a block twice in the table of {where}: {table}",
+                    case=case,
+                )
+            for b in table:
+                if b >= num_blocks:
+                    raise fail(
+                        "serve-blocks-not-freed",
+                        detail=f"{b} of a pool of {num_blocks} (blocks 0 "
+                        f"to {num_blocks - 1})",
+                        case=case,
+                    )
+                if b < 0:
+                    raise fail(
+                        "wrong-output",
+                        f"Block {b} in the table of {where}: the pool's "
+                        f"blocks are 0 to {num_blocks - 1}.",
+                        case=case,
+                    )
+                if owner.get(b, r) != r:
+                    raise fail(
+                        "serve-blocks-shared",
+                        detail=f"block {b}, in the tables of requests "
+                        f"{owner[b]} and {r} at step {s}",
+                        case=case,
+                    )
+                owner[b] = r
+            if seen[r] == new[r]:  # finished: its blocks back to the pool
+                owner = {b: o for b, o in owner.items() if o != r}
+
+
+def _check_serve_fed(fed: list[int], steps, prompts, case) -> None:
+    """The model's token lookups, call by call: one request at a time, in
+    the order of the steps, its prompt on its first step, then one token."""
+    expected, started = [], set()
+    for step in steps:
+        for r, _ in step:
+            expected.append(1 if r in started else len(prompts[r]))
+            started.add(r)
+    if fed == expected:
+        return
+    detail = (
+        f"tokens fed to your model, call by call: {fed}; your steps need "
+        f"{expected}"
+    )
+    if len(fed) == len(expected) and sum(fed) > sum(expected):
+        raise fail("decode-recomputes-prefix", detail=detail, case=case)
+    raise fail(
+        "wrong-output",
+        f"What your model was fed does not match your steps: {detail}. Run "
+        "the requests of a step one at a time, in the order you list "
+        "them: a request's prompt on its first step, then its newest token.",
+        case=case,
+    )
+
+
+def _check_serve_tokens(tokens, prompts, case) -> None:
+    """Each request's tokens greedy decoding of it alone: each one HF's
+    argmax on the request's own sequence, or within twice
+    :data:`LOGITS_ATOL` of it (a near-tie two models within LOGITS_ATOL of
+    HF may decide either way)."""
+    for r, (prompt, new) in enumerate(zip(prompts, tokens, strict=True)):
+        ref = _hf_logits(prompt + new[:-1])[len(prompt) - 1 :]  # (N, V)
+        chosen = ref[np.arange(len(new)), new]
+        short = chosen < ref.max(axis=-1) - 2 * LOGITS_ATOL
+        if short.any():
+            raise fail(
+                "serve-tokens-differ",
+                detail=f"request {r}'s new token {int(np.argmax(short))} "
+                f"(of {len(new)})",
+                case=case,
+            )
+
+
+def _serving_workloads():
+    tokenizer, model = reference_model()
+    fixed = (
+        [tokenizer(text)["input_ids"] for text in SERVE_TEXTS],
+        SERVE_NEW,
+        SERVE_RUNNING,
+        SERVE_BLOCK,
+    )
+    return [fixed] + hidden.capstone2_serving_workloads(
+        model.config.vocab_size
+    )
+
+
+def check_serving(fn, *, timeout: float = MODEL_TIMEOUT):
+    """Check ``fn(prompts, max_new_tokens, max_running, block_size,
+    num_blocks)`` -> ``(tokens, steps)``: the requests (lists of ids, and
+    new tokens wanted per request) served greedily with the student's
+    SmolLM2 through a paged cache of ``num_blocks`` blocks of
+    ``block_size`` tokens, at most ``max_running`` in flight, one request
+    at a time in each step. ``tokens``: the new ids of each request;
+    ``steps``: per scheduler step, the (request index, block table) pairs
+    it ran, tables as they are after the step. Replays the steps against
+    continuous batching (:func:`serving_schedule`), the tables against
+    paging (ceil(cached / block_size) blocks, grown at the end, no block in
+    two tables, a pool of :func:`serving_pool_size` blocks), what the model
+    was fed (:class:`~.observe.TokensFed`) against the steps, and each
+    request's tokens against HF's greedy choices on its own sequence.
+    Diagnoses ``[serve-too-many-running]``, ``[serve-static-batching]``,
+    ``[serve-blocks-reserved]``, ``[serve-blocks-shared]``,
+    ``[serve-blocks-not-freed]``, ``[decode-recomputes-prefix]`` and
+    ``[serve-tokens-differ]``."""
+    label = display_name(fn, "function")
+
+    def body():
+        workloads = _serving_workloads()
+        vocab = reference_model()[1].config.vocab_size
+        for n, (prompts, new, running, size) in enumerate(workloads, 1):
+            pool = serving_pool_size(prompts, new, running, size)
+            case = (
+                f"workload {n} of {len(workloads)}: prompts of "
+                f"{[len(p) for p in prompts]} tokens, {new} new, "
+                f"max_running = {running}, blocks of {size}, a pool of "
+                f"{pool}"
+            )
+            with observe.TokensFed(vocab) as watched, torch.no_grad():
+                result = call(
+                    fn,
+                    {
+                        "prompts": [list(p) for p in prompts],
+                        "max_new_tokens": list(new),
+                        "max_running": running,
+                        "block_size": size,
+                        "num_blocks": pool,
+                    },
+                    label,
+                    positional=5,
+                )
+            tokens, steps = _served(result, new, case)
+            runs = [[r for r, _ in step] for step in steps]
+            _check_schedule(runs, new, running, case)
+            _check_tables(steps, prompts, new, size, pool, case)
+            _check_serve_fed(watched.fed, steps, prompts, case)
+            _check_serve_tokens(tokens, prompts, case)
+        return (
+            f"✓ {label}: {len(workloads)} "
+            f"workload{'s' if len(workloads) > 1 else ''} served by "
+            "continuous batching (a freed slot refilled at the next step, "
+            "never more than max_running in flight), each request's blocks "
+            "allocated as it grows, its own, given back when it finishes; "
+            "every request's tokens greedy decoding of it alone"
+        )
+
+    run_check(body, timeout)
+
+
 choice_question(
     "capstone2.kv-heads",
     answer="B",

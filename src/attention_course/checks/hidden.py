@@ -551,3 +551,23 @@ def capstone2_lookup_prompts(vocab_size: int) -> list[list[int]]:
     common = min(2000, vocab_size)
     stretch = [int(t) for t in rng.integers(100, common, size=_n(rng, 5, 8))]
     return [stretch * 3 + stretch[: _n(rng, 2, 3)]]
+
+
+def capstone2_serving_workloads(
+    vocab_size: int,
+) -> list[tuple[list[list[int]], list[int], int, int]]:
+    """A hidden serving workload (prompts, max_new_tokens, max_running,
+    block_size): 4 requests of 3 to 7 common token ids (100 to 2000), 2 to 5
+    new tokens each, all different (so that a request finishes while others
+    wait, and static batching differs from continuous), 2 or 3 in flight,
+    blocks of 2 or 3 tokens."""
+    if not active():
+        return []
+    rng = _rng(Topic.CAPSTONE2, 7)  # exercise 7's own stream
+    common = min(2000, vocab_size)
+    prompts = [
+        [int(t) for t in rng.integers(100, common, size=_n(rng, 3, 7))]
+        for _ in range(4)
+    ]
+    new = [int(n) for n in rng.permutation([2, 3, 4, 5])]
+    return [(prompts, new, _n(rng, 2, 3), _n(rng, 2, 3))]

@@ -270,3 +270,61 @@ mistake(
     chapter="capstone2",
     topic="capstone_model",
 )
+mistake(
+    "serve-too-many-running",
+    "a scheduler that runs more requests at once than max_running",
+    "A step of yours ran {detail}: at most max_running requests are in "
+    "flight at once; the others wait in the queue until a slot frees.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "serve-static-batching",
+    "a finished request's slot left empty until the whole batch ends",
+    "A request waited while a slot was free ({detail}): that is static "
+    "batching. In continuous batching, when a request finishes, the next "
+    "waiting one takes its slot at the very next step.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "serve-blocks-reserved",
+    "a request's blocks reserved for its longest length up front, not "
+    "allocated as it grows",
+    "A block table of yours holds {detail}: a paged cache gives a request "
+    "a new block only when its next token finds its last block full, so a "
+    "table holds ceil(tokens cached / block_size) blocks, never a "
+    "reservation for tokens not yet written.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "serve-blocks-shared",
+    "two running requests' block tables pointing at the same block (their "
+    "caches mixed)",
+    "Two requests in flight at once hold the same block ({detail}): each "
+    "would overwrite the other's keys and values. A block belongs to one "
+    "request from its allocation until that request finishes.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "serve-blocks-not-freed",
+    "a finished request's blocks never given back to the pool",
+    "Your tables use block {detail}: the pool has only as many blocks as "
+    "the busiest step needs, so a finished request must give its blocks "
+    "back to the pool, for the next requests to reuse.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
+mistake(
+    "serve-tokens-differ",
+    "a served request's tokens that are not greedy decoding of it alone",
+    "Your schedule and tables are right, but {detail} is not greedy "
+    "decoding of that request alone: Hugging Face's model gives another "
+    "token a clear margin higher. Read each request's keys and values "
+    "from its own blocks, in its table's order, exactly as many as it has "
+    "cached, and write the new ones at its own next positions.",
+    chapter="capstone2",
+    topic="capstone_model",
+)
