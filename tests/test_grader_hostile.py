@@ -307,15 +307,16 @@ def test_a_function_that_never_returns_fails_alone(tmp_path, body, code):
     assert [(e.passed, e.code) for e in result.exercises] == [(True, None)] * 3 + [(False, code), (True, None)]
 
 
-def test_the_rlimit_fallback_grades_the_same(tmp_path):
+def test_the_rlimit_fallback_grades_the_same(tmp_path, rlimit_run):
     """Without bubblewrap (weaker: see the instructor guide) the same worker judges the same way, under the same
-    resource limits and with a scrubbed environment."""
-    shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
+    resource limits and with a scrubbed environment: the solved notebook full marks (graded under rlimit by the
+    command line's run below, with the same limits), an attack none."""
     nbformat.write(_with_cell(_attacks(tmp_path, tmp_path / "none.ipynb")["patch_allclose"]), tmp_path / f"x_{NAME}")
     limits = sandbox.Limits(cell_s=CELL_S, notebook_s=NOTEBOOK_S, isolation="rlimit")
-    paths = [tmp_path / f"solved_{NAME}", tmp_path / f"x_{NAME}"]
-    solved, attacked = grade.grade(paths, reference=FIXTURES / "solutions", limits=limits)
-    assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
+    attacked = grade.grade_notebook(tmp_path / f"x_{NAME}", reference=FIXTURES / "solutions", limits=limits)
+    solved = rlimit_run["results"]["solved"]
+    assert (solved["passed"], attacked.passed, attacked.total) == (5, 0, 5)
+    assert solved["isolation"] == attacked.isolation
 
 
 @pytest.fixture(scope="module")
