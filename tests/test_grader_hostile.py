@@ -663,6 +663,23 @@ def test_the_wire_refuses_what_would_grow_in_the_grader(monkeypatch):
     assert len(values) == 600_000 and len(wire._NAMED) <= wire.MAX_NAMED + 1
 
 
+def test_the_worker_warms_up_the_dispatch_machinery_only_for_a_dispatch_mode():
+    """Entering a TorchDispatchMode first loads PyTorch's dispatch machinery (over a second of CPU), which the worker
+    does before a call's time limit starts when the call's observers include one; a check that only records fused
+    calls (a TorchFunctionMode: chapter 1's attention checks) does not pay it in every sandbox. Observers that cannot
+    be read are warmed up for, as before."""
+    from attention_course.checks import observe
+    from attention_course.course import worker
+
+    def listed(*observers):
+        arrays: dict = {}
+        return wire.encode([o.spec() for o in observers], arrays), arrays
+
+    assert not worker._dispatch_modes(observe, *listed(observe.FusedAttentionCalls()))
+    assert worker._dispatch_modes(observe, *listed(observe.FusedAttentionCalls(), observe.ScoreCounter(4)))
+    assert worker._dispatch_modes(observe, {"t": "list", "v": [{"t": "py", "v": "scores"}]}, {})
+
+
 TOTALS = '''import os, subprocess, sys
 
 def fill(folder, limit):
