@@ -31,10 +31,12 @@ CELLS = {  # a source per cell added after the imports, and what the review must
 }
 
 
-@pytest.fixture(params=["bwrap", "rlimit"])
-def reviewed(request, tmp_path):
+@pytest.fixture(scope="module", params=["bwrap", "rlimit"])
+def reviewed(request, tmp_path_factory):
     """The solution with the cells of CELLS after its imports, exercise 4 broken, and SAVED as every code cell's
-    saved output; graded, then its review notebook."""
+    saved output; graded, then its review notebook. Graded once per backend for the module: the tests only read
+    the result and the review (each grading costs a sandbox and its checks)."""
+    tmp_path = tmp_path_factory.mktemp(f"review_{request.param}")
     if request.param == "bwrap":
         assert sandbox.bwrap_works(), "these tests need bubblewrap (apt-get install bubblewrap), as CI installs it"
     nb = nbformat.read(DATA / "solutions" / NAME, as_version=4)

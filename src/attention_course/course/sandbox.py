@@ -70,6 +70,9 @@ from pathlib import Path
 
 import numpy as np
 
+# the cache's name only: attention_course.pretrained would import PyTorch
+# (seconds) into every grader process
+from ..model_cache import cache_folder
 from . import wire
 from .kernel import KERNEL_ENV
 
@@ -479,16 +482,14 @@ def _readonly_paths() -> list[str]:
 
 def model_cache() -> Path | None:
     """The de-quantised SmolLM2's cache folder
-    (:func:`attention_course.pretrained.cache_folder`), where the grader's user
-    has built it: read-only in the sandbox, named by
+    (:func:`attention_course.model_cache.cache_folder`), where the grader's
+    user has built it: read-only in the sandbox, named by
     ``ATTENTION_COURSE_CACHE``, so that a notebook that loads the model
     (capstone 2) reads it in about a second instead of de-quantising the wheel
     there (about 20 s of CPU and 513 MB written into a tmpfs of 512 MB). Under
     bwrap the sandbox's user is the grader's; under rlimit an unprivileged user
     may not be able to read it, and the notebook then fails to load the
     model."""
-    from ..pretrained import cache_folder
-
     folder = cache_folder()
     return folder if folder.is_dir() else None
 

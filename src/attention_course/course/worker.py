@@ -348,6 +348,22 @@ def _no_grad():
     return torch.no_grad() if torch is not None else contextlib.nullcontext()
 
 
+def _dispatch_modes(observe, tree, arrays: dict) -> bool:
+    """Whether the observers a request lists (``tree``, as sent) include a
+    ``TorchDispatchMode``; True when they cannot be read (the call then
+    reports why)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    try:
+        kinds = [spec["kind"] for spec in wire.decode(tree, arrays)]
+        return any(
+            issubclass(observe._KINDS[kind], TorchDispatchMode)
+            for kind in kinds
+        )
+    except (KeyError, TypeError, ValueError, wire.WireError):
+        return True
+
+
 def _reply_to_call(
     request: dict, arrays: dict, table: Objects, seconds: tuple[float, float]
 ) -> tuple[dict, dict]:
@@ -357,8 +373,6 @@ def _reply_to_call(
     its ``getattr`` attribute ``name``. Results that are not data (a module, a
     layer) are kept and sent as references; an attribute that is a tensor too,
     so that loading weights into it changes the module."""
-    from ..checks.runner import original_error
-
     target = table.objects.get(request.get("expr"), _MISSING)
     if target is _MISSING:
         return {
@@ -370,8 +384,11 @@ def _reply_to_call(
         from ..checks import observe
 
         # PyTorch's dispatch machinery loads once, before the call's time limit
-        # starts
-        observe.warm_up()
+        # starts; only a dispatch mode uses it (loading it costs more than a
+        # second of CPU, which a check that only records fused calls, as a
+        # NumPy exercise's does, need not pay)
+        if _dispatch_modes(observe, request["observe"], arrays):
+            observe.warm_up()
     out: dict = {}
     try:
         with _time_limit(seconds), _no_grad():
@@ -416,7 +433,13 @@ def _reply_to_call(
         return {"ok": False, "timeout": True}, {}
     # reported to the grader by name
     except BaseException as err:  # noqa: BLE001
-        err = original_error(err)
+        # only an exception that wraps another can be unwrapped; the checks'
+        # runner imports PyTorch (2 s of CPU), which a NumPy exercise's stub
+        # (a plain NotImplementedError) need not load
+        if err.__cause__ is not None or err.__context__ is not None:
+            from ..checks.runner import original_error
+
+            err = original_error(err)
         return {
             "ok": False,
             "etype": type(err).__name__,
