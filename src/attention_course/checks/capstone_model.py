@@ -333,6 +333,13 @@ def _hf_logits(ids: list[int]) -> np.ndarray:
     return reference_model()[1](torch.tensor([ids])).logits[0].double().numpy()
 
 
+def _hf_choosing_logits(ids: list[int], new: list[int]) -> np.ndarray:
+    """(N, V): HF's logits that choose each of the ``new`` tokens after the
+    prompt ``ids`` (the prompt's last row, then each new token's but the
+    last), in one pass over the sequence."""
+    return _hf_logits(ids + new[:-1])[len(ids) - 1 :]
+
+
 @contextmanager
 def _variant(kind: str):
     """The reference model with one deliberate deviation, restored
@@ -464,8 +471,18 @@ def _logits_token_alone(ids: list[int], new: np.ndarray) -> np.ndarray:
     return np.stack(rows)
 
 
-def _check_fed(fed: list[int], prompt: int, steps: int, case: str) -> None:
-    """The model's token lookups: the prompt once, then one token a step."""
+def _call_watched(fn, args: dict, label: str, vocab: int):
+    """Call the student's decoding ``fn`` with ``args`` (positionally, in
+    order) while :class:`~.observe.TokensFed` watches its model's embedding
+    lookups: (its result, the ids each lookup read)."""
+    with observe.TokensFed(vocab) as watched, torch.no_grad():
+        result = call(fn, args, label, positional=len(args))
+    return result, watched.fed
+
+
+def _require_lookups(fed: list[int], case: str) -> None:
+    """The model must have looked up token embeddings: what it was fed is
+    what the decoding checks read."""
     if not fed:
         raise fail(
             "wrong-output",
@@ -474,6 +491,22 @@ def _check_fed(fed: list[int], prompt: int, steps: int, case: str) -> None:
             "whose embed is an nn.Embedding.",
             case=case,
         )
+
+
+def _logits_differ(logits: np.ndarray, ref: np.ndarray, case: str):
+    """``[logits-differ-from-hf]``, naming the first new token whose row
+    differs from HF's by more than :data:`LOGITS_ATOL`."""
+    worst = np.abs(logits - ref).max(axis=-1)
+    return fail(
+        "logits-differ-from-hf",
+        detail=f"first at new token {int(np.argmax(worst > LOGITS_ATOL))}",
+        case=case,
+    )
+
+
+def _check_fed(fed: list[int], prompt: int, steps: int, case: str) -> None:
+    """The model's token lookups: the prompt once, then one token a step."""
+    _require_lookups(fed, case)
     if fed[0] != prompt or any(n != 1 for n in fed[1:]) or len(fed) < steps:
         raise fail(
             "decode-recomputes-prefix",
@@ -505,16 +538,12 @@ def check_greedy_decoding(fn, *, timeout: float = MODEL_TIMEOUT):
                 f"prompt {n} of {len(prompts)}: {len(ids)} tokens, "
                 f"{DECODE_STEPS} new"
             )
-            with observe.TokensFed(vocab) as watched, torch.no_grad():
-                result = call(
-                    fn,
-                    {
-                        "ids": torch.tensor([ids]),
-                        "max_new_tokens": DECODE_STEPS,
-                    },
-                    label,
-                    positional=2,
-                )
+            result, fed = _call_watched(
+                fn,
+                {"ids": torch.tensor([ids]), "max_new_tokens": DECODE_STEPS},
+                label,
+                vocab,
+            )
             new, logits = _new_and_logits(result, case, DECODE_STEPS, vocab)
             if not np.array_equal(new, logits.argmax(-1)):
                 raise fail(
@@ -523,19 +552,13 @@ def check_greedy_decoding(fn, *, timeout: float = MODEL_TIMEOUT):
                     "for it: greedy decoding takes the most likely token.",
                     case=case,
                 )
-            ref = _hf_logits(ids + new[:-1].tolist())[len(ids) - 1 :]
+            ref = _hf_choosing_logits(ids, new.tolist())
             if not close(logits, ref, LOGITS_ATOL, 0.0):
                 alone = _logits_token_alone(ids, new)
                 if close(logits, alone, LOGITS_ATOL, 0.0):
                     raise fail("decode-cache-dropped", case=case)
-                worst = np.abs(logits - ref).max(axis=-1)
-                raise fail(
-                    "logits-differ-from-hf",
-                    detail="first at new token "
-                    f"{int(np.argmax(worst > LOGITS_ATOL))}",
-                    case=case,
-                )
-            _check_fed(watched.fed, len(ids), DECODE_STEPS, case)
+                raise _logits_differ(logits, ref, case)
+            _check_fed(fed, len(ids), DECODE_STEPS, case)
         return (
             f"✓ {label}: {len(prompts)} "
             f"prompt{'s' if len(prompts) > 1 else ''}, {DECODE_STEPS} greedy "
@@ -665,14 +688,7 @@ def _diagnose_lookup(ids, new, choices, case) -> None:
 def _check_lookup_fed(fed: list[int], seq: list[int], prompt: int, case):
     """The model's token lookups: the prompt once, then at most k + 1 tokens
     a pass, in no more passes than the lookup needs for these tokens."""
-    if not fed:
-        raise fail(
-            "wrong-output",
-            "The check saw your model look up no token embedding "
-            "(nn.Embedding or F.embedding): decode with your SmolLM2, "
-            "whose embed is an nn.Embedding.",
-            case=case,
-        )
+    _require_lookups(fed, case)
     if fed[0] != prompt or any(n > LOOKUP_K + 1 for n in fed[1:]):
         raise fail(
             "decode-recomputes-prefix",
@@ -716,19 +732,18 @@ def check_prompt_lookup(fn, *, timeout: float = MODEL_TIMEOUT):
                 f"prompt {n} of {len(prompts)}: {len(ids)} tokens, "
                 f"{LOOKUP_STEPS} new, k = {LOOKUP_K}"
             )
-            with observe.TokensFed(vocab) as watched, torch.no_grad():
-                result = call(
-                    fn,
-                    {
-                        "ids": torch.tensor([ids]),
-                        "max_new_tokens": LOOKUP_STEPS,
-                        "k": LOOKUP_K,
-                    },
-                    label,
-                    positional=3,
-                )
+            result, fed = _call_watched(
+                fn,
+                {
+                    "ids": torch.tensor([ids]),
+                    "max_new_tokens": LOOKUP_STEPS,
+                    "k": LOOKUP_K,
+                },
+                label,
+                vocab,
+            )
             new, logits = _new_and_logits(result, case, LOOKUP_STEPS, vocab)
-            ref = _hf_logits(ids + new[:-1].tolist())[len(ids) - 1 :]
+            ref = _hf_choosing_logits(ids, new.tolist())
             greedy = np.array_equal(new, logits.argmax(-1))
             if not (greedy and close(logits, ref, LOGITS_ATOL, 0.0)):
                 _diagnose_lookup(ids, new, ref.argmax(-1).tolist(), case)
@@ -740,14 +755,8 @@ def check_prompt_lookup(fn, *, timeout: float = MODEL_TIMEOUT):
                         "is your model's greedy choice.",
                         case=case,
                     )
-                worst = np.abs(logits - ref).max(axis=-1)
-                raise fail(
-                    "logits-differ-from-hf",
-                    detail="first at new token "
-                    f"{int(np.argmax(worst > LOGITS_ATOL))}",
-                    case=case,
-                )
-            _check_lookup_fed(watched.fed, ids + new.tolist(), len(ids), case)
+                raise _logits_differ(logits, ref, case)
+            _check_lookup_fed(fed, ids + new.tolist(), len(ids), case)
         return (
             f"✓ {label}: {len(prompts)} "
             f"prompt{'s' if len(prompts) > 1 else ''}, {LOOKUP_STEPS} greedy "
@@ -1028,7 +1037,7 @@ def _check_serve_tokens(tokens, prompts, case) -> None:
     :data:`LOGITS_ATOL` of it (a near-tie two models within LOGITS_ATOL of
     HF may decide either way)."""
     for r, (prompt, new) in enumerate(zip(prompts, tokens, strict=True)):
-        ref = _hf_logits(prompt + new[:-1])[len(prompt) - 1 :]  # (N, V)
+        ref = _hf_choosing_logits(prompt, new)  # (N, V)
         chosen = ref[np.arange(len(new)), new]
         short = chosen < ref.max(axis=-1) - 2 * LOGITS_ATOL
         if short.any():
@@ -1084,24 +1093,23 @@ def check_serving(fn, *, timeout: float = MODEL_TIMEOUT):
                 f"max_running = {running}, blocks of {size}, a pool of "
                 f"{pool}"
             )
-            with observe.TokensFed(vocab) as watched, torch.no_grad():
-                result = call(
-                    fn,
-                    {
-                        "prompts": [list(p) for p in prompts],
-                        "max_new_tokens": list(new),
-                        "max_running": running,
-                        "block_size": size,
-                        "num_blocks": pool,
-                    },
-                    label,
-                    positional=5,
-                )
+            result, fed = _call_watched(
+                fn,
+                {
+                    "prompts": [list(p) for p in prompts],
+                    "max_new_tokens": list(new),
+                    "max_running": running,
+                    "block_size": size,
+                    "num_blocks": pool,
+                },
+                label,
+                vocab,
+            )
             tokens, steps = _served(result, new, case)
             runs = [[r for r, _ in step] for step in steps]
             _check_schedule(runs, new, running, case)
             _check_tables(steps, prompts, new, size, pool, case)
-            _check_serve_fed(watched.fed, steps, prompts, case)
+            _check_serve_fed(fed, steps, prompts, case)
             _check_serve_tokens(tokens, prompts, case)
         return (
             f"✓ {label}: {len(workloads)} "
