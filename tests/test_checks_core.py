@@ -4,6 +4,8 @@ planted wrong answer (PLANTED) gets its own code."""
 
 import functools
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -405,3 +407,23 @@ PLANTED = [
     (checks.check_streaming_attention, stream_scores_then_softmax, "scores-stored"),
     (checks.check_streaming_attention, three_passes, "keys-read-twice"),
 ]
+
+
+def test_chapter_1s_checks_run_without_pytorch():
+    """Chapter 1 is NumPy: its checks (softmax, one query, attention with fully masked rows, the causal and padding
+    masks, its questions) pass right answers in a process where importing PyTorch fails. A graded notebook's checks
+    run in a process of their own, and importing PyTorch there was 3 of a chapter-1 grading's 5 CPU-seconds."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # any import of PyTorch now raises\n"
+        "import numpy as np\n"
+        "from attention_course import checks, numpy_ref\n"
+        "checks.check_softmax(numpy_ref.softmax)\n"
+        "checks.check_attention_one_query(\n"
+        "    lambda q, k, v: numpy_ref.scaled_dot_product_attention(q[None], k, v)[0][0])\n"
+        "checks.check_numpy_attention(numpy_ref.scaled_dot_product_attention, fully_masked_rows=True)\n"
+        "checks.check_causal_mask(numpy_ref.causal_mask)\n"
+        "checks.check_padding_mask(numpy_ref.padding_mask, framework='numpy')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]

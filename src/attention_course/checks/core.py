@@ -3,12 +3,13 @@ dot-product attention (NumPy chapter 1, PyTorch, TensorFlow, einsum)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
 from .. import numpy_ref
-from . import hidden, observe
+from . import hidden
 from .cases import sdpa_cases, to_framework, with_neg_inf
 from .diagnosis import core_variants, diagnose, sdpa_variant
 from .questions import choice_question, number_question
@@ -23,6 +24,23 @@ from .runner import (
     shape_text,
     split_result,
 )
+
+
+def _fused_attention_calls(framework, expected):
+    """:class:`.observe.FusedAttentionCalls` for PyTorch code; NumPy and
+    TensorFlow code calls no PyTorch kernel, and its check (chapter 1's, graded
+    in a process of its own) then never imports PyTorch (about 1.5 s)."""
+    if framework != "torch":
+        return contextlib.nullcontext()
+    from . import observe
+
+    return observe.FusedAttentionCalls(expected)
+
+
+def _observable(fn) -> bool:
+    from . import observe
+
+    return observe.observable(fn)
 
 
 def sdpa_check_body(
@@ -66,9 +84,9 @@ def sdpa_check_body(
             if not float_mask or mask is None
             else np.broadcast_to(mask, ref_scores_shape(q, k, mask))
         )
-        with observe.FusedAttentionCalls(expected) as fused:
+        with _fused_attention_calls(framework, expected) as fused:
             result = call(fn, args, label, positional=3)
-        if float_mask and mask is not None and observe.observable(fn):
+        if float_mask and mask is not None and _observable(fn):
             _require_float_mask(fused.mask_dtypes, case)
         out_s, w_s = split_result(result, case)
         out_s = as_array(
@@ -82,7 +100,7 @@ def sdpa_check_body(
             if (
                 float_mask
                 and mask is not None
-                and observe.observable(fn)
+                and _observable(fn)
                 and not any(e is not False for e in fused.encodes)
             ):
                 raise fail("float-mask-not-used", case=case)
@@ -438,6 +456,8 @@ def _require_streamed(fn, rng, n):
         f"case {n} of {n}: q {shape_text(q.shape)}, k "
         f"{shape_text(k.shape)}, v {shape_text(v.shape)}"
     )
+    from . import observe
+
     here, peaks, per_key = observe.runs_here(fn), [], False
     for run in range(3):
         watch = (

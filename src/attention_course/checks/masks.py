@@ -4,7 +4,6 @@ True = may attend."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from .. import numpy_ref
 from . import hidden
@@ -123,11 +122,11 @@ def check_padding_mask(
         for i, (lengths, t) in enumerate(batches, 1):
             text = f"padding_mask({lengths}, {t})"
             case = f"case {i} of {len(batches)}: {text}"
-            arg = (
-                torch.tensor(lengths, dtype=torch.long)
-                if framework == "torch"
-                else np.array(lengths)
-            )
+            arg = np.array(lengths)
+            if framework == "torch":
+                import torch  # here: chapter 1's mask check never needs it
+
+                arg = torch.tensor(lengths, dtype=torch.long)
             mask = as_array(
                 call(
                     fn,

@@ -30,15 +30,30 @@ import copy
 import inspect
 import math
 import signal
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
 from ..mistakes import MISTAKES, hint, split_code
+
+
+def is_tensor(value) -> bool:
+    """Whether ``value`` is a PyTorch tensor. PyTorch is looked up, not
+    imported: a process that never imported it holds no tensor, and a NumPy
+    chapter's check (graded in a process of its own) then never pays for the
+    import (about 1.5 s)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _is_module(value) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.nn.Module)
+
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -187,7 +202,7 @@ def run_check(body: Callable[[], str], timeout: float | None) -> None:
 
 
 def _snapshot(value):
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return value.detach().clone()
     if isinstance(value, np.ndarray):
         return value.copy()
@@ -201,9 +216,9 @@ def _given(value):
     own."""
     if isinstance(value, np.ndarray):
         return value.copy()
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return value.clone()
-    if isinstance(value, torch.nn.Module):
+    if _is_module(value):
         return copy.deepcopy(value)
     if type(value) in (list, tuple):
         return type(value)(_given(v) for v in value)
@@ -215,7 +230,9 @@ def _given(value):
 def _unchanged(before, after) -> bool:
     """Whether an argument still equals the copy taken before the call (NaN
     equals NaN)."""
-    if isinstance(before, torch.Tensor):
+    if is_tensor(before):
+        import torch
+
         after = after.detach()
         if before.shape != after.shape:
             return False
@@ -232,8 +249,10 @@ def _unchanged(before, after) -> bool:
 def _has_shape(value) -> bool:
     """Arrays and tensors of any framework (torch, NumPy, TensorFlow):
     described by their shape, not their values."""
-    return isinstance(value, (torch.Tensor, np.ndarray)) or (
-        hasattr(value, "shape") and hasattr(value, "dtype")
+    return (
+        isinstance(value, np.ndarray)
+        or is_tensor(value)
+        or (hasattr(value, "shape") and hasattr(value, "dtype"))
     )
 
 
@@ -261,7 +280,7 @@ def describe_call(label: str, args: dict) -> str:
 def _described(value, depth: int = 0) -> str:
     if _has_shape(value):
         return f"shape {shape_text(value.shape)}"
-    if isinstance(value, torch.nn.Module):
+    if _is_module(value):
         return f"a {type(value).__name__}"
     if (
         type(value) in (list, tuple)
@@ -371,7 +390,9 @@ def as_array(value, what: str, case: str, kind: str = "float") -> np.ndarray:
                 case=case,
             )
         )
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
+        import torch
+
         tensor = value.detach().cpu()
         if tensor.dtype == torch.bool:
             arr = tensor.numpy()
@@ -447,7 +468,7 @@ def is_class(value) -> bool:
 
 
 def type_name(value) -> str:
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return f"torch tensor of dtype {value.dtype}"
     return type(value).__name__
 
@@ -486,11 +507,7 @@ def shape_text(shape) -> str:
 def as_number(value):
     """A student's numeric answer as a Python number, or None if it is not one
     (bool, str, array of several...)."""
-    if (
-        isinstance(value, torch.Tensor)
-        and value.numel() == 1
-        and not value.is_complex()
-    ):
+    if is_tensor(value) and value.numel() == 1 and not value.is_complex():
         value = value.item()
     elif (
         isinstance(value, np.ndarray)

@@ -433,9 +433,8 @@ def _reply_to_call(
         return {"ok": False, "timeout": True}, {}
     # reported to the grader by name
     except BaseException as err:  # noqa: BLE001
-        # only an exception that wraps another can be unwrapped; the checks'
-        # runner imports PyTorch (2 s of CPU), which a NumPy exercise's stub
-        # (a plain NotImplementedError) need not load
+        # only an exception that wraps another can be unwrapped: a stub's
+        # plain NotImplementedError does not load the checks' runner
         if err.__cause__ is not None or err.__context__ is not None:
             from ..checks.runner import original_error
 
