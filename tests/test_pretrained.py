@@ -7,6 +7,9 @@ The model is loaded once for this module (from the cache in ~/.cache/attention_c
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -76,7 +79,7 @@ def test_the_cache_is_written_whole_or_not_at_all(monkeypatch, tmp_path):
     monkeypatch.setattr(pretrained, "dequantise", failing)
     with pytest.raises(RuntimeError, match="disk full"):
         pretrained.cached_model_folder()
-    assert list(tmp_path.iterdir()) == [], "a failed build leaves no folder behind"
+    assert _folders(tmp_path) == [], "a failed build leaves no folder behind"
 
     def losing(source, target):
         (target / "model.safetensors").write_text("mine")
@@ -86,9 +89,49 @@ def test_the_cache_is_written_whole_or_not_at_all(monkeypatch, tmp_path):
     monkeypatch.setattr(pretrained, "dequantise", losing)
     assert pretrained.cached_model_folder() == final
     assert (final / "model.safetensors").read_text() == "theirs"
-    assert [p.name for p in tmp_path.iterdir()] == [final.name], "the loser's temporary copy is removed"
+    assert _folders(tmp_path) == [final.name], "the loser's temporary copy is removed"
     monkeypatch.setattr(pretrained, "dequantise", failing)
     assert pretrained.cached_model_folder() == final, "a cache that exists is used, not rebuilt"
+
+
+def _folders(path):
+    return [p.name for p in path.iterdir() if p.is_dir()]  # the build's lock file stays beside the cache
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no file locks there: both build, the first rename wins")
+def test_a_process_that_finds_a_build_under_way_waits_for_it(monkeypatch, tmp_path):
+    """On a fresh machine the test suite's workers and notebooks ask for the cache at once: one builds, the others
+    wait for its rename and build nothing. Two threads stand in for two processes (a file lock belongs to the open
+    file, so two opens of the lock conflict within one process too)."""
+    monkeypatch.setenv(pretrained.CACHE_VARIABLE, str(tmp_path))
+    final = pretrained.cache_folder()
+    asked, release, builds, found = threading.Semaphore(0), threading.Event(), [], []
+    location = pretrained.gguf_location
+
+    def counted_location():
+        asked.release()
+        return location()
+
+    def slow(source, target):
+        builds.append(target)
+        release.wait(30)
+        (target / "model.safetensors").write_text("built")
+
+    monkeypatch.setattr(pretrained, "gguf_location", counted_location)
+    monkeypatch.setattr(pretrained, "dequantise", slow)
+    threads = [threading.Thread(target=lambda: found.append(pretrained.cached_model_folder())) for _ in range(2)]
+    threads[0].start()
+    assert asked.acquire(timeout=30)
+    threads[1].start()
+    assert asked.acquire(timeout=30)  # the second one found no cache either
+    deadline = time.monotonic() + 1.0  # time enough for an unlocked second build to start
+    while len(builds) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert len(builds) == 1 and found == [final, final]
+    assert (final / "model.safetensors").read_text() == "built"
 
 
 # --- chapter 12: its attention -----------------------------------------------------------------------------------
