@@ -10,17 +10,40 @@ import torch
 
 from attention_course import numpy_ref
 
+# The parametrized tests whose first case has run in this process (see `cover_first_case`)
+_TRACED_FUNCTIONS: set[str] = set()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "cover_first_case: coverage traces the test's first parametrized case only; the others run the same library "
+        "lines through code that tracing slows several times (TorchDynamo, Triton's interpreter, FlexAttention's "
+        "eager path), so they run untraced, as under no_cover",
+    )
+
+
+def _untraced(item) -> bool:
+    if item.get_closest_marker("no_cover") is not None:
+        return True
+    if item.get_closest_marker("cover_first_case") is None:
+        return False
+    function = f"{item.path}::{item.originalname}"
+    seen = function in _TRACED_FUNCTIONS
+    _TRACED_FUNCTIONS.add(function)
+    return seen
+
 
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_call(item):
-    """pytest-cov's `no_cover` marker, made to hold under pytest-xdist as well.
+    """pytest-cov's `no_cover` marker (and `cover_first_case`), made to hold under pytest-xdist as well.
 
     In an xdist worker pytest-cov runs two coverage collectors, one on top of the other (it starts one when it reads
     `-n`, and the worker's own). Its pause stops the top one, and coverage then resumes the one below: the test stays
     traced (tests/test_triton_attention.py's gpu_check test took 16.3 s under `-n 1 --cov`, 7.8 s with `--cov`
     alone, 2026-11-28). This wrapper runs inside pytest-cov's and takes the trace function away for the call.
     """
-    if item.get_closest_marker("no_cover") is None:
+    if not _untraced(item):
         return (yield)
     tracer = sys.gettrace()
     sys.settrace(None)

@@ -56,6 +56,7 @@ def test_mask_mods_equal_the_explicit_masks(case):
         assert torch.equal(flex.dense_mask(mod, b, h, t_q, t_k), explicit.expand(b, h, t_q, t_k)), mod.__name__
 
 
+@pytest.mark.cover_first_case
 @pytest.mark.parametrize("case", list(_draw(3, seed=RNG_SEED + 1)), ids=lambda c: "B{}H{}Tq{}Tk{}".format(*c[:4]))
 def test_flex_attention_with_block_masks_equals_the_explicit_mask(case):
     b, h, t_q, t_k, d_k, d_v, rng = case
@@ -70,6 +71,7 @@ def test_flex_attention_with_block_masks_equals_the_explicit_mask(case):
         assert (ours - ref).abs().max() < TOL[dtype], mod.__name__
 
 
+@pytest.mark.cover_first_case
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("case", list(_draw(3, seed=RNG_SEED + 2)), ids=lambda c: "B{}H{}Tq{}Tk{}".format(*c[:4]))
 def test_score_mods_equal_the_explicit_biases(case, dtype):

@@ -324,6 +324,7 @@ def layout_shapes(draw, layout):
     return (b, h, t_q, t_k, d), draw(st.booleans()), draw(st.integers(0, 2**31 - 1))
 
 
+@pytest.mark.cover_first_case
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_outputs_and_gradients_for_every_layout(layout):
     """Output and the gradients of the tensors the views were taken from, against autograd through SDPA in
