@@ -81,9 +81,12 @@ NOTES = {
         "than it gains). The chunked form (`linear_attention.gated_delta_chunked`) copies q, k, v chunk-major once, "
         "computes the (L, L) matrices and triangular solve of a group of chunks at once, carries the (Dk, Dv) "
         "state between chunks with two fused multiply-adds per chunk, then reads the group's outputs at once; "
-        "its chunk size L is the fastest of the sweep at T=4096 in the same run (the chunk-size table). "
+        "its chunk size L is the fastest of the sweep at T=4096 in the same run (the chunk-size table), chosen "
+        "for each form on its own since 2026-11-28 (the eager sweep's choice, 32 by 4 %, had given the compiled "
+        "step 8.7x the loop's speed in that day's first run). "
         "*compiled* is the same function with its per-group step compiled (`step=torch.compile(chunks_step)`, "
-        "compiled once before timing; its compile time is printed by the script): the compiler fuses the step's "
+        "compiled once per chunk size before timing; the compile time is printed by the script): the compiler "
+        "fuses the step's "
         "elementwise work, which "
         "the eager kernels run as one pass over memory each. The loop "
         "(`gated_delta_recurrent`) takes one small step per token (about ten small kernels); SDPA causal is "
@@ -137,7 +140,8 @@ NOTES = {
         "in the same run. Chapter 16 prints this table from `benchmarks/results/bench_triton.json`."
     ),
     "bench_serving": (
-        'Measured on the shared machine under load, fastest of interleaved rounds (rotating order): the time '
+        "Measured on the shared machine (the run's load is listed at the top), fastest of interleaved rounds "
+        '(rotating order): the time '
         'ratios are the result, the milliseconds are not (a 2048-context step and an 8192-context one were not '
         'timed under the same load). 24 requests, outputs long-tailed (one in four of 96-160 tokens): static '
         "batching waits for each group's longest member, continuous batching refills the batch at every step; one"
