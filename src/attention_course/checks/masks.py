@@ -122,11 +122,12 @@ def check_padding_mask(
         for i, (lengths, t) in enumerate(batches, 1):
             text = f"padding_mask({lengths}, {t})"
             case = f"case {i} of {len(batches)}: {text}"
-            arg = np.array(lengths)
             if framework == "torch":
                 import torch  # here: chapter 1's mask check never needs it
 
                 arg = torch.tensor(lengths, dtype=torch.long)
+            else:
+                arg = np.array(lengths)
             mask = as_array(
                 call(
                     fn,
